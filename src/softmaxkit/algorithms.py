@@ -1,0 +1,3 @@
+"""softmaxkit.algorithms (being written)."""
+class OnlineSoftmaxState:  # being written
+    pass

@@ -1,0 +1,1 @@
+"""softmaxkit.arena (in progress)."""

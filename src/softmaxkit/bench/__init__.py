@@ -1,0 +1,1 @@
+"""softmaxkit.bench (in progress)."""

@@ -1,0 +1,1 @@
+"""softmaxkit.cli (being written)."""

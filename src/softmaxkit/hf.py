@@ -1,0 +1,1 @@
+"""softmaxkit.hf (being written)."""

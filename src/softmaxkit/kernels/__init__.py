@@ -1,0 +1,1 @@
+"""softmaxkit.kernels (in progress)."""

@@ -1,0 +1,1 @@
+"""softmaxkit.kernels.cpu (in progress)."""

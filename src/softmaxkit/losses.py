@@ -1,0 +1,1 @@
+"""softmaxkit.losses (being written)."""

@@ -1,0 +1,1 @@
+"""softmaxkit.nn (being written)."""

@@ -1,0 +1,1 @@
+"""softmaxkit.ops (in progress)."""

@@ -1,0 +1,1 @@
+"""softmaxkit.scores (in progress)."""
