@@ -162,3 +162,19 @@ def _register_builtin() -> None:
 
 
 _register_builtin()
+
+
+def table() -> "Table":
+    """The registry as a :class:`softmaxkit._table.Table` (what ``softmaxkit list`` prints
+    and what the README's normalizer table is generated from)."""
+    from ._table import Table
+
+    out = Table(title="Registered normalizers",
+                columns=["name", "definition", "sums to one", "can be sparse", "streaming",
+                         "parameters", "learnable", "paper"])
+    for spec in normalizers():
+        params = ", ".join(f"{k}={v}" for k, v in spec.params.items()) or "-"
+        learnable = ", ".join(spec.learnable) or "-"
+        out.add(spec.name, spec.formula, "yes" if spec.sums_to_one else "no",
+                "yes" if spec.can_be_sparse else "no", spec.streaming, params, learnable, spec.reference)
+    return out
