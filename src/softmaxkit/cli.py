@@ -1,1 +1,149 @@
-"""softmaxkit.cli (being written)."""
+"""The ``softmaxkit`` command: ``list``, ``bench``, ``arena`` and ``report``.
+
+Examples::
+
+    softmaxkit list                       # every registered normalizer
+    softmaxkit bench kernels --quick      # one benchmark suite, small shapes
+    softmaxkit arena dispersion max_retrieval --quick
+    softmaxkit report --quick --out softmaxkit-report   # everything, as index.html + results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ._plugins import FAILED, Outcome
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .arena import TASKS
+    from .bench import SUITES
+
+    parser = argparse.ArgumentParser(
+        prog="softmaxkit",
+        description="softmaxkit: the softmax function and its alternatives. "
+                    "List the normalizers, benchmark them, test published claims, write a report.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    sub.add_parser("list", help="print every registered normalizer as a table",
+                   description="Print every registered normalizer: definition, properties, parameters, paper.")
+
+    suites = "\n".join(f"  {k:<10} {v}" for k, v in SUITES.items())
+    bench = sub.add_parser(
+        "bench", help="speed and memory against torch and peers (ratios measured in one run)",
+        description="Run benchmark suites. Every figure is a ratio to a baseline measured in the same run.",
+        epilog=f"suites:\n{suites}\n  all        every suite (default)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_argument("suites", nargs="*", default=["all"], metavar="SUITE",
+                       help="suites to run: " + ", ".join(SUITES) + " or all (default: all)")
+    bench.add_argument("--quick", action="store_true", help="small shapes and fewer repeats")
+
+    tasks = "\n".join(f"  {k:<14} {v}" for k, v in TASKS.items())
+    arena = sub.add_parser(
+        "arena", help="small experiments that test the published claims",
+        description="Run arena tasks; each prints the claim it tests and what was measured.",
+        epilog=f"tasks:\n{tasks}\n  all            every task (default)",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    arena.add_argument("tasks", nargs="*", default=[], metavar="TASK",
+                       help="tasks to run: " + ", ".join(TASKS) + " (default: all)")
+    arena.add_argument("--quick", action="store_true", help="fewer sizes and training steps")
+    arena.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+
+    report = sub.add_parser(
+        "report", help="run bench and arena, write DIR/index.html and DIR/results.json",
+        description="Run every benchmark suite and arena task and write a self-contained HTML report "
+                    "(tables, claims, verdicts, plots) and results.json.")
+    report.add_argument("--quick", action="store_true", help="the quick versions (a few minutes on 2 cores)")
+    report.add_argument("--out", default="softmaxkit-report", metavar="DIR",
+                        help="output directory (default: softmaxkit-report)")
+    report.add_argument("--seed", type=int, default=0, help="random seed for the arena (default: 0)")
+    report.add_argument("--bench", nargs="*", default=["all"], metavar="SUITE",
+                        help="bench suites to include (default: all; give none to skip the benchmark)")
+    report.add_argument("--arena", nargs="*", default=["all"], metavar="TASK",
+                        help="arena tasks to include (default: all)")
+    return parser
+
+
+def _print_outcomes(outcomes: list[Outcome]) -> None:
+    from .report.text import render_text
+
+    for outcome in outcomes:
+        print(f"## {outcome.kind} {outcome.name}: {outcome.status} ({outcome.seconds:.1f} s)")
+        if outcome.claim and outcome.status == "ok":
+            print(f"Claim: {outcome.claim}")
+        for table in outcome.tables:
+            print()
+            print(render_text(table))
+        print()
+
+
+def _exit_code(outcomes: list[Outcome]) -> int:
+    return 1 if any(o.status == FAILED for o in outcomes) else 0
+
+
+def _cmd_list(args) -> int:
+    from .registry import table
+    from .report.text import render_text
+
+    print(render_text(table(), width=120))
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from . import bench
+
+    names = bench.check_suites(args.suites)
+    header = bench.machine_header()
+    print("machine: " + ", ".join(f"{k}={v}" for k, v in header.items()))
+    outcomes = []
+    for name in names:
+        print(f"running bench {name} ...", file=sys.stderr, flush=True)
+        outcome = bench.run_suite(name, quick=args.quick)
+        _print_outcomes([outcome])
+        outcomes.append(outcome)
+    return _exit_code(outcomes)
+
+
+def _cmd_arena(args) -> int:
+    from . import arena
+
+    names = arena.check_tasks(args.tasks)
+    outcomes = []
+    for name in names:
+        print(f"running arena {name} ...", file=sys.stderr, flush=True)
+        outcome = arena.run_task(name, quick=args.quick, seed=args.seed)
+        _print_outcomes([outcome])
+        outcomes.append(outcome)
+    return _exit_code(outcomes)
+
+
+def _cmd_report(args) -> int:
+    from .report import build_report
+
+    start = time.perf_counter()
+    suites = args.bench if args.bench else []
+    tasks = args.arena if args.arena else None
+    if tasks is None:
+        print("error: --arena needs at least one task", file=sys.stderr)
+        return 2
+    index = build_report(args.out, quick=args.quick, suites=suites, tasks=tasks, seed=args.seed)
+    print(f"wrote {index} and {index.parent / 'results.json'} in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``softmaxkit`` console script; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    commands = {"list": _cmd_list, "bench": _cmd_bench, "arena": _cmd_arena, "report": _cmd_report}
+    try:
+        return commands[args.command](args)
+    except ValueError as err:  # unknown suite or task names
+        parser.error(str(err))
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,1 +1,51 @@
-"""softmaxkit.bench (in progress)."""
+"""softmaxkit.bench: speed and memory of softmaxkit against torch and peer packages.
+
+Each suite is a module ``softmaxkit.bench.<suite>`` exposing ``run(quick=False) ->
+list[Table]``; every figure in it is a ratio to a baseline measured in the same run
+(torch, a peer package such as ``entmax`` or ``ensemble-boxes``, or a plain copy of the
+same bytes), as medians over repeated runs (:mod:`softmaxkit.bench._measure`).
+
+Run them with ``softmaxkit bench [SUITE ...] [--quick]`` or ``python -m softmaxkit.bench``.
+A suite that is not installed yet is reported as skipped with the reason.
+"""
+
+from __future__ import annotations
+
+from .._plugins import Outcome
+from .._plugins import run as _run_producer
+from ._measure import machine_header
+
+SUITES: dict[str, str] = {
+    "kernels": "softmax kernels (numba / Triton) against torch, the entmax package and the copy bound",
+    "attention": "attention with any normalizer against torch scaled_dot_product_attention",
+    "losses": "linear cross-entropy and Fenchel-Young losses against plain torch",
+    "ops": "soft-NMS, MaxSim and SoftPool against ensemble-boxes and plain torch",
+}
+
+__all__ = ["SUITES", "run_suite", "run", "machine_header"]
+
+
+def check_suites(names) -> list[str]:
+    """``names`` in order, ``"all"`` expanded; ``ValueError`` naming the accepted suites."""
+    names = list(names) or ["all"]
+    out: list[str] = []
+    for name in names:
+        if name == "all":
+            chosen = list(SUITES)
+        elif name in SUITES:
+            chosen = [name]
+        else:
+            raise ValueError(f"unknown bench suite {name!r}; accepted: {', '.join(SUITES)}, all")
+        out += [n for n in chosen if n not in out]
+    return out
+
+
+def run_suite(name: str, quick: bool = False) -> Outcome:
+    """Run one suite; a missing or unfinished suite comes back as skipped with the reason."""
+    check_suites([name])
+    return _run_producer("bench", name, f"{__name__}.{name}", lambda module: module.run(quick=quick))
+
+
+def run(suites=("all",), quick: bool = False) -> list[Outcome]:
+    """Run ``suites`` (names or ``"all"``) in order."""
+    return [run_suite(name, quick=quick) for name in check_suites(suites)]
