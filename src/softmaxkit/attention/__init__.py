@@ -1,5 +1,11 @@
-"""Attention with any normalizer (being written)."""
+"""Attention with any normalizer.
 
+:func:`attention` computes ``normalize(q k^T * scale + mask) v`` for every registered
+normalizer: softmax through torch SDPA, the streamable normalizers over key blocks in
+``O(L)`` extra memory (:mod:`.streaming`, rules in :mod:`.rules`), the rest through the
+dense reference (:mod:`.dense`). :class:`softmaxkit.nn.Attention` is the module.
+"""
 
-def attention(*args, **kwargs):
-    raise NotImplementedError("softmaxkit.attention is being written")
+from .api import attention
+
+__all__ = ["attention"]

@@ -1,0 +1,121 @@
+"""``attention(q, k, v, normalizer=...)``: picks torch SDPA, the streaming path or the dense reference."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as torch_f
+
+from .. import registry
+from .dense import dense_attention
+from .inputs import AttentionInputs, prepare
+from .rules import rule_for
+from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
+
+METHODS = ("auto", "sdpa", "streaming", "dense")
+
+
+def _per_head(value: torch.Tensor, name: str, inp: AttentionInputs) -> bool:
+    """A tensor parameter streams when it is constant over queries and keys (e.g. one per head)."""
+    b, h, _, _ = inp.shape
+    shape = value.shape[1:] if name in ("r", "t") else value.shape
+    try:
+        return torch.broadcast_shapes(shape, (b, h, 1, 1)) == (b, h, 1, 1)
+    except RuntimeError:
+        return False
+
+
+def _validate(normalizer: str, params: dict, inp: AttentionInputs) -> None:
+    """Let the reference check the parameter values, on a tiny row of scores per (batch, head)."""
+    b, h, _, _ = inp.shape
+    dummy = torch.zeros(b, h, 1, 2, dtype=inp.q.dtype, device=inp.q.device)
+    registry.normalize(dummy, normalizer, dim=-1, **{n: val for n, val in params.items()
+                                                       if not (isinstance(val, torch.Tensor) and n == "n")})
+
+
+def _sdpa_fits(normalizer: str, params: dict, inp: AttentionInputs) -> bool:
+    if normalizer != "softmax" or any(n != "temperature" for n in params):
+        return False
+    t = params.get("temperature", 1.0)
+    if isinstance(t, torch.Tensor) or t != 1.0:
+        return False
+    _, _, lq, lk = inp.shape
+    return not (inp.is_causal and (inp.has_user_mask or (lq != lk and lq != 1)))
+
+
+def _sdpa(q, k, v, inp: AttentionInputs) -> torch.Tensor:
+    _, _, lq, _ = inp.shape
+    mask = inp.bool_mask if inp.bool_mask is not None else inp.additive_mask
+    return torch_f.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=inp.scale, is_causal=inp.is_causal and lq > 1,
+        enable_gqa=inp.kv_groups > 1)
+
+
+def _blocks(block_size) -> tuple[int, int]:
+    if block_size is None:
+        return DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
+    pair = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
+    if len(pair) != 2 or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in pair):
+        raise ValueError(f"block_size must be a positive int or a pair (block_q, block_k), got {block_size!r}")
+    return pair
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalizer: str = "softmax",
+              is_causal: bool = False, attn_mask: torch.Tensor | None = None, scale: float | None = None,
+              *, method: str = "auto", block_size=None, **params) -> torch.Tensor:
+    r"""Attention ``normalize(q k^T * scale + attn_mask) v`` with any registered normalizer.
+
+    .. math:: \mathrm{out}_i = \sum_j p_{ij} v_j,\quad
+              p_{i\cdot} = \mathrm{normalize}\big(q_i k_\cdot^\top \cdot \mathrm{scale} + a_{i\cdot};\ \text{visible keys}\big)
+
+    Shapes as in ``torch.nn.functional.scaled_dot_product_attention``: ``q`` is
+    ``(B, H, Lq, D)``, ``k`` and ``v`` are ``(B, Hkv, Lk, D)`` and ``(B, Hkv, Lk, Dv)`` with
+    ``Hkv`` dividing ``H`` (grouped-query attention). Every streamable normalizer is
+    computed over key blocks without building the ``Lq x Lk`` matrix, in the forward and
+    the backward pass (``method="streaming"``); plain softmax goes to torch SDPA; the
+    rest (``sparse_softmax``, whose top-k needs whole rows, sparsemax and the entmax
+    family, and parameters that vary per query or key) use the dense reference.
+
+    Visibility: ``attn_mask`` is bool (True = visible) or float (added to the scores;
+    ``-inf`` hides a key), broadcastable to ``(B, H, Lq, Lk)``; ``is_causal`` lets query
+    ``i`` see keys ``j <= i + Lk - Lq`` (aligned to the end of the keys, so one decoding
+    query sees the whole cache); both may be combined. The normalizer sees only visible
+    keys (``n`` in ssmax and sigmoid counts them); a query with no visible key outputs 0.
+    ``attn_mask`` is treated as a constant (no gradient).
+
+    Args:
+        normalizer: a registered name (``softmaxkit list``).
+        scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
+        method: ``"auto"``, ``"sdpa"`` (softmax only), ``"streaming"`` or ``"dense"``.
+        block_size: ``block`` or ``(block_q, block_k)`` for the streaming path.
+        **params: the normalizer's parameters; tensors broadcastable to ``(B, H, 1, 1)``
+            (``(4, B, H, 1, 1)`` for MultiMax ``r``, ``t``) are per-head and learnable.
+
+    Example:
+        >>> q = k = v = torch.randn(1, 4, 128, 32)
+        >>> out = attention(q, k, v, "softpick", is_causal=True)
+    """
+    spec = registry.get(normalizer)
+    unknown = sorted(set(params) - set(spec.params))
+    if unknown:
+        raise TypeError(f"normalizer {normalizer!r} got unexpected parameter(s) {unknown}; "
+                        f"accepted: {', '.join(spec.params) or 'none'}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    block_q, block_k = _blocks(block_size)
+    inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
+    _validate(normalizer, params, inp)
+    if method == "sdpa" or (method == "auto" and _sdpa_fits(normalizer, params, inp)):
+        if not _sdpa_fits(normalizer, params, inp):
+            raise ValueError("method='sdpa' needs normalizer='softmax' with temperature 1 and no causal mask "
+                             "combined with attn_mask or with Lq != Lk (Lq > 1)")
+        return _sdpa(q, k, v, inp)
+    merged = {**spec.params, **params}
+    rule = rule_for(normalizer, merged)
+    streams = rule is not None and all(
+        _per_head(val, n, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))
+    if method == "streaming" and not streams:
+        raise ValueError(f"normalizer {normalizer!r} with these parameters has no streaming path; "
+                         "use method='auto' or 'dense'")
+    if method == "dense" or not streams:
+        return dense_attention(inp, normalizer, params)
+    return streaming_attention(rule, inp, merged, block_q, block_k)

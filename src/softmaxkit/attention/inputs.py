@@ -1,0 +1,167 @@
+"""Checked attention inputs: shapes, grouped-query heads, masks, causal alignment, tiles.
+
+:class:`AttentionInputs` holds ``q``, ``k``, ``v`` (with key/value heads repeated up to
+the query heads), the scale and the visibility rules, and answers, for any tile of
+query rows by key columns, which scores are visible and what is added to them, without
+ever building the ``Lq x Lk`` mask when the caller did not pass one.
+
+Causal masking is aligned to the end of the keys: query ``i`` sees key ``j`` when
+``j <= i + (Lk - Lq)``, so that a single decoding query (``Lq = 1``) sees every cached key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .._rows import check_floating, compute_dtype
+
+
+@dataclass
+class Tile:
+    """Query rows ``r0:r1`` against key columns ``c0:c1``.
+
+    ``visible`` is None when every score of the tile is visible; ``additive`` is the slice
+    of a float ``attn_mask`` (None without one).
+    """
+
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+    visible: torch.Tensor | None
+    additive: torch.Tensor | None
+
+
+@dataclass
+class AttentionInputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    scale: float
+    is_causal: bool
+    bool_mask: torch.Tensor | None
+    additive_mask: torch.Tensor | None
+    out_dtype: torch.dtype
+    kv_groups: int
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        """``(B, H, Lq, Lk)``: the shape scores would have."""
+        b, h, lq, _ = self.q.shape
+        return b, h, lq, self.k.shape[-2]
+
+    @property
+    def offset(self) -> int:
+        """``Lk - Lq``: the causal diagonal's shift (end-aligned)."""
+        return self.k.shape[-2] - self.q.shape[-2]
+
+    @property
+    def has_user_mask(self) -> bool:
+        return self.bool_mask is not None or self.additive_mask is not None
+
+    def tile(self, r0: int, r1: int, c0: int, c1: int) -> Tile | None:
+        """The tile ``[r0:r1, c0:c1]``, or None when causal masking hides all of it."""
+        visible = None
+        if self.is_causal:
+            off = self.offset
+            if c0 > r1 - 1 + off:
+                return None
+            if c1 - 1 > r0 + off:
+                rows = torch.arange(r0, r1, device=self.q.device).unsqueeze(-1)
+                cols = torch.arange(c0, c1, device=self.q.device)
+                visible = cols <= rows + off
+        if self.bool_mask is not None:
+            part = self.bool_mask[..., r0:r1, c0:c1]
+            visible = part if visible is None else part & visible
+        additive = None
+        if self.additive_mask is not None:
+            additive = self.additive_mask[..., r0:r1, c0:c1]
+            finite = additive != float("-inf")
+            visible = finite if visible is None else finite & visible
+        return Tile(r0, r1, c0, c1, visible, additive)
+
+    def tiles(self, r0: int, r1: int, block: int):
+        """The visible tiles of rows ``r0:r1`` over key blocks of ``block`` columns."""
+        lk = self.k.shape[-2]
+        for c0 in range(0, lk, block):
+            t = self.tile(r0, r1, c0, min(c0 + block, lk))
+            if t is not None:
+                yield t
+
+    def visible_count(self, r0: int, r1: int, block: int) -> torch.Tensor:
+        """Visible keys per query row, shape ``(..., r1 - r0, 1)`` in the compute dtype."""
+        dtype = self.q.dtype
+        if not self.has_user_mask:
+            lk = self.k.shape[-2]
+            rows = torch.arange(r0, r1, device=self.q.device, dtype=dtype).unsqueeze(-1)
+            if not self.is_causal:
+                return torch.full_like(rows, float(lk))
+            return (rows + self.offset + 1).clamp(0, lk)
+        b, h, _, _ = self.shape
+        count = torch.zeros(b, h, r1 - r0, 1, dtype=dtype, device=self.q.device)
+        for t in self.tiles(r0, r1, block):
+            if t.visible is None:
+                count += t.c1 - t.c0
+            else:
+                count += t.visible.sum(-1, keepdim=True).to(dtype).expand(b, h, -1, -1)
+        return count
+
+
+def _check_mask(attn_mask, shape) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    if attn_mask is None:
+        return None, None
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(f"attn_mask must be bool (True = visible) or floating point (added to the scores), "
+                        f"got dtype {attn_mask.dtype}")
+    try:
+        if torch.broadcast_shapes(attn_mask.shape, shape) != shape:
+            raise RuntimeError
+    except RuntimeError:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
+                         f"(B, H, Lq, Lk) = {tuple(shape)}") from None
+    if attn_mask.dtype == torch.bool:
+        return attn_mask.expand(shape), None
+    return None, attn_mask.expand(shape)
+
+
+def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
+    """Check ``q, k, v`` (``(B, H, L, D)``), the mask and the scale; repeat key/value heads."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_floating(t, name)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (B, H, L, D), got {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    b, h, lq, d = q.shape
+    bk, hk, lk, dk = k.shape
+    if (bk, hk, lk) != tuple(v.shape[:3]):
+        raise ValueError(f"k and v must agree in (B, H, L), got {tuple(k.shape)} and {tuple(v.shape)}")
+    if bk != b:
+        raise ValueError(f"q and k must have the same batch size, got {b} and {bk}")
+    if dk != d:
+        raise ValueError(f"q and k must have the same head dimension, got {d} and {dk}")
+    if hk == 0 or h % hk:
+        raise ValueError(f"the number of query heads ({h}) must be a multiple of the key/value heads ({hk})")
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d) if d else 1.0
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite number or None, got {scale!r}")
+    groups = h // hk
+    dtype = compute_dtype(q.dtype)
+    q_, k_, v_ = q.to(dtype), k.to(dtype), v.to(dtype)
+    if groups > 1:
+        k_ = k_.repeat_interleave(groups, dim=1)
+        v_ = v_.repeat_interleave(groups, dim=1)
+    bool_mask, additive = _check_mask(attn_mask, (b, h, lq, lk))
+    if additive is not None:
+        additive = additive.to(dtype)
+    if bool_mask is not None and bool_mask.device != q.device:
+        bool_mask = bool_mask.to(q.device)
+    return AttentionInputs(q_, k_, v_, float(scale), is_causal, bool_mask, additive, q.dtype, groups)
