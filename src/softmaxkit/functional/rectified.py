@@ -42,11 +42,13 @@ def softpick(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None, e
         \mathrm{softpick}(x)_i = \frac{\mathrm{relu}(e^{x_i} - 1)}{\sum_j |e^{x_j} - 1| + \varepsilon}
         = \frac{\mathrm{relu}(e^{x_i - m} - e^{-m})}{\sum_j |e^{x_j - m} - e^{-m}| + \varepsilon}
 
-    (``m`` = row maximum; the second, stable form is the paper's). Entries with
-    ``x <= 0`` get exactly 0, so a row can be all zeros: no attention sink is needed.
-    We evaluate it with the shift ``c = max(m, 0)``, multiplying numerator and
-    denominator of the first form by ``e^{-c}``: identical values, no overflow for
-    very negative rows either. Only visible entries enter the sum; ``-inf`` is masked.
+    (``m`` = visible row maximum). The two forms differ only in where ``ε`` enters; we
+    compute the second, the paper's stable form, which as a function of ``x`` is
+    ``relu(e^x - 1) / (Σ|e^x - 1| + ε e^m)``: within a relative ``ε`` of the first.
+    Internally it is evaluated with the shift ``c = max(m, 0)`` (numerator and
+    denominator times ``e^{m-c}``), so very negative rows do not overflow ``e^{-m}``.
+    Entries with ``x <= 0`` get exactly 0, so a row can be all zeros: no attention
+    sink is needed. Only visible entries enter the sum; ``-inf`` is masked.
 
     Zuhri, Fuadi & Aji (2025), "Softpick: No Attention Sink, No Massive Activations with
     Rectified Softmax", arXiv 2504.20966.

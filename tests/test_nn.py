@@ -1,0 +1,60 @@
+"""sk.nn.Normalizer: learnable parameters, initialisations, per-head shapes, state_dict."""
+
+import pytest
+import torch
+
+import softmaxkit as sk
+from softmaxkit import registry
+from softmaxkit.nn import Normalizer
+from tests.conftest import params_for
+
+
+@pytest.mark.parametrize("name", [s.name for s in registry.normalizers()])
+def test_module_equals_functional_at_initialisation(name):
+    torch.manual_seed(0)
+    module = Normalizer(name, **params_for(name))
+    x = torch.randn(3, 8)
+    expected = registry.normalize(x, name, **params_for(name), **module.learned_values())
+    torch.testing.assert_close(module(x), expected)
+
+
+def test_paper_initialisations():
+    assert Normalizer("ssmax").s.item() == pytest.approx(0.43)
+    assert Normalizer("sigmoid").bias_offset.item() == 0.0
+    assert Normalizer("entmax").learned_values()["alpha"].item() == pytest.approx(1.5)
+    multimax = Normalizer("multimax", param_shape=(4, 1, 1))
+    assert multimax.r.shape == (4, 4, 1, 1) and multimax.t.shape == (4, 4, 1, 1)
+    assert 0 < multimax.r.std().item() < 0.1  # truncated normal, std 0.02, as the official code
+
+
+def test_per_head_parameters_receive_gradients_and_are_saved():
+    heads = 3
+    for name in ("ssmax", "multimax", "sigmoid", "entmax"):
+        module = Normalizer(name, param_shape=(heads, 1, 1))
+        x = torch.randn(2, heads, 5, 5)
+        (module(x) * torch.randn(2, heads, 5, 5)).sum().backward()
+        params = dict(module.named_parameters())
+        assert params and all(p.grad is not None and torch.isfinite(p.grad).all() for p in params.values())
+        assert set(module.state_dict()) == set(params)
+
+
+def test_learned_alpha_stays_in_range():
+    module = Normalizer("entmax")
+    with torch.no_grad():
+        module.alpha_raw.fill_(50.0)
+    assert module.learned_values()["alpha"].item() <= 2.0
+    with pytest.raises(ValueError, match="alpha"):
+        Normalizer("entmax", alpha=2.5)
+
+
+def test_fixed_parameters_and_errors():
+    module = Normalizer("softmax", temperature=0.5)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(module(x), sk.softmax(x, temperature=0.5))
+    assert "temperature=0.5" in repr(module)
+    with pytest.raises(TypeError, match="bogus"):
+        Normalizer("softmax", bogus=1)
+    with pytest.raises(ValueError, match="registered names"):
+        Normalizer("nope")
+    buffers = Normalizer("ssmax", learnable=False)
+    assert not list(buffers.parameters()) and "s" in buffers.state_dict()

@@ -1,0 +1,50 @@
+"""The registry, normalize(), and the README table generated from it."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import softmaxkit as sk
+from softmaxkit import _readme, registry
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+DESIGN_NAMES = ["softmax", "adaptive_softmax", "ssmax", "sa_softmax", "multimax", "sparse_softmax",
+                "sparsemax", "entmax15", "entmax", "as_entmax", "softpick", "stablemax",
+                "clipped_softmax", "sigmoid", "relu", "relu_l1", "softplus_l1"]
+
+
+def test_every_design_name_is_registered():
+    assert registry.names() == DESIGN_NAMES
+    assert [s.name for s in sk.normalizers()] == DESIGN_NAMES
+
+
+def test_specs_are_complete():
+    for spec in sk.normalizers():
+        assert isinstance(spec, sk.NormalizerSpec)
+        assert spec.formula and spec.reference and spec.streamable
+        assert spec.streaming in ("one pass", "2 passes", "threshold search")
+        assert set(spec.learnable) <= set(spec.params)
+
+
+def test_normalize_dispatches_to_the_registered_function():
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(sk.normalize(x, "softpick", eps=1e-3), sk.softpick(x, eps=1e-3))
+    torch.testing.assert_close(sk.normalize(x, "softmax", dim=0), torch.softmax(x, 0))
+
+
+def test_registering_twice_is_refused():
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register(registry.get("softmax"))
+
+
+def test_name_must_be_a_string():
+    with pytest.raises(TypeError, match="name must be a str"):
+        sk.normalize(torch.randn(3), 3)
+
+
+def test_readme_table_is_generated_from_the_registry():
+    section = _readme.current_section(README.read_text())
+    for name in registry.names():
+        assert f"| `{name}` |" in section, f"{name} missing from the README table"
+    assert section == _readme.normalizer_section(), "README table is stale: run python -m softmaxkit._readme"
