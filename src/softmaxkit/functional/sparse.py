@@ -1,9 +1,466 @@
-"""Sparse normalizers: sparsemax, entmax15, entmax (alpha), as_entmax. (being written)"""
+r"""Sparse normalizers: sparsemax, 1.5-entmax, alpha-entmax and Adaptive-Scalable entmax.
+
+All of them are alpha-entmax for some alpha (Peters, Niculae & Martins 2019):
+
+.. math::
+    \alpha\text{-entmax}(x) = \arg\max_{p \in \Delta} \; p^\top x + H^T_\alpha(p),\qquad
+    p_i = [(\alpha - 1)\, x_i - \tau]_+^{1/(\alpha - 1)},\quad \textstyle\sum_i p_i = 1,
+
+with ``H^T_alpha`` the Tsallis alpha-entropy; alpha = 1 is softmax, alpha = 2 sparsemax.
+Writing ``u = alpha - 1`` and ``tau = u*theta - 1`` gives the form this module solves,
+
+.. math:: p_i = [1 + u\,(x_i - \theta)]_+^{1/u} \;\xrightarrow{u \to 0}\; e^{x_i - \theta},
+
+whose threshold ``theta`` lives in the units of ``x`` and stays well conditioned as
+alpha approaches 1 (``log1p`` carries the small-``u`` limit).
+
+Forward passes are exact: sparsemax and 1.5-entmax by sorting (closed forms on the
+support), any other alpha by bisection on ``theta`` to full precision followed by
+Newton steps. Backward passes are closed form (see :class:`_EntmaxFunction`).
+
+Row conventions (see :mod:`softmaxkit._rows`): masked and ``-inf`` entries get exactly 0
+and zero gradient, a row with nothing visible gives zeros, a row with visible ``+inf``
+entries gives equal weights on them (the limit), a NaN stays in its own row, and float16
+/ bfloat16 are computed in float32.
+"""
+
+from __future__ import annotations
+
+import math
+
 import torch
 
+from .._rows import Rows, check_at_least, prepare_rows
+from .softmax import _infinite_limit, softmax_rows
 
-def _todo(*args, **kwargs):
-    raise NotImplementedError("sparse normalizers are being written")
+#: |t| below which M(t) (see :func:`_m_times_p`) is summed as a power series.
+_SERIES_CUTOFF = 0.05
+_SERIES_TERMS = 16
 
 
-sparsemax = entmax15 = entmax = as_entmax = _todo
+# ----------------------------------------------------------------------------------------
+# forward solvers, on rows whose normalised axis is last. ``z`` is already shifted so that
+# the visible row maximum is 0, and is 0 at invisible entries.
+# ----------------------------------------------------------------------------------------
+
+def _sorted_support(z: torch.Tensor, visible: torch.Tensor, support_test) -> torch.Tensor:
+    """The entries of the support found by sorting: a bool tensor like ``z``.
+
+    ``support_test(sorted_z, k, cumsum, cumsum_sq)`` says, for each rank ``k``, whether
+    the ``k`` largest entries can all be in the support. The support is the top
+    ``k*`` entries, ``k*`` the number of ranks that pass; equal values are in or out
+    together, so it is the set of entries ``>=`` the ``k*``-th largest.
+    """
+    count = visible.sum(-1, keepdim=True)
+    srt = z.masked_fill(~visible, float("-inf")).sort(-1, descending=True).values
+    k = torch.arange(1, z.shape[-1] + 1, dtype=z.dtype, device=z.device)
+    valid = k <= count
+    s0 = torch.where(valid, srt, torch.zeros_like(srt))
+    passes = support_test(s0, k, s0.cumsum(-1), (s0 * s0).cumsum(-1)) & valid
+    k_star = passes.sum(-1, keepdim=True).clamp_min(1)
+    kth = srt.gather(-1, k_star - 1)
+    return visible & (z >= kth)
+
+
+def _sparsemax_sorted(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    r"""Sparsemax (Martins & Astudillo 2016, Alg. 1): ``p = [z - tau]_+``.
+
+    Sorted decreasingly, rank ``k`` is in the support iff ``1 + k z_(k) > sum_{j<=k} z_(j)``;
+    then ``tau = (sum_S z - 1) / |S|``, recomputed over the support itself. The search runs
+    in float64 so that long rows of large values keep the exact support.
+    """
+    w = z.double()
+    support = _sorted_support(w, visible, lambda s, k, cs, _: 1 + k * s > cs)
+    size = support.sum(-1, keepdim=True).clamp_min(1).to(w.dtype)
+    tau = (torch.where(support, w, torch.zeros_like(w)).sum(-1, keepdim=True) - 1) / size
+    p = torch.where(support, (w - tau).clamp_min(0), torch.zeros_like(w))
+    return p.to(z.dtype)
+
+
+def _entmax15_threshold(mean, sum_sq_dev, size):
+    r"""``tau`` of 1.5-entmax on a support of ``size`` entries of ``z/2`` with the given
+    mean and sum of squared deviations: ``sum_S (v_i - tau)^2 = 1`` gives
+    ``tau = mean - sqrt((1 - ss) / k)``."""
+    return mean - ((1 - sum_sq_dev) / size).clamp_min(0).sqrt()
+
+
+def _entmax15_sorted(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    r"""1.5-entmax, exact (Peters, Niculae & Martins 2019, Alg. 2): ``p = [z/2 - tau]_+^2``.
+
+    With ``v = z/2`` sorted decreasingly, rank ``k`` is in the support iff the threshold
+    of the top ``k`` entries, ``tau_k = mean_k - sqrt((1 - ss_k)/k)``, is ``<= v_(k)``.
+    The threshold is then recomputed over the support with a two-pass variance.
+    """
+    v = z.double() / 2
+
+    def test(s, k, cs, cs2):
+        mean = cs / k
+        return _entmax15_threshold(mean, cs2 - cs * mean, k) <= s
+
+    support = _sorted_support(v, visible, test)
+    size = support.sum(-1, keepdim=True).clamp_min(1).to(v.dtype)
+    on = torch.where(support, v, torch.zeros_like(v))
+    mean = on.sum(-1, keepdim=True) / size
+    dev = torch.where(support, v - mean, torch.zeros_like(v))
+    tau = _entmax15_threshold(mean, (dev * dev).sum(-1, keepdim=True), size)
+    p = torch.where(support, (v - tau).clamp_min(0) ** 2, torch.zeros_like(v))
+    return p.to(z.dtype)
+
+
+def _log_power(d: torch.Tensor, u: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    r"""``log p`` for ``p = [1 + u d]_+^{1/u}`` (``d`` for ``u = 0``); ``-inf`` off the support."""
+    t = u * d
+    inside = visible & (t > -1)
+    safe_u = torch.where(u > 0, u, torch.ones_like(u))
+    safe_t = torch.where(inside, t, torch.zeros_like(t))
+    log_p = torch.where(u > 0, torch.log1p(safe_t) / safe_u, d)
+    return torch.where(inside, log_p, torch.full_like(log_p, float("-inf")))
+
+
+def _entmax_bisect(z: torch.Tensor, visible: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    r"""alpha-entmax for any ``u = alpha - 1 >= 0`` (per row): ``p_i = [1 + u(z_i - theta)]_+^{1/u}``.
+
+    ``f(theta) = sum_i p_i - 1`` decreases in ``theta``, with slope ``-sum_i p_i^{1-u}``.
+    With the row maximum at 0, ``p_max <= 1`` gives ``theta >= 0`` and ``p_max >= 1/n``
+    gives ``theta <= (1 - n^{-u}) / u`` (``log n`` at ``u = 0``). The root is found by
+    safeguarded Newton: a Newton step when it stays inside the bracket, else bisection,
+    until the bracket or the step reaches machine precision. (For alpha <= 2, ``f`` is
+    convex and Newton from ``theta = 0`` converges monotonically.) ``p`` is finally divided
+    by its sum.
+    """
+    count = visible.sum(-1, keepdim=True).to(z.dtype)
+    log_n = torch.log(count.clamp_min(1))
+    u = u.to(z.dtype).expand_as(count)
+    safe_u = torch.where(u > 0, u, torch.ones_like(u))
+    lo = torch.zeros_like(count)
+    hi = torch.where(u > 0, -torch.expm1(-u * log_n) / safe_u, log_n)
+    eps = torch.finfo(z.dtype).eps
+    tol = 4 * eps
+    # |f| this small is rounding in the sum of the weights.
+    f_tol = 16 * eps * torch.log2(count + 2)
+    theta = lo.clone()
+    for _ in range(200):
+        log_p = _log_power(z - theta, u, visible)
+        on = log_p > float("-inf")
+        f = torch.exp(log_p).sum(-1, keepdim=True) - 1
+        slope = torch.where(on, torch.exp((1 - u) * log_p), torch.zeros_like(log_p)).sum(-1, keepdim=True)
+        lo = torch.where(f >= 0, theta, lo)
+        hi = torch.where(f >= 0, hi, theta)
+        newton = theta + f / torch.where(slope > 0, slope, torch.ones_like(slope))
+        scale = theta.abs().clamp_min(1)
+        tiny_step = (newton - theta).abs() <= tol * scale
+        small_f = f.abs() <= f_tol
+        done = (hi - lo <= tol * scale) | (tiny_step & small_f)
+        if bool(done.all()):
+            break
+        # A Newton step inside the bracket, unless it stalls (a huge slope for alpha > 2).
+        use_newton = (slope > 0) & (newton >= lo) & (newton <= hi) & ~(tiny_step & ~small_f)
+        theta = torch.where(done, theta, torch.where(use_newton, newton, (lo + hi) / 2))
+    p = torch.exp(_log_power(z - theta, u, visible))
+    total = p.sum(-1, keepdim=True)
+    return p / torch.where(total > 0, total, torch.ones_like(total))
+
+
+def _solve_on_candidates(solver, z, visible, reach):
+    """Run ``solver(z, visible)`` on the entries that can be in the support only.
+
+    With the row maximum at 0, an entry below ``-reach`` (``reach = 1/u``, a float or a
+    per-row tensor) gets weight 0 whatever the threshold; when few entries remain in every
+    row, the solver runs on the top ``k`` entries (``torch.topk``) and the result is
+    scattered back. This is exact: it only skips entries whose weight is 0.
+    """
+    candidates = visible & (z > -reach)
+    k = int(candidates.sum(-1).max()) if z.numel() else 0
+    if 4 * k > z.shape[-1]:
+        return solver(z, visible)
+    k = max(k, 1)
+    top, index = z.masked_fill(~candidates, float("-inf")).topk(k, dim=-1)
+    p_top = solver(torch.where(torch.isfinite(top), top, torch.zeros_like(top)), candidates.gather(-1, index))
+    return torch.zeros_like(z).scatter(-1, index, p_top)
+
+
+# ----------------------------------------------------------------------------------------
+# backward
+# ----------------------------------------------------------------------------------------
+
+def _m_series(t: torch.Tensor) -> torch.Tensor:
+    r"""``M(t) = sum_{k>=1} (-1)^k k/(k+1) t^{k-1} = -1/2 + 2t/3 - 3t^2/4 + ...`` (Horner)."""
+    out = torch.zeros_like(t)
+    for k in range(_SERIES_TERMS, 0, -1):
+        out = out * t + (-1) ** k * k / (k + 1)
+    return out
+
+
+def _m_times_p(p, g, d, u):
+    r"""``p_i d_i^2 M(t_i)`` with ``t = u d`` and ``M(t) = (1/(1+t) - log1p(t)/t) / t``.
+
+    Uses ``g = p^{1-u} = p/(1+t)``: directly ``d^2 (g - p log1p(t)/t) / t`` for
+    ``|t| >= 0.05``, the power series of ``M`` below that (where the direct form cancels).
+    """
+    t = u * d
+    small = t.abs() < _SERIES_CUTOFF
+    safe_t = torch.where(small, torch.ones_like(t), t)
+    direct = d * d * (g - p * torch.log1p(safe_t) / safe_t) / safe_t
+    return torch.where(small, p * d * d * _m_series(torch.where(small, t, torch.zeros_like(t))), direct)
+
+
+class _EntmaxFunction(torch.autograd.Function):
+    r"""alpha-entmax on the last axis with its closed-form backward.
+
+    Gradient with respect to the scores (Peters et al. 2019, Prop. 1): with
+    ``g_i = p_i^{2-alpha}`` on the support (0 elsewhere; ``g = 1`` on the support for
+    sparsemax, ``g = p`` for softmax),
+
+    .. math:: \frac{\partial L}{\partial x} = g \odot \bar p - g\, \frac{\sum_j g_j \bar p_j}{\sum_j g_j}.
+
+    Gradient with respect to alpha (the result of Correia, Niculae & Martins 2019,
+    written in ``theta`` form, which has no cancellation as alpha -> 1): with
+    ``d_i = x_i - theta = (p_i^u - 1)/u`` and ``h_i = p_i d_i^2 M(u d_i)``,
+
+    .. math:: \frac{\partial p_i}{\partial \alpha} = h_i - g_i \frac{\sum_j h_j}{\sum_j g_j},
+
+    which at alpha = 1 is ``-(p_i/2)((log p_i)^2 - sum_j p_j (log p_j)^2)``.
+    """
+
+    @staticmethod
+    def forward(ctx, z, visible, u, method):
+        # Entmax is shift invariant: solve with the visible row maximum at 0.
+        filled = z.masked_fill(~visible, float("-inf"))
+        top = filled.amax(-1, keepdim=True) if z.shape[-1] else z.new_zeros(z.shape[:-1] + (1,))
+        top = torch.where(visible.any(-1, keepdim=True), top, torch.zeros_like(top))
+        shifted = torch.where(visible, z - top, torch.zeros_like(z))
+        if method == "sparsemax":
+            p = _solve_on_candidates(_sparsemax_sorted, shifted, visible, 1.0)
+        elif method == "entmax15":
+            p = _solve_on_candidates(_entmax15_sorted, shifted, visible, 2.0)
+        elif bool((u > 0).all()):
+            p = _solve_on_candidates(lambda w, vis: _entmax_bisect(w, vis, u), shifted, visible, 1 / u)
+        else:
+            p = _entmax_bisect(shifted, visible, u)
+        ctx.save_for_backward(p, u)
+        return p
+
+    @staticmethod
+    def backward(ctx, grad_p):
+        p, u = ctx.saved_tensors
+        on = p > 0
+        log_p = torch.log(torch.where(on, p, torch.ones_like(p)))
+        g = torch.where(on, torch.exp((1 - u) * log_p), torch.zeros_like(p))
+        g_sum = g.sum(-1, keepdim=True)
+        g_sum = torch.where(g_sum > 0, g_sum, torch.ones_like(g_sum))
+        gp = g * grad_p
+        grad_z = gp - g * gp.sum(-1, keepdim=True) / g_sum
+        grad_u = None
+        if ctx.needs_input_grad[2]:
+            safe_u = torch.where(u > 0, u, torch.ones_like(u))
+            d = torch.where(u > 0, torch.expm1(u * log_p) / safe_u, log_p)
+            h = torch.where(on, _m_times_p(p, g, d, u), torch.zeros_like(p))
+            dp_du = h - g * h.sum(-1, keepdim=True) / g_sum
+            grad_u = (grad_p * dp_du).sum(-1, keepdim=True).sum_to_size(u.shape)
+        return grad_z, None, grad_u, None
+
+
+# ----------------------------------------------------------------------------------------
+# rows-level entry point and argument handling
+# ----------------------------------------------------------------------------------------
+
+def entmax_rows(z: torch.Tensor, visible: torch.Tensor, alpha) -> torch.Tensor:
+    """alpha-entmax along the last axis over visible entries (building block, no checks).
+
+    ``alpha`` is a float (1 -> softmax, 1.5 and 2 -> exact sort-based solvers) or a tensor
+    of shape ``(..., 1)`` broadcastable to ``z`` (bisection; differentiable in alpha).
+    Rows with a visible ``+inf`` give equal weights on those entries; rows with a visible
+    NaN give NaN.
+    """
+    finite = visible & torch.isfinite(z)
+    safe = torch.where(finite, z, torch.zeros_like(z))
+    if isinstance(alpha, torch.Tensor):
+        p = _EntmaxFunction.apply(safe, finite, alpha - 1, "bisect")
+    elif alpha == 1:
+        p = softmax_rows(safe, finite)
+    else:
+        method = {2.0: "sparsemax", 1.5: "entmax15"}.get(float(alpha), "bisect")
+        u = torch.full((1,) * z.dim(), float(alpha) - 1, dtype=z.dtype, device=z.device)
+        p = _EntmaxFunction.apply(safe, finite, u, method)
+    if bool((finite != visible).any()):
+        inf_rows = (visible & (z == float("inf"))).any(-1, keepdim=True)
+        p = torch.where(inf_rows, _infinite_limit(z.detach(), visible), p)
+        nan_rows = (visible & torch.isnan(z)).any(-1, keepdim=True)
+        p = torch.where(nan_rows, torch.full_like(p, float("nan")), p)
+    return p
+
+
+def _check_real(value, name: str) -> None:
+    """A finite number or a floating tensor without NaN/inf."""
+    if isinstance(value, torch.Tensor):
+        if not value.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor or a number, got dtype {value.dtype}")
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{name} must be finite (no NaN or inf)")
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number or a floating-point tensor, got {type(value).__name__}")
+    elif not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+
+
+def _check_alpha(alpha) -> None:
+    _check_real(alpha, "alpha")
+    check_at_least(alpha, 1.0, "alpha")
+
+
+def _per_row(rows: Rows, value: torch.Tensor, name: str) -> torch.Tensor:
+    """A tensor parameter with one value per row, as shape ``(..., 1)`` in rows layout.
+
+    It must broadcast to the input and have size 1 along ``dim`` (e.g. ``(..., 1)`` or
+    per head ``(H, 1, 1)``); ``ValueError`` naming ``name`` otherwise.
+    """
+    ndim = max(len(rows.shape), 1)
+    padded = (1,) * (ndim - value.dim()) + tuple(value.shape)
+    if value.dim() <= ndim and padded[rows.dim] != 1:
+        raise ValueError(
+            f"{name} must have one value per row (size 1 along dim={rows.dim}), got shape {tuple(value.shape)}"
+        )
+    return rows.align(value, name)[..., :1]
+
+
+def _entmax_from_rows(rows: Rows, z: torch.Tensor, alpha) -> torch.Tensor:
+    if isinstance(alpha, torch.Tensor):
+        alpha = _per_row(rows, alpha, "alpha")
+    else:
+        alpha = float(alpha)
+    if z.shape[-1] == 0:
+        return rows.restore(z.clone())
+    return rows.restore(rows.zero_invisible(entmax_rows(z, rows.visible, alpha)))
+
+
+# ----------------------------------------------------------------------------------------
+# reference implementations (kernels are tested against these) and public functions
+# ----------------------------------------------------------------------------------------
+
+def _sparsemax_reference(x, dim=-1, mask=None):
+    rows = prepare_rows(x, dim, mask)
+    return _entmax_from_rows(rows, rows.x, 2.0)
+
+
+def _entmax15_reference(x, dim=-1, mask=None):
+    rows = prepare_rows(x, dim, mask)
+    return _entmax_from_rows(rows, rows.x, 1.5)
+
+
+def _entmax_reference(x, dim=-1, mask=None, alpha=1.5):
+    _check_alpha(alpha)
+    rows = prepare_rows(x, dim, mask)
+    return _entmax_from_rows(rows, rows.x, alpha)
+
+
+def sparsemax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
+    r"""Sparsemax: the Euclidean projection of ``x`` onto the probability simplex.
+
+    .. math:: \mathrm{sparsemax}(x) = \arg\min_{p \in \Delta} \|p - x\|^2 = [x - \tau]_+,
+              \quad \textstyle\sum_i [x_i - \tau]_+ = 1
+
+    Exact (sort-based). Shift invariant; can be sparse. The Jacobian is
+    ``diag(s) - s s^T / |S|`` with ``s`` the support indicator. alpha-entmax at alpha = 2.
+
+    Martins & Astudillo (2016), "From Softmax to Sparsemax: A Sparse Model of Attention
+    and Multi-Label Classification", arXiv 1602.02068.
+    """
+    return _sparsemax_reference(x, dim, mask)
+
+
+def entmax15(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
+    r"""1.5-entmax, exact (sort-based).
+
+    .. math:: \mathrm{entmax}_{1.5}(x)_i = [x_i/2 - \tau]_+^2, \quad \textstyle\sum_i p_i = 1
+
+    Shift invariant; can be sparse; the Jacobian is ``diag(g) - g g^T / sum(g)`` with
+    ``g = sqrt(p)``. Peters, Niculae & Martins (2019), "Sparse Sequence-to-Sequence
+    Models", arXiv 1905.05702.
+    """
+    return _entmax15_reference(x, dim, mask)
+
+
+def entmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
+           alpha: float | torch.Tensor = 1.5) -> torch.Tensor:
+    r"""alpha-entmax.
+
+    .. math:: \alpha\text{-entmax}(x)_i = [(\alpha - 1)\, x_i - \tau]_+^{1/(\alpha-1)},
+              \quad \textstyle\sum_i p_i = 1
+
+    alpha = 1 is softmax (computed as softmax), alpha = 1.5 :func:`entmax15` and
+    alpha = 2 :func:`sparsemax` (both sort-based); any other alpha, and every tensor
+    alpha, is solved by bisection to full precision plus Newton steps. Shift invariant;
+    sparse for alpha > 1.
+
+    ``alpha`` is a number ``>= 1`` or a tensor with one value per row: broadcastable to
+    ``x`` with size 1 along ``dim`` (e.g. ``(..., 1)``, or ``(H, 1, 1)`` per head). A tensor
+    alpha is learnable: its gradient is the closed form of Correia, Niculae & Martins
+    (2019), "Adaptively Sparse Transformers", arXiv 1909.00015, computed so that it stays
+    exact as alpha -> 1 (entries equal to 1 are softmax rows).
+
+    Peters, Niculae & Martins (2019), "Sparse Sequence-to-Sequence Models", arXiv 1905.05702.
+    """
+    return _entmax_reference(x, dim, mask, alpha)
+
+
+#: ASEntmax defaults: alpha as the paper's main setting, the scale delta + beta (log n)^gamma
+#: with the offset delta = 1 of the authors' code and a plain log-n law (beta = gamma = 1).
+AS_ENTMAX_DEFAULTS = {"alpha": 1.5, "beta": 1.0, "gamma": 1.0, "delta": 1.0}
+
+
+def as_entmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
+              alpha: float | torch.Tensor = 1.5, beta: float | torch.Tensor = 1.0,
+              gamma: float | torch.Tensor = 1.0, delta: float | torch.Tensor = 1.0,
+              n: int | torch.Tensor | None = None) -> torch.Tensor:
+    r"""Adaptive-Scalable entmax (ASEntmax): alpha-entmax of length-scaled scores.
+
+    .. math:: \mathrm{ASEntmax}(x) = \alpha\text{-entmax}\big((\delta + \beta\,(\log n)^{\gamma})\, x\big)
+
+    ``n`` is the number of visible entries of the row by default (causal attention passes
+    ``n = i + 1`` for query ``i``); an int or a per-row tensor overrides it. At ``n = 1``
+    the length term ``(log n)^gamma`` is taken as 0 (its limit for gamma > 0), so the
+    scale is ``delta``. In the paper ``beta > 0`` and ``gamma`` are learned, per head or
+    computed from the query (``beta = softplus(w_b . h)``, ``gamma = a tanh(w_g . h)``);
+    here ``beta``, ``gamma`` and ``delta`` are numbers or tensors with one value per row
+    (broadcastable to ``x``, size 1 along ``dim``: per query, or ``(H, 1, 1)`` per head),
+    differentiable, and ``alpha`` is as in :func:`entmax`. ``delta = 0, gamma = 1`` gives
+    alpha-entmax of ``beta log(n) x``, the scalable-softmax law of Nakanishi (2025).
+    Shift invariant (the scale is constant along the row).
+
+    Vasylenko, Pitorro, Martins & Treviso (2025), "Long-Context Generalization with Sparse
+    Attention", arXiv 2506.16640 (ASEntmax, Sec. 4); ``delta = 1`` follows the authors' code
+    (github.com/deep-spin/asentmax), which offsets positions so that ``n >= 2``.
+    """
+    _check_alpha(alpha)
+    for name, value in (("beta", beta), ("gamma", gamma), ("delta", delta)):
+        _check_real(value, name)
+    rows = prepare_rows(x, dim, mask)
+    beta, gamma, delta = (_per_row(rows, v, name) if isinstance(v, torch.Tensor) else v
+                          for name, v in (("beta", beta), ("gamma", gamma), ("delta", delta)))
+    log_n = torch.log(_row_count(rows, n))
+    longer = log_n > 0
+    safe_log_n = torch.where(longer, log_n, torch.ones_like(log_n))
+    length_term = torch.where(longer, safe_log_n ** gamma, torch.zeros_like(safe_log_n))
+    scale = delta + beta * length_term
+    # The scale is constant along the row and entmax is shift invariant, so the row maximum
+    # is taken out before scaling: large scores keep their differences exactly.
+    finite = rows.visible & torch.isfinite(rows.x)
+    top = torch.where(finite, rows.x, torch.full_like(rows.x, float("-inf"))).amax(-1, keepdim=True) \
+        if rows.x.shape[-1] else rows.x.new_zeros(rows.x.shape[:-1] + (1,))
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
+    z = torch.where(finite, (torch.where(finite, rows.x, top) - top) * scale, rows.x)
+    return _entmax_from_rows(rows, z, alpha)
+
+
+def _row_count(rows: Rows, n) -> torch.Tensor:
+    """``n`` per row, shape ``(..., 1)`` in rows layout: the visible count by default."""
+    if n is None:
+        return rows.count.clamp_min(1)
+    if isinstance(n, torch.Tensor):
+        if bool((n < 1).any()):
+            raise ValueError("n must be >= 1 everywhere")
+        return _per_row(rows, n.to(rows.x.dtype), "n")
+    if isinstance(n, bool) or not isinstance(n, (int, float)):
+        raise TypeError(f"n must be an int, a tensor or None, got {type(n).__name__}")
+    check_at_least(n, 1, "n", allow_tensor=False)
+    return torch.full_like(rows.x[..., :1], float(n))
