@@ -1,0 +1,95 @@
+"""Temperature scaling, ECE, classwise ECE and reliability diagrams."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from softmaxkit.scores import classwise_ece, ece, fit_temperature, nll, reliability_diagram
+
+# top-label confidences .85, .85, .65, .65; the last prediction is wrong
+PROBS = torch.tensor([[0.85, 0.15], [0.15, 0.85], [0.65, 0.35], [0.35, 0.65]], dtype=torch.float64)
+LABELS = torch.tensor([0, 1, 0, 0])
+
+
+def test_fit_temperature_by_hand():
+    # logits (1, 0), label 0 with frequency q: NLL(beta) minimised at sigmoid(beta) = q,
+    # so q = 3/4 gives beta = log 3 and T = 1 / log 3
+    logits = torch.tensor([[1.0, 0.0]] * 4, dtype=torch.float64)
+    labels = torch.tensor([0, 0, 0, 1])
+    assert fit_temperature(logits, labels) == pytest.approx(1 / math.log(3.0), rel=1e-8)
+
+
+def test_fit_temperature_minimises_nll():
+    gen = torch.Generator().manual_seed(0)
+    logits = 3 * torch.randn(200, 6, generator=gen, dtype=torch.float64)
+    labels = torch.where(torch.rand(200, generator=gen) < 0.6, logits.argmax(1), torch.randint(0, 6, (200,), generator=gen))
+    t = fit_temperature(logits, labels)
+    best = nll(logits, labels, t)
+    for other in (t * 0.999, t * 1.001, 1.0, t * 2):
+        assert best <= nll(logits, labels, other) + 1e-12
+    # float32 logits give the same temperature
+    assert fit_temperature(logits.float(), labels) == pytest.approx(t, rel=1e-5)
+
+
+def test_fit_temperature_separable_warns_and_returns_bound():
+    logits = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+    with pytest.warns(RuntimeWarning, match="lower bound"):
+        assert fit_temperature(logits, torch.tensor([0, 1])) == 1e-3
+
+
+def test_ece_by_hand():
+    # bins (.8, .9]: conf .85, acc 1 ; (.6, .7]: conf .65, acc .5 -> ECE = .5 * .15 + .5 * .15
+    assert ece(PROBS, LABELS, n_bins=10) == pytest.approx(0.15)
+    assert ece(PROBS, LABELS, n_bins=2, strategy="quantile") == pytest.approx(0.15)
+    assert ece(PROBS, LABELS, n_bins=1) == pytest.approx(0.0)   # mean conf .75 = accuracy .75
+    d = reliability_diagram(PROBS, LABELS, n_bins=10)
+    assert d.count.tolist() == [0, 0, 0, 0, 0, 0, 2, 0, 2, 0]
+    assert d.accuracy[6].item() == 0.5 and d.accuracy[8].item() == 1.0
+    assert math.isnan(d.confidence[0].item())
+    torch.testing.assert_close(d.edges, torch.linspace(0, 1, 11, dtype=torch.float64))
+
+
+def test_classwise_ece_by_hand():
+    # class 0: p = .85 .15 .65 .35 vs label==0: 1 0 1 1 -> gaps .15 .15 .35 .65 in separate bins
+    # class 1 mirrors it; mean = (.15 + .15 + .35 + .65) / 4
+    assert classwise_ece(PROBS, LABELS, n_bins=10) == pytest.approx(1.3 / 4)
+
+
+def test_ece_matches_a_direct_loop():
+    gen = torch.Generator().manual_seed(3)
+    probs = torch.softmax(2 * torch.randn(500, 4, generator=gen, dtype=torch.float64), 1)
+    labels = torch.randint(0, 4, (500,), generator=gen)
+    conf, pred = probs.max(1)
+    hits = (pred == labels).double()
+    total = 0.0
+    for b in range(15):
+        lo, hi = b / 15, (b + 1) / 15
+        sel = (conf > lo) & (conf <= hi)
+        if sel.any():
+            total += sel.double().mean().item() * abs(hits[sel].mean().item() - conf[sel].mean().item())
+    assert ece(probs, labels) == pytest.approx(total, abs=1e-12)
+    q = reliability_diagram(probs, labels, n_bins=10, strategy="quantile")
+    assert q.count.tolist() == [50] * 10
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="n_bins"):
+        ece(PROBS, LABELS, n_bins=0)
+    with pytest.raises(ValueError, match="strategy"):
+        ece(PROBS, LABELS, strategy="equal")
+    with pytest.raises(ValueError, match="sum to one"):
+        ece(PROBS * 2, LABELS)
+    with pytest.raises(ValueError, match="non-negative"):
+        classwise_ece(PROBS - 0.5, LABELS)
+    with pytest.raises(ValueError, match="labels"):
+        ece(PROBS, torch.tensor([0, 1, 2, 0]))
+    with pytest.raises(ValueError, match="labels"):
+        reliability_diagram(PROBS, LABELS[:3])
+    with pytest.raises(TypeError, match="labels"):
+        fit_temperature(PROBS, np.array([0, 1, 0, 0]))
+    with pytest.raises(ValueError, match="logits"):
+        fit_temperature(torch.zeros(4), LABELS)
+    with pytest.raises(ValueError, match="bounds"):
+        fit_temperature(PROBS, LABELS, bounds=(2.0, 1.0))
