@@ -1,5 +1,267 @@
-"""softmaxkit.sampling (being written)."""
+"""Sampling through softmax: Gumbel-softmax, straight-through, temperature in the
+probability domain, and top-k / top-p / min-p decoding over large vocabularies.
+
+Every sampler draws its randomness from ``generator`` (a ``torch.Generator``), so a
+seeded generator makes it deterministic.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import functional as F
+from ._rows import check_dim, check_floating, check_int_in_range, check_positive, compute_dtype
+from .kernels import dispatch
+
+__all__ = ["soften", "gumbel_softmax", "straight_through", "sample"]
 
 
-def soften(p, T):
-    raise NotImplementedError("soften is being written")
+def soften(p: torch.Tensor, T: float | torch.Tensor, dim: int = -1) -> torch.Tensor:
+    r"""Temperature applied in the probability domain.
+
+    .. math:: \mathrm{soften}(p, T)_i = \frac{p_i^{1/T}}{\sum_j p_j^{1/T}}
+
+    For ``p = softmax(z)`` this equals ``softmax(z / T)``: ``T > 1`` flattens, ``T < 1``
+    sharpens (Hinton, Vinyals & Dean 2015, "Distilling the knowledge in a neural
+    network", arXiv 1503.02531). Zero entries stay exactly zero (with zero gradient); a
+    row of zeros gives zeros.
+
+    Args:
+        p: non-negative weights (need not sum to one), any shape.
+        T: temperature ``> 0``, a number or a tensor broadcastable to ``p``.
+        dim: the axis normalised.
+    """
+    check_floating(p, "p")
+    if bool((p < 0).any()) or bool(torch.isnan(p).any()):
+        raise ValueError("p must be non-negative (probabilities or unnormalised weights), got a negative or NaN entry")
+    check_positive(T, "T")
+    positive = p > 0
+    log_p = torch.where(positive, torch.log(torch.where(positive, p, torch.ones_like(p))),
+                        torch.full_like(p, float("-inf")))
+    return F.softmax(log_p, dim=dim, temperature=T)
+
+
+def _check_tau(tau) -> None:
+    check_positive(tau, "tau", allow_tensor=False)
+
+
+def _one_hot_argmax(y: torch.Tensor, dim: int) -> torch.Tensor:
+    index = y.argmax(dim, keepdim=True)
+    return torch.zeros_like(y).scatter_(dim, index, 1.0)
+
+
+def gumbel_softmax(logits: torch.Tensor, tau: float = 1.0, hard: bool = False, dim: int = -1,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    r"""Gumbel-softmax (concrete) relaxation of a categorical sample.
+
+    .. math:: y = \mathrm{softmax}\big((\text{logits} + g) / \tau\big),\quad g_i = -\log E_i,\ E_i \sim \mathrm{Exp}(1)
+
+    (``g`` is standard Gumbel noise). ``hard=True`` returns the one-hot ``argmax y`` in
+    the forward pass with the gradient of ``y`` (straight-through). ``-inf`` logits are
+    never drawn. Jang, Gu & Poole (2016), "Categorical Reparameterization with
+    Gumbel-Softmax", arXiv 1611.01144; Maddison, Mnih & Teh (2016), "The Concrete
+    Distribution", arXiv 1611.00712.
+
+    Args:
+        logits: unnormalised log-probabilities, any shape.
+        tau: temperature ``> 0``.
+        hard: return one-hot samples (straight-through gradient).
+        dim: the category axis.
+        generator: the source of randomness.
+    """
+    check_floating(logits, "logits")
+    _check_tau(tau)
+    if not isinstance(hard, bool):
+        raise TypeError(f"hard must be a bool, got {type(hard).__name__}")
+    dim = check_dim(logits, dim)
+    z = logits.to(compute_dtype(logits.dtype))
+    exponential = torch.empty_like(z).exponential_(generator=generator)
+    gumbel = -torch.log(exponential.clamp_min(torch.finfo(z.dtype).tiny))
+    y = F.softmax(z + gumbel, dim=dim, temperature=tau)
+    if hard:
+        y = _one_hot_argmax(y.detach(), dim) - y.detach() + y
+    return y.to(logits.dtype)
+
+
+def straight_through(logits: torch.Tensor, tau: float = 1.0, dim: int = -1) -> torch.Tensor:
+    r"""One-hot ``argmax(logits)`` forward, gradient of ``softmax(logits / tau)`` backward.
+
+    .. math:: y = \mathrm{onehot}(\arg\max_i \text{logits}_i) + s - \mathrm{sg}(s),\quad s = \mathrm{softmax}(\text{logits}/\tau)
+
+    (``sg`` = stop-gradient). Deterministic: the straight-through estimator of Bengio,
+    Léonard & Courville (2013), "Estimating or Propagating Gradients Through Stochastic
+    Neurons", arXiv 1308.3432, with the softmax surrogate gradient.
+    """
+    check_floating(logits, "logits")
+    _check_tau(tau)
+    dim = check_dim(logits, dim)
+    soft = F.softmax(logits, dim=dim, temperature=tau)
+    hard = _one_hot_argmax(logits.detach(), dim).to(soft.dtype)
+    return hard - soft.detach() + soft
+
+
+# ----------------------------------------------------------------------------------------
+# decoding
+# ----------------------------------------------------------------------------------------
+
+#: Width of the blocks whose maxima pre-select the top-k candidates in :func:`_blocked_topk`.
+_TOPK_BLOCK = 64
+
+
+def _blocked_topk(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-``k`` of each row of a 2-d ``z``, sorted descending, in plain torch.
+
+    Split the row into blocks of :data:`_TOPK_BLOCK` and take each block's maximum. Let
+    ``t`` be the ``k``-th largest block maximum: ``k`` entries are ``>= t``, so every
+    top-``k`` entry is ``>= t`` and lies in a block whose maximum is ``>= t``, i.e. in
+    one of the ``k`` blocks with the largest maxima (ties at ``t`` are tied in the
+    answer too). Only those ``k`` blocks (and the ragged tail) are searched: one pass
+    of ``amax`` over the row instead of a selection over all of it.
+    """
+    rows, length = z.shape
+    blocks = length // _TOPK_BLOCK
+    if blocks <= 2 * k:
+        return torch.topk(z, k, dim=-1)
+    main = z[:, :blocks * _TOPK_BLOCK].reshape(rows, blocks, _TOPK_BLOCK)
+    best_blocks = main.amax(-1).topk(k, dim=-1, sorted=False).indices
+    offsets = torch.arange(_TOPK_BLOCK, device=z.device)
+    candidates = (best_blocks.unsqueeze(-1) * _TOPK_BLOCK + offsets).reshape(rows, k * _TOPK_BLOCK)
+    if blocks * _TOPK_BLOCK < length:
+        tail = torch.arange(blocks * _TOPK_BLOCK, length, device=z.device).expand(rows, -1)
+        candidates = torch.cat([candidates, tail], dim=-1)
+    values, position = z.gather(-1, candidates).topk(k, dim=-1)
+    return values, candidates.gather(-1, position)
+
+
+def _top_k(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``k`` largest entries of each row of ``z`` (2-d), sorted descending: ``(values, indices)``.
+
+    The one place that picks the top-k implementation: the fused kernel
+    (:func:`softmaxkit.kernels.dispatch.softmax_topk`) where it is implemented,
+    :func:`_blocked_topk` otherwise.
+    """
+    try:
+        _, indices = dispatch.softmax_topk(z, k, dim=-1)
+    except NotImplementedError:
+        return _blocked_topk(z, k)
+    values, order = z.gather(-1, indices).sort(dim=-1, descending=True, stable=True)
+    return values, indices.gather(-1, order)
+
+
+def _check_sampling_args(temperature, top_k, top_p, min_p) -> None:
+    check_positive(temperature, "temperature", allow_tensor=False)
+    if top_k is not None:
+        check_int_in_range(top_k, "top_k", 1)
+    if top_p is not None:
+        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
+            raise TypeError(f"top_p must be a number in (0, 1] or None, got {type(top_p).__name__}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if min_p is not None:
+        if isinstance(min_p, bool) or not isinstance(min_p, (int, float)):
+            raise TypeError(f"min_p must be a number in [0, 1] or None, got {type(min_p).__name__}")
+        if not 0 <= min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+
+
+def _check_candidates(top: torch.Tensor) -> None:
+    """``top``: the largest logit of each row. Every row needs a finite one."""
+    if bool(torch.isnan(top).any()):
+        raise ValueError("logits must not contain NaN")
+    if bool((top == float("inf")).any()):
+        raise ValueError("logits must not contain +inf (the distribution is undefined)")
+    if bool((top == float("-inf")).any()):
+        raise ValueError("logits: every row needs at least one finite entry to sample from")
+
+
+def _draw(weights: torch.Tensor, generator) -> torch.Tensor:
+    """Index drawn from each row of non-negative ``weights`` (2-d) with probability ∝ weight.
+
+    Inverse CDF in float64: the first index whose cumulative weight exceeds ``u * total``,
+    and never past the last positive weight (the first index reaching the total).
+    """
+    cumulative = weights.to(torch.float64).cumsum(-1)
+    total = cumulative[:, -1:]
+    u = torch.rand(total.shape, dtype=torch.float64, device=weights.device, generator=generator)
+    drawn = torch.searchsorted(cumulative, u * total, right=True)
+    last_positive = torch.searchsorted(cumulative, total, right=False)
+    return torch.minimum(drawn, last_positive).squeeze(-1)
+
+
+def _nucleus_candidates(z: torch.Tensor, temperature: float, top_p: float):
+    """Sorted candidates that contain the top-``p`` nucleus of ``softmax(z / T)`` and the
+    full-row log-normaliser: top-k with ``k`` grown until the candidates hold mass ``p``."""
+    length = z.shape[-1]
+    log_total = torch.logsumexp(z / temperature, dim=-1, keepdim=True)
+    k = min(256, length)
+    while True:
+        values, indices = _top_k(z, k)
+        _check_candidates(values[:, 0])
+        mass = torch.exp(values / temperature - log_total).sum(-1)
+        if k == length or bool((mass >= top_p * (1 + 1e-6)).all()):
+            return values, indices, log_total
+        k = min(8 * k, length)
+
+
+def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+           top_p: float | None = None, min_p: float | None = None,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    r"""Draw one token per row of ``logits`` (last axis = vocabulary) for decoding.
+
+    The distribution is ``softmax(logits / temperature)`` truncated, in this order, to
+
+    * ``top_k``: the ``k`` most likely tokens (all of them when ``k`` >= the vocabulary);
+    * ``top_p``: the smallest most-likely-first prefix whose mass reaches ``p`` (nucleus
+      sampling, Holtzman et al. 2019, arXiv 1904.09751), measured on the distribution
+      left by ``top_k``; the most likely token is always kept, ``p = 1`` keeps everything;
+    * ``min_p``: tokens with probability at least ``min_p`` times the largest
+      (Nguyen et al. 2024, "Turning Up the Heat: Min-p Sampling", arXiv 2407.01082);
+
+    then renormalised. Top-k uses the fused kernel
+    :func:`softmaxkit.kernels.dispatch.softmax_topk` where it exists, otherwise an exact
+    block-maximum pre-selection in plain torch; the full ``softmax`` over the vocabulary
+    is never written when ``top_k`` is set.
+
+    Args:
+        logits: ``(..., V)`` scores; ``-inf`` entries are never drawn.
+        temperature: ``> 0``.
+        top_k: ``>= 1`` or None.
+        top_p: in ``(0, 1]`` or None.
+        min_p: in ``[0, 1]`` or None.
+        generator: the source of randomness; a seeded generator makes this deterministic.
+
+    Returns:
+        int64 token indices of shape ``logits.shape[:-1]``.
+    """
+    check_floating(logits, "logits")
+    if logits.dim() == 0 or logits.shape[-1] == 0:
+        raise ValueError(f"logits must have a non-empty last (vocabulary) axis, got shape {tuple(logits.shape)}")
+    _check_sampling_args(temperature, top_k, top_p, min_p)
+    batch_shape = logits.shape[:-1]
+    length = logits.shape[-1]
+    z = logits.reshape(-1, length).to(compute_dtype(logits.dtype))
+    temperature = float(temperature)
+    sorted_candidates = True
+    log_total = None
+    if top_k is not None and top_k < length:
+        values, indices = _top_k(z, top_k)
+    elif top_p is not None and top_p < 1:
+        values, indices, log_total = _nucleus_candidates(z, temperature, top_p)
+    else:
+        values, indices, sorted_candidates = z, None, False
+    top = values[:, :1] if sorted_candidates else values.amax(-1, keepdim=True)
+    _check_candidates(top.squeeze(-1))
+    weights = torch.exp((values - top) / temperature)
+    if top_p is not None and top_p < 1:
+        if log_total is None:
+            probs = weights / weights.sum(-1, keepdim=True)
+        else:
+            probs = torch.exp(values / temperature - log_total)
+        mass_before = probs.cumsum(-1) - probs
+        weights = torch.where(mass_before < top_p, weights, torch.zeros_like(weights))
+    if min_p is not None and min_p > 0:
+        weights = torch.where(weights >= min_p, weights, torch.zeros_like(weights))
+    drawn = _draw(weights, generator)
+    if indices is not None:
+        drawn = indices.gather(-1, drawn.unsqueeze(-1)).squeeze(-1)
+    return drawn.reshape(batch_shape)

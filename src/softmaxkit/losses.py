@@ -1,1 +1,0 @@
-"""softmaxkit.losses (being written)."""

@@ -1,0 +1,128 @@
+r"""Fenchel-Young losses: the loss that belongs to each normalizer.
+
+For a regulariser :math:`\Omega` on the simplex whose regularised argmax is the
+normalizer :math:`\hat p(\theta) = \nabla \Omega^*(\theta)`,
+
+.. math::
+    L_\Omega(\theta; y) = \Omega^*(\theta) + \Omega(y) - \langle \theta, y \rangle
+                        = \langle \theta, \hat p - y \rangle + \Omega(y) - \Omega(\hat p),
+    \qquad \nabla_\theta L_\Omega = \hat p - y,
+
+non-negative and zero iff :math:`\hat p = y` (Blondel, Martins & Niculae 2020, "Learning
+with Fenchel-Young Losses", JMLR, arXiv 1901.02324). The regularisers are negative
+Tsallis entropies (Peters, Niculae & Martins 2019, arXiv 1905.05702):
+
+.. math::
+    \Omega_\alpha(p) = \frac{\sum_j p_j^\alpha - 1}{\alpha(\alpha - 1)}\ (\alpha > 1),
+    \qquad \Omega_1(p) = \sum_j p_j \log p_j,
+
+softmax (alpha = 1: the loss is cross-entropy / KL), 1.5-entmax, sparsemax (alpha = 2:
+the sparsemax loss of Martins & Astudillo 2016, arXiv 1602.02068) and alpha-entmax.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import registry
+from .._rows import check_dim, check_floating, compute_dtype
+from ..functional import logsumexp
+from ._reduce import check_reduction, reduce_loss
+
+#: The normalizers with a Fenchel-Young loss here, and their Tsallis alpha.
+FY_NORMALIZERS = {"softmax": 1.0, "entmax15": 1.5, "sparsemax": 2.0, "entmax": None}
+
+
+def tsallis_regularizer(p: torch.Tensor, alpha: float) -> torch.Tensor:
+    r"""Negative Tsallis alpha-entropy of each row (last axis) of ``p``:
+    :math:`(\sum_j p_j^\alpha - 1) / (\alpha(\alpha-1))`, and :math:`\sum_j p_j \log p_j` at alpha = 1."""
+    if alpha == 1.0:
+        return torch.xlogy(p, p).sum(-1)
+    return ((p ** alpha).sum(-1) - 1) / (alpha * (alpha - 1))
+
+
+def _resolve_alpha(normalizer, alpha) -> float:
+    if normalizer not in FY_NORMALIZERS:
+        raise ValueError(f"normalizer must be one of {', '.join(map(repr, FY_NORMALIZERS))}, got {normalizer!r}")
+    if normalizer != "entmax":
+        if alpha is not None:
+            raise ValueError(f"alpha is only accepted with normalizer='entmax', got alpha={alpha!r} "
+                             f"with normalizer={normalizer!r}")
+        return FY_NORMALIZERS[normalizer]
+    if alpha is None:
+        alpha = registry.get("entmax").params["alpha"]
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
+        raise TypeError(f"alpha must be a number >= 1, got {type(alpha).__name__}")
+    if not alpha >= 1:
+        raise ValueError(f"alpha must be >= 1, got {alpha}")
+    return float(alpha)
+
+
+def _target_terms(z: torch.Tensor, target: torch.Tensor, alpha: float):
+    """``<theta, y>`` and ``Omega(y)`` per row, for class indices or distributions."""
+    classes = z.shape[-1]
+    if target.is_floating_point():
+        if target.shape != z.shape:
+            raise ValueError(f"a distribution target must have the shape of logits {tuple(z.shape)} "
+                             f"(classes last), got {tuple(target.shape)}")
+        y = target.to(z.dtype)
+        tol = 1e-3 if target.dtype in (torch.float16, torch.bfloat16) else 1e-5
+        if bool((y < 0).any()) or bool(((y.sum(-1) - 1).abs() > tol).any()):
+            raise ValueError("target must be non-negative and sum to 1 along the class axis when it is a distribution")
+        return (z * y).sum(-1), tsallis_regularizer(y, alpha)
+    if target.is_complex() or target.dtype == torch.bool:
+        raise TypeError(f"target must be integer class indices or a floating distribution, got {target.dtype}")
+    if target.shape != z.shape[:-1]:
+        raise ValueError(f"class-index target must have the shape of logits without the class axis "
+                         f"{tuple(z.shape[:-1])}, got {tuple(target.shape)}")
+    if bool(((target < 0) | (target >= classes)).any()):
+        raise ValueError(f"target class indices must be in [0, {classes}), got min {int(target.min())}, "
+                         f"max {int(target.max())}")
+    picked = z.gather(-1, target.unsqueeze(-1).long()).squeeze(-1)
+    return picked, torch.zeros_like(picked)
+
+
+def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: str = "softmax",
+                       alpha: float | None = None, dim: int = -1, reduction: str = "mean") -> torch.Tensor:
+    r"""The Fenchel-Young loss of ``normalizer`` (see the module docstring).
+
+    .. math:: L(\theta; y) = \langle \theta, \hat p - y \rangle + \Omega(y) - \Omega(\hat p),
+              \quad \hat p = \mathrm{normalizer}(\theta),\quad \nabla_\theta L = \hat p - y
+
+    ``normalizer="softmax"`` is ``F.cross_entropy`` (with a distribution target: the KL
+    divergence ``KL(y || softmax(theta))``); ``"sparsemax"`` the sparsemax loss
+    (Martins & Astudillo 2016, arXiv 1602.02068); ``"entmax15"`` / ``"entmax"`` the
+    entmax loss (Peters, Niculae & Martins 2019, arXiv 1905.05702). The normalizer is
+    called through :mod:`softmaxkit.registry`. Blondel, Martins & Niculae (2020),
+    arXiv 1901.02324.
+
+    Args:
+        logits: scores ``theta``, classes along ``dim``.
+        target: integer class indices (the shape of ``logits`` without ``dim``) or a
+            distribution (the shape of ``logits``, non-negative, summing to 1).
+        normalizer: ``"softmax"``, ``"sparsemax"``, ``"entmax15"`` or ``"entmax"``.
+        alpha: the entmax alpha (a number ``>= 1``), only with ``normalizer="entmax"``
+            (default: the registry's 1.5).
+        dim: the class axis.
+        reduction: ``"mean"`` (over rows), ``"sum"`` or ``"none"``.
+    """
+    check_floating(logits, "logits")
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    alpha = _resolve_alpha(normalizer, alpha)
+    reduction = check_reduction(reduction)
+    dim = check_dim(logits, dim)
+    if logits.dim() == 0:
+        raise ValueError("logits must have a class axis, got a 0-d tensor")
+    z = logits.to(compute_dtype(logits.dtype)).movedim(dim, -1)
+    if target.is_floating_point():
+        target = target.movedim(dim, -1)
+    theta_y, omega_y = _target_terms(z, target, alpha)
+    if alpha == 1.0:
+        conjugate = logsumexp(z, dim=-1)
+    else:
+        params = {"alpha": alpha} if normalizer == "entmax" else {}
+        p = registry.normalize(z.detach(), normalizer, dim=-1, **params)
+        conjugate = (z * p).sum(-1) - tsallis_regularizer(p, alpha)
+    loss = conjugate - theta_y + omega_y
+    return reduce_loss(loss, reduction).to(logits.dtype)

@@ -1,0 +1,297 @@
+r"""Cross-entropy of a linear output layer without materialising the logits.
+
+The logits ``hidden @ weight.T + bias`` of a language model (``N`` tokens by a
+vocabulary of ``V``) and their gradient are the largest tensors of training. Here they
+only ever exist one block at a time: tokens are processed in chunks, and within a chunk
+the vocabulary in blocks whose log-sum-exp is folded into an
+:class:`softmaxkit.algorithms.OnlineSoftmaxState` (Milakov & Gimelshein 2018, arXiv
+1805.02867). Memory is ``O(chunk_size * V)`` instead of ``O(N * V)``; this is the idea of
+Cut Cross-Entropy (Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language
+Models", arXiv 2411.09947).
+
+When the loss is reduced (``"mean"`` or ``"sum"``) and a gradient will be needed, the
+gradient of each chunk's logits is formed as soon as its log-sum-exp is known and
+contracted straight into the gradients of ``hidden``, ``weight`` and ``bias``, which
+backward then only scales: the output projection is multiplied three times, as in the
+plain path, never four. With ``reduction="none"`` the per-token upstream gradient is
+only known in backward, which recomputes each chunk's logits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from .._rows import check_floating, check_int_in_range, compute_dtype
+from ..algorithms import OnlineSoftmaxState
+from ._reduce import check_reduction
+
+#: Default number of logits (tokens x vocabulary) a token chunk holds: 64 MiB in float32.
+CHUNK_LOGITS = 1 << 24
+#: Default width of the vocabulary blocks reduced into the online log-sum-exp.
+VOCAB_BLOCK = 8192
+
+
+@dataclass(frozen=True)
+class _Setup:
+    vocab: int
+    ignore_index: int
+    label_smoothing: float
+    z_penalty: float
+    reduction: str
+    chunk_size: int
+    vocab_block: int
+    fused: bool
+
+
+def _ranges(length: int, step: int):
+    for start in range(0, length, step):
+        yield start, min(start + step, length)
+
+
+def _logit_blocks(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, vocab_block: int):
+    """``(start, h @ weight[start:stop].T + bias[start:stop])`` for each vocabulary block."""
+    for start, stop in _ranges(weight.shape[0], vocab_block):
+        block = weight[start:stop].T
+        yield start, (h @ block if bias is None else torch.addmm(bias[start:stop], h, block))
+
+
+def _in_block(target: torch.Tensor, start: int, width: int):
+    """Target positions relative to a block (clamped into it) and whether they fall in it."""
+    relative = target - start
+    inside = (relative >= 0) & (relative < width)
+    return relative.clamp(0, width - 1).unsqueeze(1), inside
+
+
+def _row_statistics(blocks, target: torch.Tensor, setup: _Setup, keep: list | None):
+    """One pass over a chunk's logit blocks: log-sum-exp (online), target logit, logit sum.
+
+    Blocks are appended to ``keep`` when it is a list (the fused path reuses them).
+    """
+    state = None
+    target_logit = logit_sum = None
+    for start, logits in blocks:
+        state = OnlineSoftmaxState.from_block(logits) if state is None else state.update(logits)
+        position, inside = _in_block(target, start, logits.shape[1])
+        picked = logits.gather(1, position).squeeze(1)
+        target_logit = picked if target_logit is None else torch.where(inside, picked, target_logit)
+        if setup.label_smoothing:
+            total = logits.sum(1)
+            logit_sum = total if logit_sum is None else logit_sum + total
+        if keep is not None:
+            keep.append((start, logits))
+    return state.logsumexp(), target_logit, logit_sum
+
+
+def _logit_grad_(logits: torch.Tensor, start: int, lse: torch.Tensor, target: torch.Tensor,
+                 row_scale: torch.Tensor, setup: _Setup) -> torch.Tensor:
+    """Overwrite a block of logits with ``row_scale *`` the gradient of the token losses.
+
+    d loss_i / d z_ij = (1 + 2 c lse_i) p_ij - (1 - eps) [j = y_i] - eps / V.
+    """
+    eps = setup.label_smoothing
+    coef = row_scale * (1 + 2 * setup.z_penalty * lse) if setup.z_penalty else row_scale
+    logits.sub_(lse.unsqueeze(1)).exp_().mul_(coef.unsqueeze(1))
+    position, inside = _in_block(target, start, logits.shape[1])
+    logits.scatter_add_(1, position, (-(1 - eps) * row_scale * inside).unsqueeze(1))
+    if eps:
+        logits.sub_((eps / setup.vocab) * row_scale.unsqueeze(1))
+    return logits
+
+
+def _accumulate(grad_logits: torch.Tensor, start: int, h: torch.Tensor, weight: torch.Tensor,
+                grad_h: torch.Tensor | None, grad_w: torch.Tensor | None, grad_b: torch.Tensor | None) -> None:
+    """Contract one block's logit gradient into the gradients of the layer's inputs."""
+    stop = start + grad_logits.shape[1]
+    if grad_h is not None:
+        grad_h.addmm_(grad_logits, weight[start:stop])
+    if grad_w is not None:
+        grad_w[start:stop].addmm_(grad_logits.T, h)
+    if grad_b is not None:
+        grad_b[start:stop].add_(grad_logits.sum(0))
+
+
+def _zeros_if(needed: bool, like: torch.Tensor | None):
+    return torch.zeros_like(like) if needed and like is not None else None
+
+
+class _LinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, target, setup: _Setup):
+        cdt = compute_dtype(hidden.dtype)
+        h, w = hidden.to(cdt), weight.to(cdt)
+        b = bias.to(cdt) if bias is not None else None
+        valid = target != setup.ignore_index
+        safe_target = torch.where(valid, target, torch.zeros_like(target))
+        row_scale = valid.to(cdt)
+        count = int(valid.sum())
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        fused = setup.fused and (need_h or need_w or need_b)
+        grad_h, grad_w, grad_b = (_zeros_if(fused and need_h, h), _zeros_if(fused and need_w, w),
+                                  _zeros_if(fused and need_b, b))
+        n = h.shape[0]
+        lse, target_logit = h.new_empty(n), h.new_empty(n)
+        logit_sum = h.new_zeros(n)
+        for s, e in _ranges(n, setup.chunk_size):
+            kept = [] if fused else None
+            lse[s:e], target_logit[s:e], chunk_sum = _row_statistics(
+                _logit_blocks(h[s:e], w, b, setup.vocab_block), safe_target[s:e], setup, kept)
+            if chunk_sum is not None:
+                logit_sum[s:e] = chunk_sum
+            for start, logits in kept or ():
+                grad = _logit_grad_(logits, start, lse[s:e], safe_target[s:e], row_scale[s:e], setup)
+                _accumulate(grad, start, h[s:e], w, grad_h[s:e] if grad_h is not None else None, grad_w, grad_b)
+            del kept
+        eps = setup.label_smoothing
+        per_token = (1 - eps) * (lse - target_logit)
+        if eps:
+            per_token = per_token + eps * (lse - logit_sum / setup.vocab)
+        if setup.z_penalty:
+            per_token = per_token + setup.z_penalty * lse * lse
+        per_token = per_token * row_scale
+        if setup.reduction == "none":
+            loss = per_token
+        else:
+            loss = per_token.sum() / (max(count, 1) if setup.reduction == "mean" else 1)
+
+        ctx.setup, ctx.fused, ctx.count = setup, fused, count
+        ctx.grads = (grad_h, grad_w, grad_b)
+        if fused:
+            ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        else:
+            ctx.save_for_backward(hidden, weight, bias)
+            ctx.saved = (safe_target, row_scale, lse)
+        return loss.to(hidden.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_loss):
+        setup = ctx.setup
+        if setup.reduction == "mean":
+            grad_loss = grad_loss / max(ctx.count, 1)
+        if ctx.fused:
+            return tuple(None if g is None else (g * grad_loss.to(g.dtype)).to(dtype)
+                         for g, dtype in zip(ctx.grads, ctx.dtypes)) + (None, None)
+        hidden, weight, bias = ctx.saved_tensors
+        target, row_scale, lse = ctx.saved
+        cdt = compute_dtype(hidden.dtype)
+        h, w = hidden.to(cdt), weight.to(cdt)
+        b = bias.to(cdt) if bias is not None else None
+        row_scale = row_scale * grad_loss.to(cdt)
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h, grad_w, grad_b = _zeros_if(need_h, h), _zeros_if(need_w, w), _zeros_if(need_b, b)
+        for s, e in _ranges(h.shape[0], setup.chunk_size):
+            for start, logits in _logit_blocks(h[s:e], w, b, setup.vocab_block):
+                grad = _logit_grad_(logits, start, lse[s:e], target[s:e], row_scale[s:e], setup)
+                _accumulate(grad, start, h[s:e], w, grad_h[s:e] if grad_h is not None else None, grad_w, grad_b)
+        out = (grad_h, grad_w, grad_b)
+        dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        return tuple(None if g is None else g.to(dtype) for g, dtype in zip(out, dtypes)) + (None, None)
+
+
+def _check_inputs(hidden, weight, target, bias) -> None:
+    check_floating(hidden, "hidden")
+    check_floating(weight, "weight")
+    if weight.dim() != 2 or weight.shape[0] == 0:
+        raise ValueError(f"weight must have shape (V, D) with V >= 1, got {tuple(weight.shape)}")
+    if hidden.dim() == 0 or hidden.shape[-1] != weight.shape[1]:
+        raise ValueError(f"hidden must have shape (..., D) with D = weight.shape[1] = {weight.shape[1]}, "
+                         f"got {tuple(hidden.shape)}")
+    if hidden.dtype != weight.dtype:
+        raise TypeError(f"hidden and weight must have the same dtype, got {hidden.dtype} and {weight.dtype}")
+    if bias is not None:
+        check_floating(bias, "bias")
+        if bias.shape != weight.shape[:1]:
+            raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.is_complex() \
+            or target.dtype == torch.bool:
+        raise TypeError(f"target must be an integer tensor of class indices, got "
+                        f"{target.dtype if isinstance(target, torch.Tensor) else type(target).__name__}")
+    if target.shape != hidden.shape[:-1]:
+        raise ValueError(f"target must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, "
+                         f"got {tuple(target.shape)}")
+    devices = {t.device for t in (hidden, weight, target, bias) if t is not None}
+    if len(devices) > 1:
+        raise ValueError(f"hidden, weight, target and bias must be on one device, got {sorted(map(str, devices))}")
+
+
+def _check_targets(target: torch.Tensor, vocab: int, ignore_index: int) -> None:
+    bad = (target != ignore_index) & ((target < 0) | (target >= vocab))
+    if bool(bad.any()):
+        value = int(target[bad][0])
+        raise ValueError(f"target must hold class indices in [0, {vocab}) or ignore_index={ignore_index}, "
+                         f"found {value}")
+
+
+def _check_number(value, name: str, low: float, high: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not value >= low or (high is not None and not value <= high):
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return float(value)
+
+
+def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
+                         bias: torch.Tensor | None = None, ignore_index: int = -100,
+                         label_smoothing: float = 0.0, z_penalty: float = 0.0, reduction: str = "mean",
+                         chunk_size: int | None = None, vocab_block: int | None = None) -> torch.Tensor:
+    r"""Cross-entropy of ``hidden @ weight.T + bias`` without materialising the logits.
+
+    Equal to ``F.cross_entropy(hidden @ weight.T + bias, target, ignore_index=...,
+    label_smoothing=..., reduction=...)`` plus the PaLM z-penalty, per token
+
+    .. math::
+        \ell_i = (1 - \varepsilon)(\mathrm{lse}_i - z_{i y_i})
+                 + \varepsilon\,\big(\mathrm{lse}_i - \tfrac{1}{V}\textstyle\sum_j z_{ij}\big)
+                 + c\,\mathrm{lse}_i^2,\qquad
+        z_i = W h_i + b,\ \mathrm{lse}_i = \log \textstyle\sum_j e^{z_{ij}}
+
+    (``eps`` = ``label_smoothing``, ``c`` = ``z_penalty``: Chowdhery et al. 2022, PaLM,
+    arXiv 2204.02311), with gradients for ``hidden``, ``weight`` and ``bias``. The
+    logits are never held for more than ``chunk_size`` tokens at a time (see the module
+    docstring); float16 / bfloat16 are computed and accumulated in float32.
+
+    Ignored tokens (``target == ignore_index``) contribute 0 and are not counted by
+    ``"mean"``. A batch with every token ignored gives a loss of 0 and zero gradients
+    (``F.cross_entropy`` returns NaN, 0/0, there).
+
+    Args:
+        hidden: ``(..., D)`` activations.
+        weight: ``(V, D)`` output projection (same dtype as ``hidden``).
+        target: ``(...)`` integer class indices in ``[0, V)`` or ``ignore_index``.
+        bias: ``(V,)`` or None.
+        ignore_index: the target value that marks a token to skip.
+        label_smoothing: ``eps`` in ``[0, 1]``.
+        z_penalty: ``c >= 0``, weight of ``lse^2`` per token (PaLM uses ``1e-4``).
+        reduction: ``"mean"`` (over counted tokens), ``"sum"`` or ``"none"`` (shape of ``target``).
+        chunk_size: tokens per chunk; default ``max(1, 2**24 // V)`` (64 MiB of float32 logits).
+        vocab_block: vocabulary entries per block of the online log-sum-exp; default 8192.
+
+    Note:
+        With a reduced loss and a gradient needed, the gradients are computed during
+        the forward pass (and only scaled by backward); call it under ``torch.no_grad()``
+        when only the value is wanted. Second derivatives are not supported.
+    """
+    _check_inputs(hidden, weight, target, bias)
+    vocab = weight.shape[0]
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    _check_targets(target, vocab, ignore_index)
+    label_smoothing = _check_number(label_smoothing, "label_smoothing", 0.0, 1.0)
+    z_penalty = _check_number(z_penalty, "z_penalty", 0.0)
+    reduction = check_reduction(reduction)
+    chunk_size = (max(1, CHUNK_LOGITS // vocab) if chunk_size is None
+                  else check_int_in_range(chunk_size, "chunk_size", 1))
+    vocab_block = VOCAB_BLOCK if vocab_block is None else check_int_in_range(vocab_block, "vocab_block", 1)
+    wants_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (hidden, weight, bias))
+    setup = _Setup(vocab=vocab, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                   z_penalty=z_penalty, reduction=reduction, chunk_size=chunk_size,
+                   vocab_block=vocab_block, fused=wants_grad and reduction != "none")
+    batch_shape = target.shape
+    loss = _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
+                                     target.reshape(-1), setup)
+    return loss.reshape(batch_shape) if reduction == "none" else loss

@@ -1,0 +1,95 @@
+r"""Two unrelated losses that are both called "z-loss".
+
+* :func:`spherical_z_loss`: the classification loss of de Brébisson & Vincent (2016),
+  a softplus of the z-normalised target score; shift and scale invariant.
+* :func:`logit_z_penalty`: the auxiliary ``1e-4 * logsumexp(logits)^2`` of PaLM
+  (Chowdhery et al. 2022), which keeps the softmax normaliser close to 1.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .._rows import check_dim, check_floating, check_nonnegative, check_positive, compute_dtype
+from ..functional import logsumexp
+from ._reduce import check_reduction, reduce_loss
+
+
+def spherical_z_loss(logits: torch.Tensor, target: torch.Tensor, a: float = 1.0, b: float = 1.0,
+                     dim: int = -1, reduction: str = "mean") -> torch.Tensor:
+    r"""Z-loss of de Brébisson & Vincent (2016), a spherical-family classification loss.
+
+    .. math::
+        z_c = \frac{o_c - \mu}{\sigma},\quad \mu = \frac1C \sum_k o_k,\quad
+        \sigma^2 = \frac1C \sum_k (o_k - \mu)^2,\qquad
+        L = \frac{1}{a} \log\big(1 + e^{a (b - z_c)}\big)
+
+    for the target class ``c``. Invariant to shifting and to (positively) scaling the
+    logits; ``a`` (sharpness) and ``b`` (location) are hyperparameters the paper tunes
+    per task (the defaults here are neutral starting points, not the paper's values). A
+    row with all logits equal has ``z_c = 0`` and zero gradient. Not the PaLM z-penalty:
+    see :func:`logit_z_penalty`.
+
+    de Brébisson & Vincent (2016), "The Z-loss: a shift and scale invariant
+    classification loss belonging to the Spherical Family", arXiv 1604.08859.
+
+    Args:
+        logits: scores ``o``, classes along ``dim``.
+        target: integer class indices (the shape of ``logits`` without ``dim``).
+        a: ``> 0``. b: any real number.
+        dim: the class axis.
+        reduction: ``"mean"``, ``"sum"`` or ``"none"``.
+    """
+    check_floating(logits, "logits")
+    check_positive(a, "a", allow_tensor=False)
+    if isinstance(b, bool) or not isinstance(b, (int, float)):
+        raise TypeError(f"b must be a number, got {type(b).__name__}")
+    reduction = check_reduction(reduction)
+    dim = check_dim(logits, dim)
+    if logits.dim() == 0:
+        raise ValueError("logits must have a class axis, got a 0-d tensor")
+    o = logits.to(compute_dtype(logits.dtype)).movedim(dim, -1)
+    classes = o.shape[-1]
+    if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.dtype == torch.bool:
+        raise TypeError("target must be an integer tensor of class indices")
+    if target.shape != o.shape[:-1]:
+        raise ValueError(f"target must have the shape of logits without the class axis {tuple(o.shape[:-1])}, "
+                         f"got {tuple(target.shape)}")
+    if bool(((target < 0) | (target >= classes)).any()):
+        raise ValueError(f"target class indices must be in [0, {classes})")
+    mu = o.mean(-1, keepdim=True)
+    var = (o - mu).square().mean(-1)
+    spread = var > 0
+    sigma = torch.sqrt(torch.where(spread, var, torch.ones_like(var)))
+    centred = (o.gather(-1, target.unsqueeze(-1).long()) - mu).squeeze(-1)
+    z = torch.where(spread, centred / sigma, torch.zeros_like(centred))
+    loss = F.softplus(a * (b - z)) / a
+    return reduce_loss(loss, reduction).to(logits.dtype)
+
+
+def logit_z_penalty(logits: torch.Tensor, weight: float = 1e-4, dim: int = -1,
+                    mask: torch.Tensor | None = None, reduction: str = "mean") -> torch.Tensor:
+    r"""The PaLM auxiliary loss on the softmax normaliser: ``weight * logsumexp(logits)^2``.
+
+    .. math:: L = w \Big(\log \sum_j e^{z_j}\Big)^2,\qquad w = 10^{-4} \text{ in PaLM}
+
+    It pulls ``log Z`` towards 0, which stabilises large-scale training (Chowdhery et al.
+    2022, "PaLM: Scaling Language Modeling with Pathways", arXiv 2204.02311, Sec. 5).
+    :func:`softmaxkit.losses.linear_cross_entropy` adds it fused (``z_penalty=``). Not
+    the spherical z-loss: see :func:`spherical_z_loss`.
+
+    Args:
+        logits: scores, classes along ``dim``.
+        weight: ``w >= 0``.
+        dim: the class axis.
+        mask: bool, broadcastable to ``logits``, True = visible; a row with nothing
+            visible contributes 0.
+        reduction: ``"mean"`` (over rows), ``"sum"`` or ``"none"``.
+    """
+    check_floating(logits, "logits")
+    check_nonnegative(weight, "weight")
+    reduction = check_reduction(reduction)
+    lse = logsumexp(logits.to(compute_dtype(logits.dtype)), dim=dim, mask=mask)
+    lse = torch.where(torch.isfinite(lse) | (lse > 0), lse, torch.zeros_like(lse))
+    return reduce_loss(weight * lse.square(), reduction).to(logits.dtype)

@@ -1,0 +1,187 @@
+"""linear_cross_entropy against F.cross_entropy on materialised logits."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from softmaxkit.losses import linear_cross_entropy
+
+
+def _problem(n=37, v=100, d=16, dtype=torch.float32, seed=0, ignore_every=5):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d, generator=g, dtype=dtype).requires_grad_()
+    w = (torch.randn(v, d, generator=g, dtype=dtype) / d ** 0.5).requires_grad_()
+    b = torch.randn(v, generator=g, dtype=dtype).requires_grad_()
+    t = torch.randint(0, v, (n,), generator=g)
+    if ignore_every:
+        t[::ignore_every] = -100
+    return h, w, b, t
+
+
+def _reference(h, w, b, t, label_smoothing=0.0, z_penalty=0.0, reduction="mean", ignore_index=-100):
+    logits = h @ w.T + (b if b is not None else 0)
+    per_token = F.cross_entropy(logits, t, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                reduction="none")
+    per_token = per_token + z_penalty * torch.logsumexp(logits, -1) ** 2 * (t != ignore_index)
+    if reduction == "none":
+        return per_token
+    if reduction == "sum":
+        return per_token.sum()
+    return per_token.sum() / (t != ignore_index).sum()
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("label_smoothing,z_penalty", [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-3), (0.2, 1e-2)])
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_matches_torch_float32(reduction, label_smoothing, z_penalty, with_bias):
+    h, w, b, t = _problem()
+    b = b if with_bias else None
+    out = linear_cross_entropy(h, w, t, bias=b, label_smoothing=label_smoothing, z_penalty=z_penalty,
+                               reduction=reduction, chunk_size=8, vocab_block=30)
+    ref = _reference(h, w, b, t, label_smoothing, z_penalty, reduction)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    upstream = torch.randn_like(ref)
+    inputs = [x for x in (h, w, b) if x is not None]
+    got = torch.autograd.grad(out, inputs, upstream)
+    want = torch.autograd.grad(ref, inputs, upstream)
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
+def test_plain_torch_argument_defaults():
+    h, w, _, t = _problem(ignore_every=0)
+    torch.testing.assert_close(linear_cross_entropy(h, w, t), F.cross_entropy(h @ w.T, t), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_gradcheck_float64(reduction):
+    h, w, b, t = _problem(n=6, v=11, d=4, dtype=torch.float64, ignore_every=4)
+
+    def f(h, w, b):
+        return linear_cross_entropy(h, w, t, bias=b, label_smoothing=0.1, z_penalty=0.01,
+                                    reduction=reduction, chunk_size=4, vocab_block=5)
+
+    assert torch.autograd.gradcheck(f, (h, w, b))
+
+
+@pytest.mark.parametrize("chunk_size,vocab_block", [(2, 9), (3, 7), (37, 100), (64, 1000)])
+def test_chunking_does_not_change_the_result(chunk_size, vocab_block):
+    h, w, b, t = _problem(dtype=torch.float64)
+    out = linear_cross_entropy(h, w, t, bias=b, label_smoothing=0.1, chunk_size=chunk_size, vocab_block=vocab_block)
+    ref = _reference(h, w, b, t, 0.1)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(torch.autograd.grad(out, (h, w, b)), torch.autograd.grad(ref, (h, w, b)))
+
+
+def test_fused_and_recomputed_backward_agree():
+    h, w, b, t = _problem(dtype=torch.float64)
+    mean = linear_cross_entropy(h, w, t, bias=b, chunk_size=5, vocab_block=17)
+    per_token = linear_cross_entropy(h, w, t, bias=b, reduction="none", chunk_size=5, vocab_block=17)
+    fused = torch.autograd.grad(mean, (h, w, b))
+    recomputed = torch.autograd.grad(per_token.sum() / (t != -100).sum(), (h, w, b))
+    for a, e in zip(fused, recomputed):
+        torch.testing.assert_close(a, e)
+
+
+def test_only_the_inputs_that_require_grad_get_one():
+    h, w, b, t = _problem()
+    h = h.detach()
+    out = linear_cross_entropy(h, w, t, bias=b)
+    gw, = torch.autograd.grad(out, (w,))
+    ref = _reference(h, w, b, t)
+    torch.testing.assert_close(gw, torch.autograd.grad(ref, (w,))[0], rtol=1e-5, atol=1e-5)
+
+
+def test_no_grad_gives_the_value():
+    h, w, b, t = _problem()
+    with torch.no_grad():
+        out = linear_cross_entropy(h, w, t, bias=b)
+    torch.testing.assert_close(out, _reference(h, w, b, t).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_batched_hidden_and_custom_ignore_index():
+    h, w, b, t = _problem(n=24, ignore_every=0)
+    t = t.clone()
+    t[3] = 7_000
+    out = linear_cross_entropy(h.reshape(2, 3, 4, -1), w, t.reshape(2, 3, 4), bias=b, ignore_index=7_000,
+                               reduction="none")
+    assert out.shape == (2, 3, 4)
+    ref = _reference(h, w, b, t, ignore_index=7_000, reduction="none")
+    torch.testing.assert_close(out.reshape(-1), ref, rtol=1e-5, atol=1e-5)
+    assert out.reshape(-1)[3] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_accumulates_in_float32(dtype):
+    h, w, b, t = _problem(n=64, v=300, d=32, dtype=dtype)
+    out = linear_cross_entropy(h, w, t, bias=b, chunk_size=16, vocab_block=64)
+    assert out.dtype == dtype
+    grads = torch.autograd.grad(out, (h, w, b))
+    assert [g.dtype for g in grads] == [dtype] * 3
+    h32, w32, b32 = (x.detach().float().requires_grad_() for x in (h, w, b))
+    ref = _reference(h32, w32, b32, t)
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+    for g, e in zip(grads, torch.autograd.grad(ref, (h32, w32, b32))):
+        torch.testing.assert_close(g.float(), e, rtol=2e-2, atol=2e-3)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_all_ignored_gives_zero_not_nan(reduction):
+    h, w, b, t = _problem(n=5)
+    t = torch.full_like(t, -100)
+    out = linear_cross_entropy(h, w, t, bias=b, reduction=reduction, label_smoothing=0.1, z_penalty=1e-3)
+    assert not torch.isnan(out).any() and bool((out == 0).all())
+    for g in torch.autograd.grad(out.sum(), (h, w, b)):
+        assert bool((g == 0).all())
+
+
+def test_target_out_of_range_names_target():
+    h, w, b, t = _problem()
+    for bad in (100, -1):
+        t2 = t.clone()
+        t2[1] = bad
+        with pytest.raises(ValueError, match="target"):
+            linear_cross_entropy(h, w, t2)
+
+
+@pytest.mark.parametrize("kwargs,error,name", [
+    ({"reduction": "avg"}, ValueError, "reduction"),
+    ({"label_smoothing": 1.5}, ValueError, "label_smoothing"),
+    ({"z_penalty": -1.0}, ValueError, "z_penalty"),
+    ({"chunk_size": 0}, ValueError, "chunk_size"),
+    ({"vocab_block": 0}, ValueError, "vocab_block"),
+    ({"ignore_index": 1.0}, TypeError, "ignore_index"),
+])
+def test_bad_arguments(kwargs, error, name):
+    h, w, b, t = _problem()
+    with pytest.raises(error, match=name):
+        linear_cross_entropy(h, w, t, **kwargs)
+
+
+def test_bad_shapes_and_dtypes():
+    h, w, b, t = _problem()
+    with pytest.raises(TypeError, match="target"):
+        linear_cross_entropy(h, w, t.float())
+    with pytest.raises(ValueError, match="target"):
+        linear_cross_entropy(h, w, t[:-1])
+    with pytest.raises(ValueError, match="hidden"):
+        linear_cross_entropy(h[:, :-1], w, t)
+    with pytest.raises(ValueError, match="bias"):
+        linear_cross_entropy(h, w, t, bias=b[:-1])
+    with pytest.raises(TypeError, match="dtype"):
+        linear_cross_entropy(h.double(), w, t)
+
+
+def _largest_allocation(fn) -> int:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max(e.cpu_memory_usage for e in prof.events())
+
+
+def test_never_allocates_the_full_logits():
+    n, v, d = 256, 2048, 8
+    h, w, b, t = _problem(n=n, v=v, d=d)
+    full = n * v * 4
+    assert _largest_allocation(lambda: _reference(h, w, b, t).backward()) >= full
+    biggest = _largest_allocation(lambda: linear_cross_entropy(h, w, t, bias=b, chunk_size=64, vocab_block=1024).backward())
+    assert 0 < biggest <= full / 4
