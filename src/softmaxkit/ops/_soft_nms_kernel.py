@@ -1,0 +1,125 @@
+"""The numba kernel behind :func:`softmaxkit.ops.soft_nms` (float64, single thread).
+
+Greedy Soft-NMS that visits only the boxes that can matter, instead of the textbook
+loop's O(N^2) IoU evaluations:
+
+* boxes come sorted by x1. A box j can overlap box b only if
+  ``x1_b - max_width < x1_j < x2_b``, a range found by binary search, and only that range
+  is visited. A pair that does not overlap has IoU 0 and decay weight exactly 1, so
+  skipping it changes nothing;
+* the highest current score is found through per-block maxima (blocks of ``BLOCK``
+  consecutive boxes). Scores only decrease, so a block's best box stays its best unless
+  that very box decays or goes: only then is the block marked stale, and it is rescanned
+  before the next selection. Ties go to the lower original index;
+* a box whose score falls to ``score_threshold`` or below is dropped at once: scores only
+  decrease, so it could never be kept, and it could only have decayed boxes that are
+  already below the threshold themselves.
+
+The IoU and the decay are written operation for operation as in the textbook loop, so the
+scores agree with it to the last bits.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+HARD, LINEAR, GAUSSIAN = 0, 1, 2
+BLOCK = 64
+
+
+@njit(cache=True, nogil=True)
+def _first_above(sorted_values, value, stop):
+    """The first position ``p < stop`` with ``sorted_values[p] > value`` (``stop`` if none)."""
+    lo, hi = 0, stop
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if sorted_values[mid] > value:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+@njit(cache=True, nogil=True)
+def soft_nms_kernel(boxes, scores, labels, rank, method, iou_threshold, sigma, score_threshold):
+    """Soft-NMS over boxes sorted by x1.
+
+    ``boxes`` (N, 4) float64 x1 y1 x2 y2 sorted by x1, ``scores`` (N,) float64 (decayed in
+    place), ``labels`` (N,) int64 (boxes with different labels never interact), ``rank``
+    (N,) int64 the original index of each box (for ties and for the result). Returns (kept
+    original indices in selection order, their scores at selection).
+    """
+    n = boxes.shape[0]
+    x1 = boxes[:, 0].copy()
+    y1 = boxes[:, 1].copy()
+    x2 = boxes[:, 2].copy()
+    y2 = boxes[:, 3].copy()
+    score = scores
+    area = (x2 - x1) * (y2 - y1)
+    max_width = 0.0
+    for s in range(n):
+        max_width = max(max_width, x2[s] - x1[s])
+    alive = score > score_threshold
+
+    n_blocks = (n + BLOCK - 1) // BLOCK
+    block_best = np.empty(n_blocks, np.int64)
+    stale = np.ones(n_blocks, np.bool_)
+    near = np.empty(n + 1, np.int64)
+    kept = np.empty(n, np.int64)
+    kept_scores = np.empty(n, np.float64)
+    n_kept = 0
+    while True:
+        b = -1
+        for k in range(n_blocks):
+            if stale[k]:
+                best = -1
+                for s in range(k * BLOCK, min(k * BLOCK + BLOCK, n)):
+                    if alive[s] and (best < 0 or score[s] > score[best]
+                                     or (score[s] == score[best] and rank[s] < rank[best])):
+                        best = s
+                block_best[k] = best
+                stale[k] = False
+            s = block_best[k]
+            if s >= 0 and (b < 0 or score[s] > score[b] or (score[s] == score[b] and rank[s] < rank[b])):
+                b = s
+        if b < 0:
+            break
+        alive[b] = False
+        stale[b // BLOCK] = True
+        kept[n_kept] = rank[b]
+        kept_scores[n_kept] = score[b]
+        n_kept += 1
+
+        hi = _first_above(x1, x2[b], n)
+        lo = _first_above(x1, x1[b] - max_width, hi)
+        n_near = 0
+        for j in range(lo, hi):  # branch-free: most boxes in the range do not overlap b
+            w = min(x2[b], x2[j]) - max(x1[b], x1[j])
+            h = min(y2[b], y2[j]) - max(y1[b], y1[j])
+            near[n_near] = j
+            n_near += (w > 0.0) & (h > 0.0) & alive[j] & (labels[j] == labels[b])
+        for t in range(n_near):
+            j = near[t]
+            w = min(x2[b], x2[j]) - max(x1[b], x1[j])
+            h = min(y2[b], y2[j]) - max(y1[b], y1[j])
+            inter = w * h
+            union = area[b] + area[j] - inter
+            iou = inter / union if union > 0.0 else 0.0
+            if method == HARD:
+                if iou > iou_threshold:
+                    alive[j] = False
+                    if block_best[j // BLOCK] == j:
+                        stale[j // BLOCK] = True
+                continue
+            if method == LINEAR:
+                if iou <= iou_threshold:
+                    continue
+                score[j] = (1.0 - iou) * score[j]
+            else:
+                score[j] = np.exp(-(iou * iou) / sigma) * score[j]
+            if score[j] <= score_threshold:
+                alive[j] = False
+            if block_best[j // BLOCK] == j:
+                stale[j // BLOCK] = True
+    return kept[:n_kept], kept_scores[:n_kept]

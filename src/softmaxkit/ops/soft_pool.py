@@ -1,0 +1,55 @@
+"""SoftPool: pooling that weights each activation of a window by its softmax."""
+
+from __future__ import annotations
+
+import torch
+
+from .._rows import check_int_in_range, compute_dtype
+from ..functional import softmax
+
+
+def soft_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
+    r"""2-d SoftPool over (N, C, H, W) or (C, H, W) inputs.
+
+    .. math:: \tilde a_R = \sum_{i \in R} \frac{e^{a_i}}{\sum_{j \in R} e^{a_j}}\, a_i
+
+    for each window ``R`` of ``kernel_size`` moved by ``stride`` (default
+    ``kernel_size``), without padding; the output size follows ``torch.nn.functional.avg_pool2d``
+    with ``padding=0, ceil_mode=False``. Stergiou, Poppe & Kalliatakis (2021),
+    "Refining activation downsampling with SoftPool", arXiv 2101.00440.
+
+    The window softmax is :func:`softmaxkit.functional.softmax` (max-shifted, so large
+    activations do not overflow as ``exp(a)`` would). Windows are strided views of
+    ``x``; the one copy made is the (…, kh * kw) window tensor. Differentiable;
+    float16/bfloat16 computed in float32.
+
+    Args:
+        x: (N, C, H, W) or (C, H, W), floating point.
+        kernel_size: int or (kh, kw), each >= 1 and no larger than the input.
+        stride: int or (sh, sw), each >= 1; default ``kernel_size``.
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
+    if x.dim() not in (3, 4):
+        raise ValueError(f"x must have shape (N, C, H, W) or (C, H, W), got {tuple(x.shape)}")
+    kh, kw = _pair(kernel_size, "kernel_size")
+    sh, sw = (kh, kw) if stride is None else _pair(stride, "stride")
+    height, width = x.shape[-2:]
+    if kh > height or kw > width:
+        raise ValueError(f"kernel_size ({kh}, {kw}) is larger than the input's (H, W) = ({height}, {width})")
+    a = x.to(compute_dtype(x.dtype))
+    windows = a.unfold(-2, kh, sh).unfold(-2, kw, sw)          # (..., Ho, Wo, kh, kw)
+    windows = windows.reshape(*windows.shape[:-2], kh * kw)
+    weights = softmax(windows, dim=-1)
+    return (weights * windows).sum(-1).to(x.dtype)
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2:
+            raise ValueError(f"{name} must be an int or a pair of ints, got {value!r}")
+        return check_int_in_range(value[0], name, 1), check_int_in_range(value[1], name, 1)
+    v = check_int_in_range(value, name, 1)
+    return v, v

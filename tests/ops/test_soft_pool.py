@@ -1,0 +1,76 @@
+"""SoftPool against an im2col (F.unfold) reference and the paper's exp-weighted form."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from softmaxkit.ops import soft_pool2d
+
+
+def unfold_reference(x, kernel_size, stride):
+    """SoftPool written with ``F.unfold`` windows and ``torch.softmax``."""
+    kh, kw = kernel_size
+    n, c, h, w = x.shape
+    cols = F.unfold(x, (kh, kw), stride=stride).view(n, c, kh * kw, -1)
+    pooled = (torch.softmax(cols, dim=2) * cols).sum(2)
+    ho, wo = (h - kh) // stride[0] + 1, (w - kw) // stride[1] + 1
+    return pooled.view(n, c, ho, wo)
+
+
+def exp_weighted(x, kernel_size, stride):
+    """The paper's formula: sum(e^a * a) / sum(e^a) per window, via average pooling."""
+    e = torch.exp(x)
+    return F.avg_pool2d(e * x, kernel_size, stride) / F.avg_pool2d(e, kernel_size, stride)
+
+
+@pytest.mark.parametrize("kernel_size, stride", [((2, 2), (2, 2)), ((3, 3), (2, 2)), ((2, 3), (1, 2)), ((1, 1), (1, 1))])
+def test_matches_references(kernel_size, stride):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 9, 10, generator=g, dtype=torch.float64)
+    out = soft_pool2d(x, kernel_size, stride)
+    torch.testing.assert_close(out, unfold_reference(x, kernel_size, stride))
+    torch.testing.assert_close(out, exp_weighted(x, kernel_size, stride))
+    assert out.shape == F.avg_pool2d(x, kernel_size, stride).shape
+    if kernel_size == (1, 1):
+        torch.testing.assert_close(out, x)
+
+
+def test_gradient_against_unfold_reference():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 2, 6, 7, generator=g, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: soft_pool2d(t, 3, 2), (x,))
+    upstream = torch.randn(2, 2, 2, 3, generator=g, dtype=torch.float64)
+    grad, = torch.autograd.grad((soft_pool2d(x, 3, 2) * upstream).sum(), x)
+    ref, = torch.autograd.grad((unfold_reference(x, (3, 3), (2, 2)) * upstream).sum(), x)
+    torch.testing.assert_close(grad, ref)
+
+
+def test_default_stride_3d_input_and_dtypes():
+    x = torch.randn(3, 8, 8)
+    torch.testing.assert_close(soft_pool2d(x, 2), unfold_reference(x[None], (2, 2), (2, 2))[0])
+    half = soft_pool2d(x.half(), 2)
+    assert half.dtype == torch.float16
+    torch.testing.assert_close(half.float(), soft_pool2d(x.half().float(), 2), rtol=1e-3, atol=1e-3)
+
+
+def test_large_activations_do_not_overflow():
+    x = torch.full((1, 1, 2, 2), 1000.0)
+    x[0, 0, 0, 0] = 1001.0
+    out = soft_pool2d(x, 2)
+    w = torch.softmax(torch.tensor([1001.0, 1000, 1000, 1000], dtype=torch.float64), 0)
+    assert torch.isfinite(out).all()
+    assert out.item() == pytest.approx((w * torch.tensor([1001.0, 1000, 1000, 1000], dtype=torch.float64)).sum().item())
+
+
+def test_bad_input():
+    x = torch.randn(1, 1, 4, 4)
+    with pytest.raises(ValueError, match="kernel_size"):
+        soft_pool2d(x, 5)
+    with pytest.raises(ValueError, match="kernel_size"):
+        soft_pool2d(x, 0)
+    with pytest.raises(ValueError, match="stride"):
+        soft_pool2d(x, 2, stride=(1, 0))
+    with pytest.raises(ValueError, match="x"):
+        soft_pool2d(torch.randn(4, 4), 2)
+    with pytest.raises(TypeError, match="x"):
+        soft_pool2d(torch.ones(1, 1, 4, 4, dtype=torch.int64), 2)
