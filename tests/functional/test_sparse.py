@@ -16,6 +16,15 @@ F64 = torch.float64
 F32 = torch.float32
 
 
+@pytest.fixture(autouse=True)
+def _float32_default():
+    """Other test modules change the default dtype; every tensor here states its own."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float32)
+    yield
+    torch.set_default_dtype(old)
+
+
 def randn(*shape, seed=0, dtype=F64, scale=2.0):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype) * scale
 
@@ -268,7 +277,7 @@ def test_entmax_is_a_distribution_for_any_alpha(values, alpha):
 # ----------------------------------------------------------------------------------------
 
 ALL = [sk.sparsemax, sk.entmax15, lambda x, **k: sk.entmax(x, alpha=1.3, **k),
-       lambda x, **k: sk.entmax(x, alpha=torch.tensor(2.4), **k), sk.as_entmax]
+       lambda x, **k: sk.entmax(x, alpha=torch.tensor(2.4, dtype=F32), **k), sk.as_entmax]
 
 
 @pytest.mark.parametrize("f", ALL)
@@ -277,7 +286,7 @@ def test_extreme_values(f):
     p = f(x)
     assert torch.isfinite(p).all()
     torch.testing.assert_close(p, f(x.double()).float(), atol=1e-6, rtol=0)
-    torch.testing.assert_close(p.sum(-1), torch.ones(2), atol=1e-6, rtol=0)
+    torch.testing.assert_close(p.sum(-1), torch.ones(2, dtype=F32), atol=1e-6, rtol=0)
 
 
 @pytest.mark.parametrize("f", ALL)
@@ -290,7 +299,7 @@ def test_infinities_masks_nan_and_degenerate_rows(f):
                       [0.5, 1.0, 2.0, 0.0]], dtype=F32, requires_grad=True)
     p = f(x)
     assert p[0].tolist() == [0.5, 0.0, 0.5, 0.0]
-    assert p[1, 0] == 0 and p[1, 3] == 0 and torch.isclose(p[1].sum(), torch.tensor(1.0))
+    assert p[1, 0] == 0 and p[1, 3] == 0 and torch.isclose(p[1].sum(), torch.tensor(1.0, dtype=F32))
     torch.testing.assert_close(p[1, 1:3], f(x[1, 1:3].detach()))
     assert (p[2] == 0).all()
     assert torch.isnan(p[3]).all()
@@ -316,10 +325,10 @@ def test_masked_entries_are_exactly_zero_with_zero_gradient(f):
 
 @pytest.mark.parametrize("f", ALL)
 def test_shapes_and_dtypes(f):
-    assert f(torch.tensor([[0.3], [-2.0]])).tolist() == [[1.0], [1.0]]
-    assert f(torch.tensor(0.7)).item() == 1.0
-    assert f(torch.empty(3, 0)).shape == (3, 0)
-    assert f(torch.empty(0, 4)).shape == (0, 4)
+    assert f(torch.tensor([[0.3], [-2.0]], dtype=F32)).tolist() == [[1.0], [1.0]]
+    assert f(torch.tensor(0.7, dtype=F32)).item() == 1.0
+    assert f(torch.empty(3, 0, dtype=F32)).shape == (3, 0)
+    assert f(torch.empty(0, 4, dtype=F32)).shape == (0, 4)
     x = randn(4, 10, seed=26, dtype=F32)
     for dtype in (torch.float16, torch.bfloat16):
         out = f(x.to(dtype))
@@ -332,11 +341,11 @@ def test_a_row_of_a_million_entries():
     x[::1000] += 5.0
     p = sk.sparsemax(x)
     torch.testing.assert_close(p, peer.sparsemax(x, dim=-1), atol=1e-6, rtol=0)
-    assert torch.isclose(p.sum(), torch.tensor(1.0))
+    assert torch.isclose(p.sum(), torch.tensor(1.0, dtype=F32))
     p = sk.entmax15(x)
     torch.testing.assert_close(p, peer.entmax15(x, dim=-1), atol=1e-6, rtol=0)
     p = sk.entmax(x, alpha=1.25)
-    assert torch.isfinite(p).all() and torch.isclose(p.sum(), torch.tensor(1.0))
+    assert torch.isfinite(p).all() and torch.isclose(p.sum(), torch.tensor(1.0, dtype=F32))
     torch.testing.assert_close(p, sk.entmax(x.double(), alpha=1.25).float(), atol=1e-6, rtol=0)
     p = sk.entmax(x, alpha=1.0)
     torch.testing.assert_close(p.double(), torch.softmax(x.double(), -1), atol=1e-12, rtol=1e-5)
