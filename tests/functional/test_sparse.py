@@ -67,7 +67,7 @@ def test_agrees_along_another_dim():
     torch.testing.assert_close(sk.entmax(x, dim=1, alpha=1.3), peer.entmax_bisect(x, 1.3, dim=1, n_iter=100))
 
 
-@pytest.mark.parametrize("alpha", [1.05, 1.3, 1.5, 2.0, 3.0])
+@pytest.mark.parametrize("alpha", [1.05, 1.3, 1.5, 2.0, 3.0, 8.0])
 def test_matches_naive_bisection_in_float64(alpha):
     x = randn(20, 11, seed=4, scale=4.0)
     torch.testing.assert_close(sk.entmax(x, alpha=alpha), naive_entmax(x, alpha), atol=1e-12, rtol=0)
@@ -127,6 +127,14 @@ def test_gradcheck_per_head_alpha_along_dim_1():
     x = randn(1, 3, 4, 3, seed=12).requires_grad_()
     a = torch.tensor([1.2, 1.5, 1.8], dtype=F64).view(3, 1, 1).requires_grad_()
     assert torch.autograd.gradcheck(lambda x, a: sk.entmax(x, dim=-2, alpha=a.unsqueeze(-2).squeeze(-1)), (x, a))
+
+
+def test_second_derivatives():
+    x = randn(3, 5, seed=29).requires_grad_()
+    a = torch.tensor([[1.3], [1.6], [2.2]], dtype=F64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda x: sk.sparsemax(x), (x,))
+    assert torch.autograd.gradgradcheck(lambda x: sk.entmax15(x), (x,))
+    assert torch.autograd.gradgradcheck(lambda x, a: sk.entmax(x, alpha=a), (x, a))
 
 
 def test_alpha_gradient_at_exactly_one_is_the_softmax_limit():
