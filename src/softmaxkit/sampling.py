@@ -133,19 +133,22 @@ def _blocked_topk(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return values, candidates.gather(-1, position)
 
 
-def _top_k(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``k`` largest entries of each row of ``z`` (2-d), sorted descending: ``(values, indices)``.
+def _top_probs(scaled: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``softmax(scaled)`` over the whole row at its ``k`` largest entries, sorted descending,
+    and their indices (``scaled`` 2-d).
 
-    The one place that picks the top-k implementation: the fused kernel
-    (:func:`softmaxkit.kernels.dispatch.softmax_topk`) where it is implemented,
-    :func:`_blocked_topk` otherwise.
+    The one place that picks the implementation: the fused kernel
+    :func:`softmaxkit.kernels.dispatch.softmax_topk` (one pass: online normaliser and a
+    size-``k`` heap) where it is implemented, otherwise ``logsumexp`` plus
+    :func:`_blocked_topk`.
     """
     try:
-        _, indices = dispatch.softmax_topk(z, k, dim=-1)
+        probs, indices = dispatch.softmax_topk(scaled, k, dim=-1)
     except NotImplementedError:
-        return _blocked_topk(z, k)
-    values, order = z.gather(-1, indices).sort(dim=-1, descending=True, stable=True)
-    return values, indices.gather(-1, order)
+        values, indices = _blocked_topk(scaled, k)
+        return torch.exp(values - torch.logsumexp(scaled, dim=-1, keepdim=True)), indices
+    probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    return probs, indices.gather(-1, order)
 
 
 def _check_sampling_args(temperature, top_k, top_p, min_p) -> None:
@@ -181,25 +184,23 @@ def _draw(weights: torch.Tensor, generator) -> torch.Tensor:
     and never past the last positive weight (the first index reaching the total).
     """
     cumulative = weights.to(torch.float64).cumsum(-1)
-    total = cumulative[:, -1:]
+    total = cumulative[:, -1:].contiguous()
     u = torch.rand(total.shape, dtype=torch.float64, device=weights.device, generator=generator)
     drawn = torch.searchsorted(cumulative, u * total, right=True)
     last_positive = torch.searchsorted(cumulative, total, right=False)
     return torch.minimum(drawn, last_positive).squeeze(-1)
 
 
-def _nucleus_candidates(z: torch.Tensor, temperature: float, top_p: float):
-    """Sorted candidates that contain the top-``p`` nucleus of ``softmax(z / T)`` and the
-    full-row log-normaliser: top-k with ``k`` grown until the candidates hold mass ``p``."""
-    length = z.shape[-1]
-    log_total = torch.logsumexp(z / temperature, dim=-1, keepdim=True)
+def _nucleus_candidates(scaled: torch.Tensor, top_p: float):
+    """The smallest top-``k`` (``k`` = 256, 2048, ... up to the row) whose full-row
+    probability mass reaches ``top_p`` in every row: it holds the nucleus.
+    Returns ``(probs, indices)`` sorted descending, probabilities over the whole row."""
+    length = scaled.shape[-1]
     k = min(256, length)
     while True:
-        values, indices = _top_k(z, k)
-        _check_candidates(values[:, 0])
-        mass = torch.exp(values / temperature - log_total).sum(-1)
-        if k == length or bool((mass >= top_p * (1 + 1e-6)).all()):
-            return values, indices, log_total
+        probs, indices = _top_probs(scaled, k)
+        if k == length or bool((probs.sum(-1) >= top_p * (1 + 1e-6)).all()):
+            return probs, indices
         k = min(8 * k, length)
 
 
@@ -217,10 +218,14 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     * ``min_p``: tokens with probability at least ``min_p`` times the largest
       (Nguyen et al. 2024, "Turning Up the Heat: Min-p Sampling", arXiv 2407.01082);
 
-    then renormalised. Top-k uses the fused kernel
-    :func:`softmaxkit.kernels.dispatch.softmax_topk` where it exists, otherwise an exact
-    block-maximum pre-selection in plain torch; the full ``softmax`` over the vocabulary
-    is never written when ``top_k`` is set.
+    then renormalised, and drawn by inverse CDF (in float64) from one uniform per row.
+
+    The full softmax over the vocabulary is never written. ``top_k`` selects the ``k``
+    largest logits exactly by block maxima (:func:`_blocked_topk`: one read of the row,
+    no exponentials; the temperature does not change which tokens they are). ``top_p``
+    without ``top_k`` needs probabilities over the whole row: it takes them, for a
+    growing number of candidates, from the fused kernel
+    :func:`softmaxkit.kernels.dispatch.softmax_topk` where it exists (see :func:`_top_probs`).
 
     Args:
         logits: ``(..., V)`` scores; ``-inf`` entries are never drawn.
@@ -237,26 +242,24 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     if logits.dim() == 0 or logits.shape[-1] == 0:
         raise ValueError(f"logits must have a non-empty last (vocabulary) axis, got shape {tuple(logits.shape)}")
     _check_sampling_args(temperature, top_k, top_p, min_p)
-    batch_shape = logits.shape[:-1]
-    length = logits.shape[-1]
+    batch_shape, length = logits.shape[:-1], logits.shape[-1]
     z = logits.reshape(-1, length).to(compute_dtype(logits.dtype))
     temperature = float(temperature)
-    sorted_candidates = True
-    log_total = None
+    nucleus = top_p is not None and top_p < 1
     if top_k is not None and top_k < length:
-        values, indices = _top_k(z, top_k)
-    elif top_p is not None and top_p < 1:
-        values, indices, log_total = _nucleus_candidates(z, temperature, top_p)
+        values, indices = _blocked_topk(z, top_k)
+        _check_candidates(values[:, 0])
+        weights = torch.exp((values - values[:, :1]) / temperature)
+        probs = weights / weights.sum(-1, keepdim=True)
+    elif nucleus:
+        _check_candidates(z.amax(-1))
+        probs, indices = _nucleus_candidates(z / temperature if temperature != 1 else z, top_p)
+        weights = probs / probs[:, :1]
     else:
-        values, indices, sorted_candidates = z, None, False
-    top = values[:, :1] if sorted_candidates else values.amax(-1, keepdim=True)
-    _check_candidates(top.squeeze(-1))
-    weights = torch.exp((values - top) / temperature)
-    if top_p is not None and top_p < 1:
-        if log_total is None:
-            probs = weights / weights.sum(-1, keepdim=True)
-        else:
-            probs = torch.exp(values / temperature - log_total)
+        top = z.amax(-1, keepdim=True)
+        _check_candidates(top.squeeze(-1))
+        weights, indices = torch.exp((z - top) / temperature), None
+    if nucleus:
         mass_before = probs.cumsum(-1) - probs
         weights = torch.where(mass_before < top_p, weights, torch.zeros_like(weights))
     if min_p is not None and min_p > 0:

@@ -1,0 +1,106 @@
+"""Fenchel-Young losses: cross-entropy for softmax, the sparsemax and entmax losses."""
+
+import entmax
+import pytest
+import torch
+import torch.nn.functional as F
+
+import softmaxkit as sk
+from softmaxkit.losses import fenchel_young_loss
+
+NORMALIZERS = [("softmax", None), ("sparsemax", None), ("entmax15", None), ("entmax", 1.3), ("entmax", 2.5)]
+
+
+def _logits(shape=(8, 7), dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (2 * torch.randn(shape, generator=g, dtype=dtype)).requires_grad_()
+
+
+def _probs(x, name, alpha):
+    return sk.normalize(x.detach(), name, **({"alpha": alpha} if alpha is not None else {}))
+
+
+def test_softmax_is_cross_entropy():
+    x = _logits()
+    t = torch.arange(8) % 7
+    torch.testing.assert_close(fenchel_young_loss(x, t), F.cross_entropy(x, t))
+    y = torch.softmax(_logits(seed=1).detach(), -1)
+    kl = F.kl_div(torch.log_softmax(x, -1), y, reduction="batchmean")
+    torch.testing.assert_close(fenchel_young_loss(x, y), kl)
+
+
+@pytest.mark.parametrize("name,alpha", NORMALIZERS)
+def test_gradient_is_p_minus_y(name, alpha):
+    x = _logits()
+    t = torch.arange(8) % 7
+    loss = fenchel_young_loss(x, t, name, alpha=alpha, reduction="sum")
+    grad, = torch.autograd.grad(loss, x)
+    torch.testing.assert_close(grad, _probs(x, name, alpha) - F.one_hot(t, 7).double())
+
+
+@pytest.mark.parametrize("name,alpha", NORMALIZERS)
+def test_nonnegative_and_zero_at_the_prediction(name, alpha):
+    x = _logits()
+    t = torch.arange(8) % 7
+    assert bool((fenchel_young_loss(x, t, name, alpha=alpha, reduction="none") >= -1e-12).all())
+    p = _probs(x, name, alpha)
+    at_p = fenchel_young_loss(x, p, name, alpha=alpha, reduction="none")
+    torch.testing.assert_close(at_p, torch.zeros(8, dtype=torch.float64), atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("name,alpha", NORMALIZERS)
+def test_gradcheck(name, alpha):
+    x = _logits((3, 5))
+    y = torch.softmax(_logits((3, 5), seed=2).detach(), -1)
+    assert torch.autograd.gradcheck(lambda x: fenchel_young_loss(x, y, name, alpha=alpha), (x,))
+
+
+def test_matches_the_entmax_package():
+    x = _logits()
+    t = torch.arange(8) % 7
+    torch.testing.assert_close(fenchel_young_loss(x, t, "sparsemax", reduction="none"),
+                               entmax.SparsemaxLoss(reduction="none")(x, t))
+    torch.testing.assert_close(fenchel_young_loss(x, t, "entmax15", reduction="none"),
+                               entmax.Entmax15Loss(reduction="none")(x, t))
+    torch.testing.assert_close(fenchel_young_loss(x, t, "entmax", alpha=1.7, reduction="none"),
+                               entmax.EntmaxBisectLoss(alpha=1.7, n_iter=60, reduction="none")(x, t), atol=1e-6, rtol=1e-6)
+
+
+def test_sparsemax_loss_closed_form():
+    # Martins & Astudillo (2016), eq. 18: L = -x_y + 1/2 sum_{j in S} (x_j^2 - tau^2) + 1/2
+    x = _logits()
+    t = torch.arange(8) % 7
+    p = sk.sparsemax(x.detach())
+    support = p > 0
+    tau = ((x.detach() * support).sum(-1) - 1) / support.sum(-1)
+    closed = (-x.detach().gather(1, t[:, None]).squeeze(1)
+              + 0.5 * ((x.detach() ** 2 - tau[:, None] ** 2) * support).sum(-1) + 0.5)
+    torch.testing.assert_close(fenchel_young_loss(x, t, "sparsemax", reduction="none"), closed)
+
+
+def test_dim_and_half_precision():
+    x = _logits((4, 6, 3)).detach()
+    t = torch.randint(0, 6, (4, 3), generator=torch.Generator().manual_seed(0))
+    moved = fenchel_young_loss(x, t, "entmax15", dim=1, reduction="none")
+    torch.testing.assert_close(moved, fenchel_young_loss(x.transpose(1, 2), t, "entmax15", reduction="none"))
+    half = fenchel_young_loss(x.to(torch.bfloat16), t, "sparsemax", dim=1)
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float(), fenchel_young_loss(x.to(torch.bfloat16).float(), t, "sparsemax",
+                                                                dim=1).float(), rtol=1e-2, atol=1e-2)
+
+
+def test_bad_input():
+    x = _logits()
+    t = torch.arange(8) % 7
+    with pytest.raises(ValueError, match="normalizer"):
+        fenchel_young_loss(x, t, "softpick")
+    with pytest.raises(ValueError, match="alpha"):
+        fenchel_young_loss(x, t, "sparsemax", alpha=1.5)
+    with pytest.raises(ValueError, match="alpha"):
+        fenchel_young_loss(x, t, "entmax", alpha=0.5)
+    with pytest.raises(ValueError, match="target"):
+        fenchel_young_loss(x, t + 7)
+    with pytest.raises(ValueError, match="target"):
+        fenchel_young_loss(x, torch.full((8, 7), 0.5, dtype=torch.float64))
+    with pytest.raises(ValueError, match="reduction"):
+        fenchel_young_loss(x, t, reduction="avg")

@@ -1,0 +1,71 @@
+"""The spherical z-loss and the PaLM logit z-penalty."""
+
+import math
+
+import pytest
+import torch
+
+from softmaxkit.losses import logit_z_penalty, spherical_z_loss
+
+
+def _logits(shape=(6, 9), seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (3 * torch.randn(shape, generator=g, dtype=torch.float64)).requires_grad_()
+
+
+def test_spherical_z_loss_definition():
+    o = torch.tensor([[1.0, 2.0, 3.0, 6.0]], dtype=torch.float64)
+    t = torch.tensor([3])
+    mu, sigma = 3.0, math.sqrt((4 + 1 + 0 + 9) / 4)
+    z = (6.0 - mu) / sigma
+    a, b = 0.5, 2.0
+    expected = math.log1p(math.exp(a * (b - z))) / a
+    assert spherical_z_loss(o, t, a=a, b=b).item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_spherical_z_loss_is_shift_and_scale_invariant():
+    o = _logits().detach()
+    t = torch.arange(6)
+    base = spherical_z_loss(o, t, reduction="none")
+    torch.testing.assert_close(spherical_z_loss(3.5 * o - 7.0, t, reduction="none"), base)
+
+
+def test_spherical_z_loss_gradcheck_and_constant_rows():
+    o = _logits((3, 5))
+    t = torch.tensor([0, 4, 2])
+    assert torch.autograd.gradcheck(lambda o: spherical_z_loss(o, t, a=0.7, b=1.5), (o,))
+    flat = torch.ones(2, 4, dtype=torch.float64, requires_grad=True)
+    loss = spherical_z_loss(flat, torch.tensor([0, 1]), reduction="sum")
+    assert loss.item() == pytest.approx(2 * math.log1p(math.e))
+    g, = torch.autograd.grad(loss, flat)
+    assert bool((g == 0).all())
+
+
+def test_logit_z_penalty_definition_and_gradcheck():
+    z = _logits()
+    expected = 1e-4 * torch.logsumexp(z, -1) ** 2
+    torch.testing.assert_close(logit_z_penalty(z, reduction="none"), expected)
+    torch.testing.assert_close(logit_z_penalty(z, weight=0.5), (0.5 * torch.logsumexp(z, -1) ** 2).mean())
+    assert torch.autograd.gradcheck(lambda z: logit_z_penalty(z, weight=0.3, dim=0), (z,))
+
+
+def test_logit_z_penalty_mask_and_empty_rows():
+    z = _logits((2, 4))
+    mask = torch.tensor([[True, False, True, True], [False] * 4])
+    out = logit_z_penalty(z, weight=1.0, mask=mask, reduction="none")
+    assert out[1] == 0
+    torch.testing.assert_close(out[0], torch.logsumexp(z[0, [0, 2, 3]], 0) ** 2)
+    g, = torch.autograd.grad(out.sum(), z)
+    assert bool((g[1] == 0).all()) and g[0, 1] == 0
+
+
+def test_bad_input():
+    z = _logits()
+    with pytest.raises(ValueError, match="a must be > 0"):
+        spherical_z_loss(z, torch.arange(6), a=0.0)
+    with pytest.raises(ValueError, match="target"):
+        spherical_z_loss(z, torch.arange(6) + 9)
+    with pytest.raises(ValueError, match="weight"):
+        logit_z_penalty(z, weight=-1.0)
+    with pytest.raises(ValueError, match="reduction"):
+        logit_z_penalty(z, reduction="avg")
