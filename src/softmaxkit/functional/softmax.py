@@ -13,6 +13,7 @@ from typing import Sequence
 
 import torch
 
+from ..kernels import dispatch
 from .._rows import (
     Rows,
     check_at_least,
@@ -121,6 +122,9 @@ def softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
         temperature: ``T > 0``, a number or a tensor broadcastable to ``x``.
     """
     check_positive(temperature, "temperature")
+    fast = dispatch.select("softmax", x, dim, mask, temperature=temperature)
+    if fast is not None:
+        return fast()
     rows = prepare_rows(x, dim, mask)
     z = _scaled(rows, 1.0 / temperature if not isinstance(temperature, torch.Tensor)
                 else temperature.reciprocal(), "temperature")
@@ -137,6 +141,9 @@ def log_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None
     logarithm of their probability 0, with zero gradient.
     """
     check_positive(temperature, "temperature")
+    fast = dispatch.select("log_softmax", x, dim, mask, temperature=temperature)
+    if fast is not None:
+        return fast()
     rows = prepare_rows(x, dim, mask)
     z = _scaled(rows, 1.0 / temperature if not isinstance(temperature, torch.Tensor)
                 else temperature.reciprocal(), "temperature")
@@ -151,6 +158,9 @@ def logsumexp(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
 
     A row with nothing visible gives ``-inf`` (the log of an empty sum), with zero gradient.
     """
+    fast = dispatch.select("logsumexp", x, dim, mask, keepdim=keepdim)
+    if fast is not None:
+        return fast()
     rows = prepare_rows(x, dim, mask)
     z = torch.where(rows.visible, rows.x, rows.safe_x)
     return rows.restore(logsumexp_rows(z, rows.visible), reduced=True, keepdim=keepdim)

@@ -30,6 +30,7 @@ import math
 
 import torch
 
+from ..kernels import dispatch
 from .._rows import Rows, check_at_least, prepare_rows
 from .softmax import _infinite_limit, softmax_rows
 
@@ -365,6 +366,9 @@ def sparsemax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) 
     Martins & Astudillo (2016), "From Softmax to Sparsemax: A Sparse Model of Attention
     and Multi-Label Classification", arXiv 1602.02068.
     """
+    fast = dispatch.select("sparsemax", x, dim, mask)
+    if fast is not None:
+        return fast()
     return _sparsemax_reference(x, dim, mask)
 
 
@@ -377,6 +381,9 @@ def entmax15(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -
     ``g = sqrt(p)``. Peters, Niculae & Martins (2019), "Sparse Sequence-to-Sequence
     Models", arXiv 1905.05702.
     """
+    fast = dispatch.select("entmax15", x, dim, mask)
+    if fast is not None:
+        return fast()
     return _entmax15_reference(x, dim, mask)
 
 
@@ -400,6 +407,9 @@ def entmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
 
     Peters, Niculae & Martins (2019), "Sparse Sequence-to-Sequence Models", arXiv 1905.05702.
     """
+    fast = dispatch.select("entmax", x, dim, mask, alpha=alpha)
+    if fast is not None:
+        return fast()
     return _entmax_reference(x, dim, mask, alpha)
 
 

@@ -1,0 +1,108 @@
+"""Autograd-aware entry points to the numba softmax kernels (last axis, CPU).
+
+Each function takes a CPU tensor, float32 or float64, contiguous, normalised along its
+last axis, and returns what the reference in :mod:`softmaxkit.functional.softmax`
+returns, within floating-point tolerance. Gradients come from the backward kernels
+through :class:`torch.autograd.Function` (first order; ``gradcheck`` holds in float64).
+Argument checking and coverage decisions live in :mod:`softmaxkit.kernels.dispatch`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch.autograd.function import once_differentiable
+
+from . import softmax as _k
+from . import sync_threads
+
+#: The algorithm used when none is asked for: the fastest in the kernel benchmark.
+DEFAULT_ALGORITHM = "online"
+
+
+def _algorithm_code(algorithm: str | None) -> int:
+    name = DEFAULT_ALGORITHM if algorithm is None else algorithm
+    if name not in _k.ALGORITHMS:
+        raise ValueError(f"algorithm must be one of {sorted(_k.ALGORITHMS)}, got {algorithm!r}")
+    return _k.ALGORITHMS[name]
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    n = x.shape[-1] if x.dim() else 1
+    return x.detach().reshape(-1, n)
+
+
+def _run_forward(x: torch.Tensor, scale: float, algorithm: int, mode: int):
+    sync_threads()
+    x2 = _rows(x)
+    dtype = x2.numpy().dtype.type
+    rows = x2.shape[0]
+    lse = torch.empty(rows, dtype=x.dtype)
+    special = torch.zeros(rows, dtype=torch.uint8)
+    out = torch.empty_like(x2) if mode != _k.LSE else torch.empty((1, 0), dtype=x.dtype)
+    _k.normalize_rows(x2.numpy(), out.numpy(), lse.numpy(), special.numpy(), dtype(scale), algorithm, mode)
+    return out, lse, special
+
+
+def _run_backward(y2: torch.Tensor, grad: torch.Tensor, special: torch.Tensor, scale: float, mode: int):
+    sync_threads()
+    g2 = grad.reshape(y2.shape).contiguous()
+    dx = torch.empty_like(y2)
+    dtype = y2.numpy().dtype.type
+    _k.backward_rows(y2.numpy(), g2.numpy(), dx.numpy(), special.numpy(), dtype(scale), mode)
+    return dx
+
+
+class _SoftmaxFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale, algorithm, mode):
+        out, _, special = _run_forward(x, scale, algorithm, mode)
+        ctx.save_for_backward(out, special)
+        ctx.scale, ctx.mode = scale, mode
+        return out.reshape(x.shape)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        out, special = ctx.saved_tensors
+        dx = _run_backward(out, grad, special, ctx.scale, ctx.mode)
+        return dx.reshape(grad.shape), None, None, None
+
+
+class _LogSumExpFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, algorithm):
+        _, lse, _ = _run_forward(x, 1.0, algorithm, _k.LSE)
+        ctx.save_for_backward(x)
+        ctx.algorithm = algorithm
+        return lse.reshape(x.shape[:-1])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        # d lse / dx = softmax(x); rows whose reference gradient is 0 (+inf rows) are flagged
+        p, _, special = _run_forward(x, 1.0, ctx.algorithm, _k.PROBS)
+        keep = (special == 0).to(x.dtype).unsqueeze(-1)
+        dx = p * (grad.reshape(-1, 1) * keep)
+        return dx.reshape(x.shape), None
+
+
+def softmax(x: torch.Tensor, temperature: float = 1.0, algorithm: str | None = None) -> torch.Tensor:
+    """``softmax(x / temperature)`` along the last axis."""
+    return _SoftmaxFunction.apply(x, 1.0 / temperature, _algorithm_code(algorithm), _k.PROBS)
+
+
+def log_softmax(x: torch.Tensor, temperature: float = 1.0, algorithm: str | None = None) -> torch.Tensor:
+    """``log_softmax(x / temperature)`` along the last axis (two-pass runs as online)."""
+    return _SoftmaxFunction.apply(x, 1.0 / temperature, _algorithm_code(algorithm), _k.LOG_PROBS)
+
+
+def logsumexp(x: torch.Tensor, algorithm: str | None = None) -> torch.Tensor:
+    """``log sum exp`` over the last axis (the axis removed)."""
+    return _LogSumExpFunction.apply(x, _algorithm_code(algorithm))
+
+
+def as_numpy_scalar(value: float, x: torch.Tensor):
+    """``value`` in the numpy scalar type of ``x`` (kernels are compiled per dtype)."""
+    return np.dtype(str(x.dtype).replace("torch.", "")).type(value)

@@ -1,0 +1,319 @@
+r"""numba kernels for softmax, log-softmax and log-sum-exp along the last axis.
+
+Each kernel works on a C-contiguous 2-d array (rows, n), float32 or float64, parallel
+over rows (``prange``). Three algorithms compute the normaliser of a row:
+
+* **three-pass**: ``m = max x``; ``s = sum exp(x - m)``; ``y = exp(x - m) / s``.
+  Reads ``x`` three times.
+* **two-pass** (Dukhan & Ablavatski 2020, "The Two-Pass Softmax Algorithm",
+  arXiv 2001.04438): every ``e^{x_i}`` is kept as a (mantissa, exponent) pair
+  ``(m_i, n_i)``, ``e^{x_i} = m_i 2^{n_i}``, which cannot overflow, so no maximum is
+  needed: pass 1 accumulates ``(S, N) = sum_i m_i 2^{n_i}`` (pairs are added by
+  rescaling to the larger exponent, block by block), pass 2 writes
+  ``y_i = m_i 2^{n_i - N} / S``. Reads ``x`` twice.
+* **online** (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax",
+  arXiv 1805.02867): pass 1 keeps the running ``(m, d)`` and merges block results with
+  ``(m, d) (+) (m', d') = (M, d e^{m-M} + d' e^{m'-M})``; pass 2 writes
+  ``exp(x - m) / d``. Reads ``x`` twice.
+
+Inside a pass, work is done on blocks of :data:`BLOCK` elements that stay in the L1
+cache, so every inner loop is a plain vectorisable reduction or map.
+
+Rows the fast path does not handle (a NaN, a ``+inf``, every entry ``-inf``, or, for
+two-pass, magnitudes beyond :data:`TWO_PASS_LIMIT`) are finished by a scalar routine
+that reproduces the reference definition exactly: a NaN makes every visible entry NaN,
+a ``+inf`` maximum gives equal weight to the ``+inf`` entries, a row of ``-inf`` gives
+zeros (log-softmax ``-inf``, log-sum-exp ``-inf``). Such rows are flagged in
+``special`` when their reference gradient is zero (``+inf`` rows; all ``-inf`` rows
+for log-softmax), so that the backward kernels can return 0 there.
+
+log-softmax and log-sum-exp need ``x - m`` with ``m`` the row maximum to stay exact for
+large magnitudes, so they use the online normaliser when two-pass is asked for.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ._exp import exp, exp_parts, pow2
+from ._intrinsics import cast_like, fmax
+
+THREE_PASS, TWO_PASS, ONLINE = 0, 1, 2
+ALGORITHMS = {"three_pass": THREE_PASS, "two_pass": TWO_PASS, "online": ONLINE}
+PROBS, LOG_PROBS, LSE = 0, 1, 2
+
+#: Elements per block: 8 KiB of float32, well inside L1.
+BLOCK = 2048
+#: Two-pass rounds ``x log2 e`` with the magic-number trick, exact while |x| < 2^21.
+TWO_PASS_LIMIT = 1.0e6
+
+_FAST = {"reassoc", "nsz", "contract", "arcp"}
+_SPECIAL_ZERO_GRAD = np.uint8(1)
+
+
+# ---- vectorised block primitives ------------------------------------------------------
+
+@njit(fastmath={"reassoc", "nsz"}, cache=True)
+def _max(x, start, stop, init):
+    m = init
+    for i in range(start, stop):
+        m = fmax(m, x[i])
+    return m
+
+
+@njit(fastmath=_FAST, cache=True)
+def _sum_exp(x, start, stop, scale, shift):
+    s = shift - shift
+    for i in range(start, stop):
+        s += exp(x[i] * scale - shift)
+    return s
+
+
+@njit(fastmath=_FAST, cache=True)
+def _write_probs(x, out, scale, shift, inv_sum):
+    for i in range(x.shape[0]):
+        out[i] = exp(x[i] * scale - shift) * inv_sum
+
+
+@njit(fastmath={"contract"}, cache=True)
+def _write_log_probs(x, out, scale, shift, log_sum):
+    for i in range(x.shape[0]):
+        out[i] = (x[i] * scale - shift) - log_sum
+
+
+@njit(fastmath=_FAST, cache=True)
+def _block_parts(x, start, stop, scale, mant, expo, limit):
+    """(mantissa, exponent) of ``e^{x scale}`` into scratch; returns (max exponent, out of range)."""
+    nmax = -limit - limit
+    bad = False
+    for i in range(start, stop):
+        v = x[i] * scale
+        m, n = exp_parts(v)
+        mant[i - start] = m
+        expo[i - start] = n
+        nmax = fmax(nmax, n)
+        bad |= not (v <= limit)
+    return nmax, bad
+
+
+@njit(fastmath=_FAST, cache=True)
+def _block_pair_sum(mant, expo, count, nmax):
+    s = nmax - nmax
+    for i in range(count):
+        s += mant[i] * pow2(expo[i] - nmax, nmax)
+    return s
+
+
+@njit(fastmath=_FAST, cache=True)
+def _write_two_pass(x, out, scale, nmax, inv_sum):
+    for i in range(x.shape[0]):
+        m, n = exp_parts(x[i] * scale)
+        out[i] = m * pow2(n - nmax, nmax) * inv_sum
+
+
+# ---- row normalisers: each returns (m, s, ok) with softmax = exp(x - m) / s -------------
+
+@njit(cache=True)
+def _three_pass_stats(x, scale):
+    neg_inf = cast_like(-np.inf, scale)
+    m = _max(x, 0, x.shape[0], neg_inf) * scale
+    if not (m > neg_inf and m < -neg_inf):
+        return m, m, False
+    s = _sum_exp(x, 0, x.shape[0], scale, m)
+    return m, s, s > 0 and s < -neg_inf
+
+
+@njit(cache=True)
+def _online_stats(x, scale):
+    neg_inf = cast_like(-np.inf, scale)
+    m = neg_inf
+    d = scale - scale
+    n = x.shape[0]
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        mb = _max(x, start, stop, neg_inf) * scale
+        if mb == neg_inf:
+            continue
+        if not mb < -neg_inf:
+            return mb, mb, False
+        db = _sum_exp(x, start, stop, scale, mb)
+        if mb > m:
+            d = d * exp(m - mb) + db
+            m = mb
+        else:
+            d = d + db * exp(mb - m)
+    return m, d, m > neg_inf and d > 0 and d < -neg_inf
+
+
+@njit(cache=True)
+def _two_pass_stats(x, scale, mant, expo):
+    """(N, S) with sum_i e^{x_i} = S 2^N, from (mantissa, exponent) pairs."""
+    limit = cast_like(TWO_PASS_LIMIT, scale)
+    big = cast_like(np.inf, scale)
+    n_total = -big
+    s_total = scale - scale
+    n = x.shape[0]
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        nb, bad = _block_parts(x, start, stop, scale, mant, expo, limit)
+        if bad:
+            return n_total, s_total, False
+        sb = _block_pair_sum(mant, expo, stop - start, nb)
+        if nb > n_total:
+            s_total = s_total * pow2(n_total - nb, nb) + sb
+            n_total = nb
+        else:
+            s_total = s_total + sb * pow2(nb - n_total, nb)
+    # every entry clamped from below (a row of -inf or of huge negative scores): not exact
+    lowest = cast_like(-(TWO_PASS_LIMIT - 200.0) * 1.4426950408889634, scale)
+    return n_total, s_total, n_total > lowest and s_total > 0 and s_total < big
+
+
+# ---- the exact scalar path for rows with NaN / inf -----------------------------------
+
+@njit(cache=True)
+def _careful_row(x, out, scale, mode):
+    """Reference semantics for any row; returns (lse, special flag)."""
+    neg_inf = cast_like(-np.inf, scale)
+    nan = cast_like(np.nan, scale)
+    has_nan = False
+    m = neg_inf
+    for i in range(x.shape[0]):
+        v = x[i] * scale
+        if v != v:
+            has_nan = True
+        elif v > m:
+            m = v
+    if has_nan:
+        for i in range(x.shape[0]):
+            if mode != LSE:
+                if x[i] != -np.inf:
+                    out[i] = nan
+                else:
+                    out[i] = neg_inf if mode == LOG_PROBS else scale - scale
+        return nan, np.uint8(0)
+    if m == -neg_inf:
+        count = 0
+        for i in range(x.shape[0]):
+            count += x[i] * scale == -neg_inf
+        w = cast_like(1.0 / count, scale)
+        for i in range(x.shape[0]):
+            if mode == PROBS:
+                out[i] = w if x[i] * scale == -neg_inf else scale - scale
+            elif mode == LOG_PROBS:
+                out[i] = np.log(w) if x[i] * scale == -neg_inf else neg_inf
+        return -neg_inf, _SPECIAL_ZERO_GRAD
+    if m == neg_inf:
+        for i in range(x.shape[0]):
+            if mode == PROBS:
+                out[i] = scale - scale
+            elif mode == LOG_PROBS:
+                out[i] = neg_inf
+        return neg_inf, _SPECIAL_ZERO_GRAD if mode == LOG_PROBS else np.uint8(0)
+    s = scale - scale
+    for i in range(x.shape[0]):
+        s += exp(x[i] * scale - m)
+    if mode == PROBS:
+        _write_probs(x, out, scale, m, cast_like(1.0, s) / s)
+    elif mode == LOG_PROBS:
+        _write_log_probs(x, out, scale, m, np.log(s))
+    return m + np.log(s), np.uint8(0)
+
+
+# ---- the kernel --------------------------------------------------------------------
+
+@njit(parallel=True, cache=True)
+def normalize_rows(x, out, lse, special, scale, algorithm, mode):
+    """Softmax (``mode`` PROBS), log-softmax (LOG_PROBS) or log-sum-exp (LSE) of each row.
+
+    Args:
+        x: (rows, n) C-contiguous input.
+        out: (rows, n) output for PROBS / LOG_PROBS (ignored for LSE).
+        lse: (rows,) receives the row log-sum-exp for LSE (ignored otherwise).
+        special: (rows,) uint8, set to 1 where the reference gradient is zero.
+        scale: ``1 / temperature``, same dtype as ``x``.
+        algorithm: THREE_PASS, TWO_PASS or ONLINE.
+    """
+    rows, n = x.shape
+    for r in prange(rows):
+        xr = x[r]
+        outr = out[r] if mode != LSE else out[0]
+        special[r] = 0
+        if n == 0:
+            if mode == LSE:
+                lse[r] = cast_like(-np.inf, scale)
+            continue
+        if algorithm == TWO_PASS and mode == PROBS:
+            mant = np.empty(BLOCK, x.dtype)
+            expo = np.empty(BLOCK, x.dtype)
+            nmax, s, ok = _two_pass_stats(xr, scale, mant, expo)
+            if ok:
+                _write_two_pass(xr, outr, scale, nmax, cast_like(1.0, s) / s)
+                continue
+        else:
+            if algorithm == THREE_PASS:
+                m, s, ok = _three_pass_stats(xr, scale)
+            else:
+                m, s, ok = _online_stats(xr, scale)
+            if ok:
+                if mode == PROBS:
+                    _write_probs(xr, outr, scale, m, cast_like(1.0, s) / s)
+                elif mode == LOG_PROBS:
+                    _write_log_probs(xr, outr, scale, m, np.log(s))
+                else:
+                    lse[r] = m + np.log(s)
+                continue
+        value, flag = _careful_row(xr, outr, scale, mode)
+        special[r] = flag
+        if mode == LSE:
+            lse[r] = value
+
+
+# ---- backward -------------------------------------------------------------------------
+
+@njit(fastmath=_FAST, cache=True)
+def _dot(a, b):
+    s = a[0] - a[0]
+    for i in range(a.shape[0]):
+        s += a[i] * b[i]
+    return s
+
+
+@njit(fastmath=_FAST, cache=True)
+def _visible_sum(y, g):
+    s = g[0] - g[0]
+    neg_inf = cast_like(-np.inf, s)
+    for i in range(y.shape[0]):
+        s += g[i] if y[i] != neg_inf else g[i] - g[i]
+    return s
+
+
+@njit(parallel=True, fastmath=_FAST, cache=True)
+def backward_rows(y, g, dx, special, scale, mode):
+    """Gradient of softmax (``mode`` PROBS) or log-softmax (LOG_PROBS) from its output ``y``.
+
+    softmax: ``dx = scale * y (g - <y, g>)``; log-softmax: ``dx = scale * (g - e^y sum g)``
+    over visible entries (``y > -inf``), 0 elsewhere. Rows flagged in ``special`` get 0.
+    """
+    rows, n = y.shape
+    for r in prange(rows):
+        yr = y[r]
+        gr = g[r]
+        dr = dx[r]
+        if n == 0:
+            continue
+        if special[r]:
+            for i in range(n):
+                dr[i] = scale - scale
+            continue
+        if mode == PROBS:
+            c = _dot(yr, gr)
+            for i in range(n):
+                dr[i] = scale * yr[i] * (gr[i] - c)
+        else:
+            c = _visible_sum(yr, gr)
+            neg_inf = cast_like(-np.inf, scale)
+            for i in range(n):
+                v = scale * (gr[i] - exp(yr[i]) * c)
+                dr[i] = v if yr[i] != neg_inf else scale - scale
