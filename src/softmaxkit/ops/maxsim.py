@@ -98,11 +98,17 @@ def _weighted_maxsim(Q, D, weights, d_mask, chunk_size):
         return torch.zeros(bq, bd, dtype=out_dtype, device=Q.device) + 0 * Q.sum() + 0 * D.sum()
     queries = Q.to(cdt).reshape(bq * lq, dim)
     track_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
+    # Without autograd every chunk's similarity block is written into one buffer.
+    buffer = None if track_grad else torch.empty(bq * lq * min(chunk, bd) * ld, dtype=cdt, device=Q.device)
     scores = []
     for start in range(0, bd, chunk):
-        docs = D[start:start + chunk].to(cdt)
-        c = docs.shape[0]
-        sim = (queries @ docs.reshape(c * ld, dim).T).view(bq * lq, c, ld)
+        docs = D[start:start + chunk].to(cdt).reshape(-1, dim)
+        c = docs.shape[0] // ld
+        if track_grad:
+            sim = queries @ docs.T
+        else:
+            sim = torch.matmul(queries, docs.T, out=buffer[: bq * lq * c * ld].view(bq * lq, c * ld))
+        sim = sim.view(bq * lq, c, ld)
         if d_mask is not None:
             visible = d_mask[start:start + c]
             sim = sim.masked_fill(~visible, float("-inf")) if track_grad else sim.masked_fill_(~visible, float("-inf"))
