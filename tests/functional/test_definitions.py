@@ -8,8 +8,6 @@ import torch
 import softmaxkit as sk
 from softmaxkit import registry
 
-torch.set_default_dtype(torch.float64)
-
 
 def naive_softmax(x, T=1.0):
     e = torch.exp(x / T - (x / T).max(-1, keepdim=True).values)
@@ -22,7 +20,7 @@ def entropy(p):
 
 @pytest.fixture
 def x():
-    return torch.randn(6, 9, generator=torch.Generator().manual_seed(1)) * 2
+    return torch.randn(6, 9, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 2
 
 
 def test_softmax_temperature(x):
@@ -42,7 +40,7 @@ def test_adaptive_softmax_follows_the_polynomial(x):
 
 
 def test_adaptive_softmax_is_softmax_when_entropy_is_low():
-    x = torch.tensor([[10.0, 0.0, 0.0], [0.0, 8.0, -1.0]])
+    x = torch.tensor([[10.0, 0.0, 0.0], [0.0, 8.0, -1.0]], dtype=torch.float64)
     assert (entropy(naive_softmax(x)) <= 0.5).all()
     torch.testing.assert_close(sk.adaptive_softmax(x), naive_softmax(x))
 
@@ -97,10 +95,10 @@ def test_softpick(x):
 
 
 def test_softpick_stable_form_on_extreme_rows():
-    x = torch.tensor([[800.0, 799.0, -3.0]])
+    x = torch.tensor([[800.0, 799.0, -3.0]], dtype=torch.float64)
     e = torch.exp(x - 800.0) - math.exp(-800.0)
     torch.testing.assert_close(sk.softpick(x), torch.relu(e) / (e.abs().sum(-1, keepdim=True) + 1e-6))
-    very_negative = torch.tensor([[-1000.0, -2000.0, -1e4]])
+    very_negative = torch.tensor([[-1000.0, -2000.0, -1e4]], dtype=torch.float64)
     assert torch.equal(sk.softpick(very_negative), torch.zeros_like(very_negative))
 
 
