@@ -31,6 +31,8 @@ class NormalizerSpec:
         params: keyword parameters and their defaults.
         learnable: parameters that :class:`softmaxkit.nn.Normalizer` owns, with their
             initial values (as the papers initialise them).
+        streamable: attention can accumulate it over key blocks with O(1) state per query
+            (DESIGN.md); sparse_softmax is not (its top-k needs O(k) state).
         reference: the paper.
     """
 
@@ -44,15 +46,14 @@ class NormalizerSpec:
     params: Mapping[str, object]
     reference: str
     learnable: Mapping[str, object] = field(default_factory=dict)
-
-    @property
-    def streamable(self) -> bool:
-        """Every registered normalizer can be streamed over key blocks (DESIGN.md)."""
-        return True
+    streamable: bool = True
 
     @property
     def streaming(self) -> str:
-        """How attention streams it: ``"one pass"``, ``"two passes"`` or ``"threshold search"``."""
+        """How attention streams it: ``"one pass"``, ``"2 passes"``, ``"threshold search"``,
+        or ``"dense"`` when it cannot be streamed with O(1) state per query."""
+        if not self.streamable:
+            return "dense"
         if self.passes is None:
             return "threshold search"
         return "one pass" if self.passes == 1 else f"{self.passes} passes"
@@ -128,7 +129,7 @@ def _register_builtin() -> None:
         ("multimax", F.multimax, "softmax(sigma(x)), piecewise-quadratic modulator sigma", True, False, False, 1,
          {"r": F.MULTIMAX_R_INIT, "t": F.MULTIMAX_T_INIT}, "Zhou, Fritz & Keuper, ICML 2024, arXiv 2406.01189",
          {"r": F.MULTIMAX_R_INIT, "t": F.MULTIMAX_T_INIT}),
-        ("sparse_softmax", F.sparse_softmax, "softmax over the k largest entries, 0 elsewhere", True, True, True, 1,
+        ("sparse_softmax", F.sparse_softmax, "softmax over the k largest entries, 0 elsewhere", True, True, True, None,
          {"k": None}, "Sun et al. 2021, Sparse-softmax, arXiv 2112.12433", {}),
         ("sparsemax", F.sparsemax, "[x - tau]_+ with sum 1", True, True, True, None,
          {}, "Martins & Astudillo 2016, arXiv 1602.02068", {}),
@@ -159,7 +160,7 @@ def _register_builtin() -> None:
     for name, fn, formula, s1, sparse, shift, passes, params, ref, learn in rows:
         register(NormalizerSpec(name=name, fn=fn, formula=formula, sums_to_one=s1, can_be_sparse=sparse,
                                 shift_invariant=shift, passes=passes, params=params, reference=ref,
-                                learnable=learn))
+                                learnable=learn, streamable=name != "sparse_softmax"))
 
 
 _register_builtin()
