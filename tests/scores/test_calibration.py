@@ -93,3 +93,11 @@ def test_bad_input():
         fit_temperature(torch.zeros(4), LABELS)
     with pytest.raises(ValueError, match="bounds"):
         fit_temperature(PROBS, LABELS, bounds=(2.0, 1.0))
+
+
+def test_fit_temperature_recovers_the_temperature_labels_were_drawn_at():
+    gen = torch.Generator().manual_seed(5)
+    logits = 2 * torch.randn(2000, 5, generator=gen, dtype=torch.float64)
+    for true_t in (0.5, 2.0):
+        labels = torch.multinomial(torch.softmax(logits / true_t, 1), 1, generator=gen).squeeze(1)
+        assert fit_temperature(logits, labels) == pytest.approx(true_t, rel=0.15)

@@ -283,8 +283,10 @@ def _cascade_table(model: ExitMLP, data: _Data) -> Table:
     table.add("last exit only", "-", last.predict(cal).accuracy(data.cal_y), base_test, 0.0,
               last.predict(test).mean_macs, 0.0)
     outputs = {}
-    for label, search in (("cascade, optimal thresholds", "exact"), ("cascade, per-stage rule", "per_stage")):
-        cascade = S.EarlyExitCascade(costs).fit(cal, data.cal_y, delta=DELTA, search=search)
+    runs = (("cascade, optimal thresholds", "exact", DELTA), ("cascade, per-stage rule", "per_stage", DELTA),
+            ("cascade, optimal thresholds, delta = 0", "exact", 0.0))
+    for label, search, delta in runs:
+        cascade = S.EarlyExitCascade(costs).fit(cal, data.cal_y, delta=delta, search=search)
         out = cascade.predict(test)
         outputs[label] = out
         acc = out.accuracy(data.test_y)

@@ -139,8 +139,8 @@ class EarlyExitCascade:
             raise ValueError(f"delta must be a number in [0, 1] (an accuracy drop), got {delta!r}")
         if search not in SEARCHES:
             raise ValueError(f"search must be one of {', '.join(map(repr, SEARCHES))}, got {search!r}")
-        conf, pred = self._stage_confidences(stage_logits)
-        y = check_labels(labels, conf.shape[1], self._num_classes).cpu().numpy()
+        conf, pred, num_classes = self._stage_confidences(stage_logits)
+        y = check_labels(labels, conf.shape[1], num_classes).cpu().numpy()
         problem = _Problem(conf, pred == y[None, :], self.cumulative_costs, float(delta))
         if search == "auto":
             search = "exact" if problem.exact_sweeps() <= max_sweeps else "coordinate"
@@ -153,7 +153,7 @@ class EarlyExitCascade:
         """Run the cascade on precomputed per-stage logits and account for the MACs spent."""
         if self.thresholds_ is None:
             raise RuntimeError("EarlyExitCascade has no thresholds: call fit(...) or pass thresholds=")
-        conf, pred = self._stage_confidences(stage_logits)
+        conf, pred, _ = self._stage_confidences(stage_logits)
         stage = _exit_stage(conf, self.thresholds_)
         rows = np.arange(conf.shape[1])
         return CascadeOutput(
@@ -174,7 +174,8 @@ class EarlyExitCascade:
                 raise ValueError(f"thresholds must be numbers (inf = never exit), got {values}")
         return [float(t) for t in values]
 
-    def _stage_confidences(self, stage_logits) -> tuple[np.ndarray, np.ndarray]:
+    def _stage_confidences(self, stage_logits) -> tuple[np.ndarray, np.ndarray, int]:
+        """(K, N) MSP confidences, (K, N) predictions and the number of classes."""
         if isinstance(stage_logits, torch.Tensor) or not isinstance(stage_logits, Sequence):
             raise TypeError("stage_logits must be a list with one (N, C) tensor per stage")
         if len(stage_logits) != self.num_stages:
@@ -189,8 +190,7 @@ class EarlyExitCascade:
             z64 = z.detach().to(torch.float64)
             conf.append(msp(z64).cpu().numpy())
             pred.append(z64.argmax(1).cpu().numpy())
-        self._num_classes = shape[1]
-        return np.stack(conf), np.stack(pred)
+        return np.stack(conf), np.stack(pred), shape[1]
 
 
 def _exit_stage(conf: np.ndarray, thresholds: Sequence[float]) -> np.ndarray:
