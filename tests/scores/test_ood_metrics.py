@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from softmaxkit.scores import aupr, auroc, fpr_at_tpr, ood_metrics
 
@@ -72,3 +73,16 @@ def test_inputs_accepted_and_rejected():
         fpr_at_tpr([1.0], [0.0], tpr=0.0)
     with pytest.raises(TypeError, match="scores_in"):
         auroc(["a"], [0.0])
+
+_small_ints = st.lists(st.integers(-3, 3), min_size=1, max_size=40)
+
+
+@settings(deadline=None, max_examples=40, derandomize=True)
+@given(_small_ints, _small_ints, st.sampled_from([0.05, 0.5, 0.9, 0.95, 1.0]))
+def test_metrics_equal_sklearn_on_random_ties(a, b, tpr):
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    want_auc, want_ap_in, want_ap_out, want_fpr = _oracle(a, b, tpr)
+    assert abs(auroc(a, b) - want_auc) <= 1e-9
+    assert abs(aupr(a, b) - want_ap_in) <= 1e-9
+    assert abs(aupr(a, b, positive="out") - want_ap_out) <= 1e-9
+    assert abs(fpr_at_tpr(a, b, tpr) - want_fpr) <= 1e-9

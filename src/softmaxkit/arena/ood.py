@@ -39,7 +39,7 @@ ID_CLASSES = 5
 DELTA = 0.01
 ODIN_T = 1000.0
 ODIN_EPS = 0.0014
-EPOCHS, EPOCHS_QUICK = 300, 100
+EPOCHS, EPOCHS_QUICK = 300, 60
 
 
 @dataclass
@@ -330,5 +330,5 @@ def run(quick: bool = False, seed: int = 0) -> list[Table]:
     with _one_thread():
         data = _load(seed, n_noise=300 if quick else 500)
         model = _train(data, seed, epochs=EPOCHS_QUICK if quick else EPOCHS)
-        return [_ood_table(model, data), _calibration_table(model, data, seed, 50 if quick else 200),
+        return [_ood_table(model, data), _calibration_table(model, data, seed, 20 if quick else 200),
                 _cascade_table(model, data)]

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from .._rows import check_floating, check_nonnegative, check_positive
+from .._rows import check_floating, check_nonnegative, check_positive, compute_dtype
 
 
 def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
@@ -66,21 +66,19 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
     x_in = x.detach().clone().requires_grad_(True)
     with torch.enable_grad():
         logits = _logits(model, x_in)
-        log_probs = F.log_softmax(logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits,
-                                  temperature=temperature)
+        log_probs = F.log_softmax(logits, temperature=temperature)
         top = logits.detach().argmax(-1, keepdim=True)
         loss = -log_probs.gather(-1, top).sum()
         (grad,) = torch.autograd.grad(loss, x_in)
     x_tilde = x.detach() - epsilon * grad.sign()
     with torch.no_grad():
-        logits = _logits(model, x_tilde)
-        z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
-        return F.softmax(z, temperature=temperature).amax(-1).to(x.dtype)
+        return F.softmax(_logits(model, x_tilde), temperature=temperature).amax(-1).to(x.dtype)
 
 
 def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model's logits, checked to be (N, C), in float32 at least (T = 1000 needs the precision)."""
     out = model(x)
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != x.shape[0]:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"model must return logits of shape (N, C) for a batch of N inputs, got {shape}")
-    return out
+    return out.to(compute_dtype(out.dtype))
