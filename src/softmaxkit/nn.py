@@ -23,7 +23,7 @@ from torch import nn
 
 from . import registry
 
-__all__ = ["Normalizer"]
+__all__ = ["Normalizer", "Attention"]
 
 _ALPHA_LOW, _ALPHA_HIGH = 1.0, 2.0
 
@@ -119,3 +119,6 @@ class Normalizer(nn.Module):
         fixed = ", ".join(f"{k}={v}" for k, v in self.fixed.items())
         shape = f", param_shape={self.param_shape}" if self.param_shape else ""
         return f"{self.name!r}, dim={self.dim}{shape}" + (f", {fixed}" if fixed else "")
+
+
+from .attention.modules import Attention  # noqa: E402

@@ -26,8 +26,8 @@ def _per_head(value: torch.Tensor, name: str, inp: AttentionInputs) -> bool:
 
 def _validate(normalizer: str, params: dict, inp: AttentionInputs) -> None:
     """Let the reference check the parameter values, on a tiny row of scores per (batch, head)."""
-    b, h, _, _ = inp.shape
-    dummy = torch.zeros(b, h, 1, 2, dtype=inp.q.dtype, device=inp.q.device)
+    b, h, _, lk = inp.shape
+    dummy = torch.zeros(b, h, 1, max(lk, 2), dtype=inp.q.dtype, device=inp.q.device)
     registry.normalize(dummy, normalizer, dim=-1, **{n: val for n, val in params.items()
                                                        if not (isinstance(val, torch.Tensor) and n == "n")})
 
@@ -59,7 +59,7 @@ def _blocks(block_size) -> tuple[int, int]:
     return pair
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalizer: str = "softmax",
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: str = "softmax",
               is_causal: bool = False, attn_mask: torch.Tensor | None = None, scale: float | None = None,
               *, method: str = "auto", block_size=None, **params) -> torch.Tensor:
     r"""Attention ``normalize(q k^T * scale + attn_mask) v`` with any registered normalizer.
@@ -87,7 +87,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalizer: str
         scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
         method: ``"auto"``, ``"sdpa"`` (softmax only), ``"streaming"`` or ``"dense"``.
         block_size: ``block`` or ``(block_q, block_k)`` for the streaming path.
-        **params: the normalizer's parameters; tensors broadcastable to ``(B, H, 1, 1)``
+        **params: the normalizer's parameters (``q``, ``k``, ``v`` are positional-only, so
+            ``k=8`` is sparse_softmax's ``k``); tensors broadcastable to ``(B, H, 1, 1)``
             (``(4, B, H, 1, 1)`` for MultiMax ``r``, ``t``) are per-head and learnable.
 
     Example:

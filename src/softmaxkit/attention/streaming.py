@@ -24,7 +24,7 @@ import torch
 from .inputs import AttentionInputs, Tile
 from .rules import StreamRule
 
-DEFAULT_BLOCK_Q = 1024
+DEFAULT_BLOCK_Q = 128
 DEFAULT_BLOCK_K = 512
 
 

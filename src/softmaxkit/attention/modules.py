@@ -1,0 +1,90 @@
+"""``softmaxkit.nn.Attention``: multi-head (and grouped-query) attention with any normalizer."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .api import attention
+
+
+class Attention(nn.Module):
+    r"""Multi-head attention whose weights come from any registered normalizer.
+
+    .. math:: \mathrm{head}_h = \mathrm{normalize}\big(Q_h K_{g(h)}^\top / \sqrt{d}\big) V_{g(h)},\quad
+              \mathrm{out} = [\mathrm{head}_1, \dots, \mathrm{head}_H] W_o
+
+    with ``kv_heads`` key/value heads shared by groups of query heads (grouped-query
+    attention, Ainslie et al. 2023, arXiv 2305.13245; ``kv_heads=1`` is multi-query).
+    Where the normalizer's paper learns parameters, each head learns its own: SSMax ``s``
+    (Nakanishi 2025), the sigmoid bias offset (Ramapuram et al. 2024), MultiMax ``r`` and
+    ``t`` (Zhou et al. 2024), entmax ``alpha`` (Correia et al. 2019), AS-Entmax ``alpha``,
+    ``beta``; they live in ``self.normalizer`` (a :class:`softmaxkit.nn.Normalizer`) and are
+    saved in the state dict. The attention itself is :func:`softmaxkit.attention`, so
+    streamable normalizers never build the ``L x L`` matrix.
+
+    Args:
+        dim: model width (input and output features).
+        heads: query heads; ``dim`` must be divisible by ``heads`` unless ``head_dim`` is given.
+        normalizer: a registered normalizer name.
+        kv_heads: key/value heads (default ``heads``); must divide ``heads``.
+        head_dim: features per head (default ``dim // heads``).
+        bias: use biases in the projections.
+        is_causal: default causal masking for :meth:`forward`.
+        learnable: learn the normalizer's parameters (False keeps them as buffers).
+        **params: the normalizer's parameters (initial values of learnable ones, fixed values
+            of the others, e.g. ``k=8`` for sparse_softmax).
+
+    Example:
+        >>> layer = Attention(64, heads=4, normalizer="ssmax", kv_heads=2, is_causal=True)
+        >>> y = layer(torch.randn(2, 100, 64))
+    """
+
+    def __init__(self, dim: int, heads: int, normalizer: str = "softmax", kv_heads: int | None = None,
+                 head_dim: int | None = None, bias: bool = True, is_causal: bool = False,
+                 learnable: bool = True, **params):
+        super().__init__()
+        from ..nn import Normalizer
+
+        for name, value in (("dim", dim), ("heads", heads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        kv_heads = heads if kv_heads is None else kv_heads
+        if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+            raise ValueError(f"kv_heads must be a positive int dividing heads={heads}, got {kv_heads!r}")
+        if head_dim is None:
+            if dim % heads:
+                raise ValueError(f"dim={dim} is not divisible by heads={heads}; pass head_dim")
+            head_dim = dim // heads
+        self.dim, self.heads, self.kv_heads, self.head_dim = dim, heads, kv_heads, head_dim
+        self.is_causal = bool(is_causal)
+        self.q_proj = nn.Linear(dim, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
+        self.out_proj = nn.Linear(heads * head_dim, dim, bias=bias)
+        self.normalizer = Normalizer(normalizer, param_shape=(heads, 1, 1), learnable=learnable, **params)
+
+    def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        b, length, _ = x.shape
+        return x.view(b, length, heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None,
+                attn_mask: torch.Tensor | None = None, is_causal: bool | None = None) -> torch.Tensor:
+        """Attend from ``x`` ``(B, L, dim)`` to ``context`` (default ``x``): ``(B, L, dim)``.
+
+        ``attn_mask`` (bool, True = visible, or additive float) broadcasts to
+        ``(B, heads, L, Lcontext)``; ``is_causal`` defaults to the module's setting.
+        """
+        context = x if context is None else context
+        q = self._split(self.q_proj(x), self.heads)
+        k = self._split(self.k_proj(context), self.kv_heads)
+        v = self._split(self.v_proj(context), self.kv_heads)
+        params = {**self.normalizer.fixed, **self.normalizer.learned_values()}
+        out = attention(q, k, v, self.normalizer.name, is_causal=self.is_causal if is_causal is None else is_causal,
+                        attn_mask=attn_mask, **params)
+        b, _, length, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, length, self.heads * self.head_dim))
+
+    def extra_repr(self) -> str:
+        return (f"dim={self.dim}, heads={self.heads}, kv_heads={self.kv_heads}, head_dim={self.head_dim}, "
+                f"is_causal={self.is_causal}")
