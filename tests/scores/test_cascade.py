@@ -116,3 +116,38 @@ def test_bad_input():
         cascade.fit(STAGES, torch.tensor([0, 1, 2, 0]))
     with pytest.raises(TypeError, match="stage_logits"):
         cascade.fit(torch.stack(STAGES), LABELS)
+
+
+def test_run_matches_predict_and_skips_exited_rows():
+    gen = torch.Generator().manual_seed(11)
+    torch.manual_seed(11)
+    blocks = [torch.nn.Linear(6, 6).double() for _ in range(3)]
+    heads = [torch.nn.Linear(6, 4).double() for _ in range(3)]
+    seen = []
+
+    def make_stage(block, head):
+        def stage(h):
+            seen.append(h.shape[0])
+            h = torch.relu(block(h))
+            return h, 3 * head(h)
+        return stage
+
+    stages = [make_stage(b, h) for b, h in zip(blocks, heads)]
+    x = torch.randn(50, 6, generator=gen, dtype=torch.float64)
+    with torch.no_grad():
+        all_logits, h = [], x
+        for stage in stages:
+            h, z = stage(h)
+            all_logits.append(z)
+    labels = all_logits[-1].argmax(1)
+    cascade = EarlyExitCascade([1, 1, 1]).fit(all_logits, labels, delta=0.1)
+    seen.clear()
+    with torch.no_grad():
+        lazy = cascade.run(x, stages)
+    eager = cascade.predict(all_logits)
+    assert torch.equal(lazy.predictions, eager.predictions) and torch.equal(lazy.exit_stage, eager.exit_stage)
+    assert lazy.mean_macs == eager.mean_macs
+    reached = [int((eager.exit_stage >= k).sum()) for k in range(3)]
+    assert seen == reached[: len(seen)] and reached[0] == 50 and reached[1] < 50
+    with pytest.raises(TypeError, match="stages"):
+        cascade.run(x, stages[:2])

@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from numbers import Real
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -160,6 +160,45 @@ class EarlyExitCascade:
             predictions=torch.as_tensor(pred[stage, rows]),
             exit_stage=torch.as_tensor(stage),
             macs=torch.as_tensor(self.cumulative_costs[stage], dtype=torch.float64),
+            total_macs=float(self.cumulative_costs[-1]),
+        )
+
+    def run(self, x: torch.Tensor, stages: Sequence[Callable]) -> CascadeOutput:
+        """Run a real cascade: stage ``k`` only sees the rows that have not exited yet.
+
+        ``stages[k]`` is a callable ``state -> (next_state, logits)``; the first state is
+        ``x`` and each state's first axis indexes the rows still running (for a network with
+        exits, the state is the trunk's hidden activation). Gives the same answers as
+        :meth:`predict` on every stage's logits, without computing the stages nobody reaches.
+        """
+        if self.thresholds_ is None:
+            raise RuntimeError("EarlyExitCascade has no thresholds: call fit(...) or pass thresholds=")
+        if not isinstance(stages, Sequence) or len(stages) != self.num_stages or not all(map(callable, stages)):
+            raise TypeError(f"stages must be a sequence of {self.num_stages} callables state -> (state, logits)")
+        if not isinstance(x, torch.Tensor) or x.dim() == 0:
+            raise TypeError("x must be a tensor whose first axis indexes the inputs")
+        n = x.shape[0]
+        predictions = torch.zeros(n, dtype=torch.long)
+        exit_stage = torch.zeros(n, dtype=torch.long)
+        running = torch.arange(n)
+        state = x
+        for k, stage in enumerate(stages):
+            state, logits = stage(state)
+            check_logits_2d(logits, f"the logits of stages[{k}]")
+            if logits.shape[0] != len(running):
+                raise ValueError(f"stages[{k}] returned {logits.shape[0]} rows of logits for {len(running)} running inputs")
+            z = logits.detach().to(torch.float64)
+            done = msp(z) >= self.thresholds_[k] if k < self.num_stages - 1 else torch.ones(len(running), dtype=torch.bool)
+            done = done.cpu()
+            predictions[running[done]] = z.argmax(1).cpu()[done]
+            exit_stage[running[done]] = k
+            running = running[~done]
+            if len(running) == 0:
+                break
+            state = state[~done.to(state.device)]
+        return CascadeOutput(
+            predictions=predictions, exit_stage=exit_stage,
+            macs=torch.as_tensor(self.cumulative_costs[exit_stage.numpy()], dtype=torch.float64),
             total_macs=float(self.cumulative_costs[-1]),
         )
 
