@@ -105,7 +105,7 @@ class EarlyExitCascade:
     """
 
     def __init__(self, costs: Sequence[float], thresholds: Sequence[float] | None = None):
-        if isinstance(costs, torch.Tensor):
+        if isinstance(costs, (torch.Tensor, np.ndarray)):
             costs = costs.tolist()
         if not isinstance(costs, Sequence) or len(costs) == 0:
             raise TypeError(f"costs must be a non-empty sequence of numbers, got {costs!r}")
