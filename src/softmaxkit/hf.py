@@ -1,1 +1,128 @@
-"""softmaxkit.hf (being written)."""
+"""Hugging Face ``transformers`` integration: every normalizer as an ``attn_implementation``.
+
+>>> import softmaxkit as sk
+>>> sk.hf.register()                                   # once per process
+>>> model = AutoModelForCausalLM.from_config(cfg, attn_implementation="softmaxkit_softpick")
+>>> sk.hf.swap(model, "ssmax")                         # switch a built model; s per head is learned
+
+:func:`register` adds ``softmaxkit_<name>`` for every registered normalizer to
+``transformers``' ``AttentionInterface`` (the attention function) and
+``AttentionMaskInterface`` (the boolean masks of ``sdpa``: True = visible, so padding
+and causal masks hide keys from the normalizer instead of adding a large negative
+number, which would be wrong for sigmoid, ReLU or SSMax's key count). The attention
+itself is :func:`softmaxkit.attention`: streaming for the streamable normalizers, torch
+SDPA for ``softmaxkit_softmax``.
+
+Parameters: a model switched with :func:`swap` carries a :class:`softmaxkit.nn.Normalizer`
+per attention layer (``<layer>.softmaxkit_normalizer``, learnable parameters per head, in
+the state dict). Without it the registry defaults apply, except ``sparse_softmax``,
+whose ``k`` has no default: it keeps :data:`SPARSE_SOFTMAX_K` keys (or every key of a
+shorter row). Attention dropout is not applied (a warning says so once).
+
+``transformers`` is imported only inside these functions: ``import softmaxkit`` never
+imports it. Written against transformers 5 (``AttentionInterface.register``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+from . import registry
+
+__all__ = ["register", "swap", "implementation_name", "PREFIX", "SPARSE_SOFTMAX_K"]
+
+PREFIX = "softmaxkit_"
+#: ``k`` of ``softmaxkit_sparse_softmax`` when the layer carries no normalizer module.
+SPARSE_SOFTMAX_K = 8
+_dropout_warned = False
+
+
+def implementation_name(normalizer: str) -> str:
+    """``"softmaxkit_<normalizer>"``, the ``attn_implementation`` of a registered normalizer."""
+    registry.get(normalizer)
+    return PREFIX + normalizer
+
+
+def _layer_params(module, name: str, key_length: int) -> dict:
+    norm = getattr(module, "softmaxkit_normalizer", None)
+    if norm is not None and norm.name == name:
+        params = {**norm.fixed, **norm.learned_values()}
+    else:
+        params = {}
+    if name == "sparse_softmax":
+        params["k"] = min(int(params.get("k") or SPARSE_SOFTMAX_K), max(key_length, 1))
+    return params
+
+
+def _attention_function(name: str):
+    from .attention import attention
+
+    def softmaxkit_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                                     scaling: float | None = None, is_causal: bool | None = None, **kwargs):
+        global _dropout_warned
+        if kwargs.get("softcap") is not None:
+            raise ValueError(f"{PREFIX}{name} does not support softcap")
+        if dropout and getattr(module, "training", False) and not _dropout_warned:
+            warnings.warn(f"{PREFIX}{name}: attention dropout ({dropout}) is not applied", stacklevel=2)
+            _dropout_warned = True
+        causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+        causal = bool(causal) and attention_mask is None and query.shape[2] > 1
+        params = _layer_params(module, name, key.shape[2])
+        out = attention(query, key, value, name, is_causal=causal, attn_mask=attention_mask, scale=scaling, **params)
+        return out.transpose(1, 2).contiguous(), None
+
+    softmaxkit_attention_forward.__name__ = f"{PREFIX}{name}_attention_forward"
+    return softmaxkit_attention_forward
+
+
+def register() -> list[str]:
+    """Register ``softmaxkit_<name>`` for every normalizer with ``transformers``; returns the names."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    names = []
+    for name in registry.names():
+        impl = PREFIX + name
+        AttentionInterface.register(impl, _attention_function(name))
+        AttentionMaskInterface.register(impl, sdpa_mask)
+        names.append(impl)
+    return names
+
+
+def _attention_layers(model):
+    """The modules that call the attention interface (``...Attention`` layers with a config)."""
+    for module in model.modules():
+        if type(module).__name__.endswith("Attention") and hasattr(module, "config") and hasattr(module, "head_dim"):
+            yield module
+
+
+def swap(model, normalizer: str, learnable: bool = True, **params):
+    """Switch an already built ``transformers`` model to ``normalizer``; returns the model.
+
+    Registers the implementations if needed, sets ``attn_implementation`` to
+    ``softmaxkit_<normalizer>`` and gives every attention layer a
+    :class:`softmaxkit.nn.Normalizer` (``layer.softmaxkit_normalizer``) with one value per
+    head of each learnable parameter: they become model parameters (buffers when
+    ``learnable=False``) and are saved in ``model.state_dict()``. ``params`` are initial or
+    fixed normalizer parameters (e.g. ``k=8`` for sparse_softmax).
+    """
+    from .nn import Normalizer
+
+    impl = implementation_name(normalizer)
+    register()
+    layers = list(_attention_layers(model))
+    if not layers:
+        raise ValueError("swap found no attention layer (a module named '...Attention' with config and head_dim) "
+                         f"in {type(model).__name__}")
+    for layer in layers:
+        heads = getattr(layer, "num_heads", None) or layer.config.num_attention_heads
+        reference = next(layer.parameters(), None)
+        norm = Normalizer(normalizer, param_shape=(heads, 1, 1), learnable=learnable, **params)
+        if reference is not None:
+            norm = norm.to(device=reference.device, dtype=reference.dtype)
+        layer.softmaxkit_normalizer = norm
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation(impl)
+    else:
+        model.config._attn_implementation = impl
+    return model
