@@ -191,17 +191,25 @@ def _draw(weights: torch.Tensor, generator) -> torch.Tensor:
     return torch.minimum(drawn, last_positive).squeeze(-1)
 
 
+#: Candidate counts tried for a nucleus before sorting the whole row.
+_NUCLEUS_CANDIDATES = (256, 4096)
+
+
 def _nucleus_candidates(scaled: torch.Tensor, top_p: float):
-    """The smallest top-``k`` (``k`` = 256, 2048, ... up to the row) whose full-row
-    probability mass reaches ``top_p`` in every row: it holds the nucleus.
-    Returns ``(probs, indices)`` sorted descending, probabilities over the whole row."""
+    """Candidates holding the top-``p`` nucleus of ``softmax(scaled)`` (2-d), sorted descending:
+    ``(probs, indices)``, probabilities over the whole row.
+
+    The top 256, then 4096, entries (fused kernel, :func:`_top_probs`) when their mass
+    reaches ``top_p`` in every row; otherwise (a flat distribution) the whole row, sorted.
+    """
     length = scaled.shape[-1]
-    k = min(256, length)
-    while True:
+    for k in _NUCLEUS_CANDIDATES:
+        if k >= length:
+            break
         probs, indices = _top_probs(scaled, k)
-        if k == length or bool((probs.sum(-1) >= top_p * (1 + 1e-6)).all()):
+        if bool((probs.sum(-1) >= top_p * (1 + 1e-6)).all()):
             return probs, indices
-        k = min(8 * k, length)
+    return F.softmax(scaled, dim=-1).sort(dim=-1, descending=True, stable=True)
 
 
 def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,

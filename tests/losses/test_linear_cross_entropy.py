@@ -73,6 +73,28 @@ def test_chunking_does_not_change_the_result(chunk_size, vocab_block):
     torch.testing.assert_close(torch.autograd.grad(out, (h, w, b)), torch.autograd.grad(ref, (h, w, b)))
 
 
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_bias_can_mask_tokens_with_minus_inf(reduction):
+    h, w, b, t = _problem(dtype=torch.float64, ignore_every=0)
+    b = b.detach().clone()
+    b[:40] = float("-inf")  # whole vocabulary blocks of 20 are masked
+    t = t % 60 + 40
+    out = linear_cross_entropy(h, w, t, bias=b, reduction=reduction, chunk_size=8, vocab_block=20)
+    ref = _reference(h, w, b, t, reduction=reduction)
+    torch.testing.assert_close(out, ref)
+    upstream = torch.ones_like(ref)
+    for a, e in zip(torch.autograd.grad(out, (h, w), upstream), torch.autograd.grad(ref, (h, w), upstream)):
+        torch.testing.assert_close(a, e)
+
+
+def test_default_chunk_size():
+    from softmaxkit.losses.linear_cross_entropy import default_chunk_size
+    assert default_chunk_size(4096, 65536) == 512
+    assert default_chunk_size(1024, 16384) == 128
+    assert default_chunk_size(50, 100) == 50
+    assert default_chunk_size(10**6, 2**26) == 128
+
+
 def test_fused_and_recomputed_backward_agree():
     h, w, b, t = _problem(dtype=torch.float64)
     mean = linear_cross_entropy(h, w, t, bias=b, chunk_size=5, vocab_block=17)

@@ -223,13 +223,14 @@ def test_nucleus_with_and_without_the_fused_kernel(path, monkeypatch):
     assert _chi2_pvalue(nucleus, _intended(logits, temperature=1.2, top_p=0.6)) > 1e-3
 
 
-def test_fused_and_fallback_paths_draw_the_same_tokens(monkeypatch):
-    if not _fused_available():
-        pytest.skip("the fused softmax_topk kernel is not implemented yet")
-    logits = torch.randn(64, 3000, generator=_gen()) * 3  # the nucleus needs more than 256 candidates
-    fused = sample(logits, top_p=0.95, min_p=0.01, generator=_gen(1))
+@pytest.mark.parametrize("top_p", [0.6, 0.9, 0.999])  # nucleus within 256, within 4096, whole row
+def test_candidate_paths_draw_the_same_tokens(top_p, monkeypatch):
+    logits = torch.randn(8, 20_000, generator=_gen()) * 3
+    fused = sample(logits, top_p=top_p, min_p=1e-4, generator=_gen(1))
     _force_fallback(monkeypatch)
-    assert torch.equal(fused, sample(logits, top_p=0.95, min_p=0.01, generator=_gen(1)))
+    assert torch.equal(fused, sample(logits, top_p=top_p, min_p=1e-4, generator=_gen(1)))
+    monkeypatch.setattr(sampling, "_NUCLEUS_CANDIDATES", ())
+    assert torch.equal(fused, sample(logits, top_p=top_p, min_p=1e-4, generator=_gen(1)))
 
 
 def test_shapes_dtypes_and_masked_entries():

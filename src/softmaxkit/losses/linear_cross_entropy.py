@@ -28,10 +28,12 @@ from .._rows import check_floating, check_int_in_range, compute_dtype
 from ..algorithms import OnlineSoftmaxState
 from ._reduce import check_reduction
 
-#: Default number of logits (tokens x vocabulary) a token chunk holds: 64 MiB in float32.
-CHUNK_LOGITS = 1 << 24
-#: Default width of the vocabulary blocks reduced into the online log-sum-exp.
-VOCAB_BLOCK = 8192
+#: Default bound on the logits (tokens x vocabulary) a token chunk holds: 128 MiB in float32.
+CHUNK_LOGITS = 1 << 25
+#: Default: at least this many tokens per chunk (the matmuls stay efficient) ...
+MIN_CHUNK_TOKENS = 128
+#: ... and otherwise at most 1/CHUNKS_AT_LEAST of the tokens per chunk.
+CHUNKS_AT_LEAST = 8
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,19 @@ class _Setup:
     chunk_size: int
     vocab_block: int
     fused: bool
+
+
+def default_chunk_size(tokens: int, vocab: int) -> int:
+    """Tokens per chunk: at most ``CHUNK_LOGITS`` logits and ``1/CHUNKS_AT_LEAST`` of the
+    tokens, but at least ``MIN_CHUNK_TOKENS`` tokens (all of them when fewer)."""
+    bounded = min(CHUNK_LOGITS // vocab, -(-tokens // CHUNKS_AT_LEAST))
+    return max(1, min(tokens, max(bounded, MIN_CHUNK_TOKENS)))
+
+
+def default_vocab_block(chunk_size: int, vocab: int) -> int:
+    """Vocabulary entries per block: the whole vocabulary while a chunk's logits stay within
+    ``CHUNK_LOGITS``, otherwise blocks that do."""
+    return max(1, min(vocab, CHUNK_LOGITS // chunk_size))
 
 
 def _ranges(length: int, step: int):
@@ -65,40 +80,60 @@ def _in_block(target: torch.Tensor, start: int, width: int):
     return relative.clamp(0, width - 1).unsqueeze(1), inside
 
 
+def _block_state_(logits: torch.Tensor) -> OnlineSoftmaxState:
+    """The online-softmax state ``(m, d)`` of one block, leaving ``exp(logits - m)`` in it.
+
+    Unlike :meth:`OnlineSoftmaxState.from_block` this keeps the exponentials, which the
+    gradient reuses (the logits are finite here: nothing is masked).
+    """
+    m = logits.amax(1)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))  # a block masked to -inf by the bias
+    d = logits.sub_(m.unsqueeze(1)).exp_().sum(1)
+    return OnlineSoftmaxState(m, d)
+
+
 def _row_statistics(blocks, target: torch.Tensor, setup: _Setup, keep: list | None):
     """One pass over a chunk's logit blocks: log-sum-exp (online), target logit, logit sum.
 
-    Blocks are appended to ``keep`` when it is a list (the fused path reuses them).
+    The blocks are left holding ``exp(logits - m_block)``; with ``keep`` a list, they are
+    appended to it with their maxima (the fused path turns them into gradients).
     """
     state = None
     target_logit = logit_sum = None
     for start, logits in blocks:
-        state = OnlineSoftmaxState.from_block(logits) if state is None else state.update(logits)
         position, inside = _in_block(target, start, logits.shape[1])
         picked = logits.gather(1, position).squeeze(1)
         target_logit = picked if target_logit is None else torch.where(inside, picked, target_logit)
         if setup.label_smoothing:
             total = logits.sum(1)
             logit_sum = total if logit_sum is None else logit_sum + total
+        block_state = _block_state_(logits)
+        state = block_state if state is None else state.merge(block_state)
         if keep is not None:
-            keep.append((start, logits))
+            keep.append((start, logits, block_state.m))
     return state.logsumexp(), target_logit, logit_sum
 
 
-def _logit_grad_(logits: torch.Tensor, start: int, lse: torch.Tensor, target: torch.Tensor,
-                 row_scale: torch.Tensor, setup: _Setup) -> torch.Tensor:
-    """Overwrite a block of logits with ``row_scale *`` the gradient of the token losses.
+def _grad_from_exp_(exp_block: torch.Tensor, start: int, scale: torch.Tensor, target: torch.Tensor,
+                    row_scale: torch.Tensor, setup: _Setup) -> torch.Tensor:
+    """Overwrite ``exp_block`` = ``exp(z - m)`` with ``row_scale *`` the gradient of the token
+    losses w.r.t. the block of logits ``z``; ``scale = exp(m - lse)`` turns it into ``p``.
 
     d loss_i / d z_ij = (1 + 2 c lse_i) p_ij - (1 - eps) [j = y_i] - eps / V.
     """
     eps = setup.label_smoothing
-    coef = row_scale * (1 + 2 * setup.z_penalty * lse) if setup.z_penalty else row_scale
-    logits.sub_(lse.unsqueeze(1)).exp_().mul_(coef.unsqueeze(1))
-    position, inside = _in_block(target, start, logits.shape[1])
-    logits.scatter_add_(1, position, (-(1 - eps) * row_scale * inside).unsqueeze(1))
+    exp_block.mul_(scale.unsqueeze(1))
+    position, inside = _in_block(target, start, exp_block.shape[1])
+    exp_block.scatter_add_(1, position, (-(1 - eps) * row_scale * inside).unsqueeze(1))
     if eps:
-        logits.sub_((eps / setup.vocab) * row_scale.unsqueeze(1))
-    return logits
+        exp_block.sub_((eps / setup.vocab) * row_scale.unsqueeze(1))
+    return exp_block
+
+
+def _probability_scale(lse: torch.Tensor, m: torch.Tensor, row_scale: torch.Tensor, setup: _Setup):
+    """Per row: ``row_scale * (1 + 2 c lse) * exp(m - lse)`` (``m = lse`` when the block holds ``exp(z - lse)``)."""
+    coef = row_scale * (1 + 2 * setup.z_penalty * lse) if setup.z_penalty else row_scale
+    return coef * torch.exp(m - lse)
 
 
 def _accumulate(grad_logits: torch.Tensor, start: int, h: torch.Tensor, weight: torch.Tensor,
@@ -140,8 +175,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 _logit_blocks(h[s:e], w, b, setup.vocab_block), safe_target[s:e], setup, kept)
             if chunk_sum is not None:
                 logit_sum[s:e] = chunk_sum
-            for start, logits in kept or ():
-                grad = _logit_grad_(logits, start, lse[s:e], safe_target[s:e], row_scale[s:e], setup)
+            for start, exp_block, m in kept or ():
+                scale = _probability_scale(lse[s:e], m, row_scale[s:e], setup)
+                grad = _grad_from_exp_(exp_block, start, scale, safe_target[s:e], row_scale[s:e], setup)
                 _accumulate(grad, start, h[s:e], w, grad_h[s:e] if grad_h is not None else None, grad_w, grad_b)
             del kept
         eps = setup.label_smoothing
@@ -183,8 +219,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h, grad_w, grad_b = _zeros_if(need_h, h), _zeros_if(need_w, w), _zeros_if(need_b, b)
         for s, e in _ranges(h.shape[0], setup.chunk_size):
+            chunk_lse = lse[s:e]
+            scale = _probability_scale(chunk_lse, chunk_lse, row_scale[s:e], setup)
             for start, logits in _logit_blocks(h[s:e], w, b, setup.vocab_block):
-                grad = _logit_grad_(logits, start, lse[s:e], target[s:e], row_scale[s:e], setup)
+                exp_block = logits.sub_(chunk_lse.unsqueeze(1)).exp_()
+                grad = _grad_from_exp_(exp_block, start, scale, target[s:e], row_scale[s:e], setup)
                 _accumulate(grad, start, h[s:e], w, grad_h[s:e] if grad_h is not None else None, grad_w, grad_b)
         out = (grad_h, grad_w, grad_b)
         dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
@@ -267,8 +306,13 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         label_smoothing: ``eps`` in ``[0, 1]``.
         z_penalty: ``c >= 0``, weight of ``lse^2`` per token (PaLM uses ``1e-4``).
         reduction: ``"mean"`` (over counted tokens), ``"sum"`` or ``"none"`` (shape of ``target``).
-        chunk_size: tokens per chunk; default ``max(1, 2**24 // V)`` (64 MiB of float32 logits).
-        vocab_block: vocabulary entries per block of the online log-sum-exp; default 8192.
+        chunk_size: tokens per chunk; default :func:`default_chunk_size`: at most 2**25
+            logits (128 MiB in float32) and 1/8 of the tokens, at least 128 tokens.
+        vocab_block: vocabulary entries per block of the online log-sum-exp; default
+            :func:`default_vocab_block` (the whole vocabulary unless a chunk would then
+            hold more than 2**25 logits). Blocks bound the memory of a forward pass
+            without gradients and of the ``"none"`` backward to ``chunk_size * vocab_block``;
+            the fused path keeps a whole chunk's blocks, ``chunk_size * V`` logits.
 
     Note:
         With a reduced loss and a gradient needed, the gradients are computed during
@@ -283,9 +327,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     label_smoothing = _check_number(label_smoothing, "label_smoothing", 0.0, 1.0)
     z_penalty = _check_number(z_penalty, "z_penalty", 0.0)
     reduction = check_reduction(reduction)
-    chunk_size = (max(1, CHUNK_LOGITS // vocab) if chunk_size is None
+    chunk_size = (default_chunk_size(target.numel(), vocab) if chunk_size is None
                   else check_int_in_range(chunk_size, "chunk_size", 1))
-    vocab_block = VOCAB_BLOCK if vocab_block is None else check_int_in_range(vocab_block, "vocab_block", 1)
+    vocab_block = (default_vocab_block(chunk_size, vocab) if vocab_block is None
+                   else check_int_in_range(vocab_block, "vocab_block", 1))
     wants_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (hidden, weight, bias))
     setup = _Setup(vocab=vocab, ignore_index=ignore_index, label_smoothing=label_smoothing,
