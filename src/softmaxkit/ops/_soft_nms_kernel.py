@@ -5,8 +5,9 @@ loop's O(N^2) IoU evaluations:
 
 * boxes come sorted by x1. A box j can overlap box b only if
   ``x1_b - max_width < x1_j < x2_b``, a range found by binary search, and only that range
-  is visited. A pair that does not overlap has IoU 0 and decay weight exactly 1, so
-  skipping it changes nothing;
+  is visited, first with a cheap overlap test over the whole range. A pair that does not
+  overlap has IoU 0 and decay weight exactly 1, so skipping it changes nothing. Once half
+  the boxes are gone, the arrays are compacted to the live ones;
 * the highest current score is found through per-block maxima (blocks of ``BLOCK``
   consecutive boxes). Scores only decrease, so a block's best box stays its best unless
   that very box decays or goes: only then is the block marked stale, and it is rescanned
@@ -61,15 +62,28 @@ def soft_nms_kernel(boxes, scores, labels, rank, method, iou_threshold, sigma, s
     for s in range(n):
         max_width = max(max_width, x2[s] - x1[s])
     alive = score > score_threshold
+    n_alive = 0
+    for s in range(n):
+        n_alive += alive[s]
 
     n_blocks = (n + BLOCK - 1) // BLOCK
     block_best = np.empty(n_blocks, np.int64)
     stale = np.ones(n_blocks, np.bool_)
-    near = np.empty(n + 1, np.int64)
+    overlaps = np.empty(n, np.bool_)
     kept = np.empty(n, np.int64)
     kept_scores = np.empty(n, np.float64)
     n_kept = 0
     while True:
+        if n > 4 * BLOCK and n_alive < n // 2:  # drop the dead boxes so that scans skip them
+            x1, y1, x2, y2 = x1[alive], y1[alive], x2[alive], y2[alive]
+            score, labels, rank, area = score[alive], labels[alive], rank[alive], area[alive]
+            n = n_alive
+            alive = np.ones(n, np.bool_)
+            max_width = 0.0
+            for s in range(n):
+                max_width = max(max_width, x2[s] - x1[s])
+            n_blocks = (n + BLOCK - 1) // BLOCK
+            stale = np.ones(n_blocks, np.bool_)
         b = -1
         for k in range(n_blocks):
             if stale[k]:
@@ -86,6 +100,7 @@ def soft_nms_kernel(boxes, scores, labels, rank, method, iou_threshold, sigma, s
         if b < 0:
             break
         alive[b] = False
+        n_alive -= 1
         stale[b // BLOCK] = True
         kept[n_kept] = rank[b]
         kept_scores[n_kept] = score[b]
@@ -93,22 +108,22 @@ def soft_nms_kernel(boxes, scores, labels, rank, method, iou_threshold, sigma, s
 
         hi = _first_above(x1, x2[b], n)
         lo = _first_above(x1, x1[b] - max_width, hi)
-        n_near = 0
-        for j in range(lo, hi):  # branch-free: most boxes in the range do not overlap b
-            w = min(x2[b], x2[j]) - max(x1[b], x1[j])
-            h = min(y2[b], y2[j]) - max(y1[b], y1[j])
-            near[n_near] = j
-            n_near += (w > 0.0) & (h > 0.0) & alive[j] & (labels[j] == labels[b])
-        for t in range(n_near):
-            j = near[t]
-            w = min(x2[b], x2[j]) - max(x1[b], x1[j])
-            h = min(y2[b], y2[j]) - max(y1[b], y1[j])
+        bx1, by1, bx2, by2, blabel = x1[b], y1[b], x2[b], y2[b], labels[b]
+        for j in range(lo, hi):  # vectorisable: most boxes in the range do not overlap b
+            overlaps[j - lo] = ((min(bx2, x2[j]) > max(bx1, x1[j])) & (min(by2, y2[j]) > max(by1, y1[j]))
+                                & alive[j] & (labels[j] == blabel))
+        for j in range(lo, hi):
+            if not overlaps[j - lo]:
+                continue
+            w = min(bx2, x2[j]) - max(bx1, x1[j])
+            h = min(by2, y2[j]) - max(by1, y1[j])
             inter = w * h
             union = area[b] + area[j] - inter
             iou = inter / union if union > 0.0 else 0.0
             if method == HARD:
                 if iou > iou_threshold:
                     alive[j] = False
+                    n_alive -= 1
                     if block_best[j // BLOCK] == j:
                         stale[j // BLOCK] = True
                 continue
@@ -120,6 +135,7 @@ def soft_nms_kernel(boxes, scores, labels, rank, method, iou_threshold, sigma, s
                 score[j] = np.exp(-(iou * iou) / sigma) * score[j]
             if score[j] <= score_threshold:
                 alive[j] = False
+                n_alive -= 1
             if block_best[j // BLOCK] == j:
                 stale[j // BLOCK] = True
     return kept[:n_kept], kept_scores[:n_kept]
