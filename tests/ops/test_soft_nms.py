@@ -74,6 +74,16 @@ def test_matches_ensemble_boxes(method, seed):
         assert (kept.numpy() < scores[keep.numpy()]).any()  # some scores were decayed
 
 
+@pytest.mark.parametrize("method", ["gaussian", "linear", "hard"])
+def test_matches_ensemble_boxes_on_a_large_scene(method):
+    """1200 boxes: the kernel compacts its arrays once half the boxes are gone."""
+    boxes, scores = random_scene(1200, 42, crowded=True)
+    keep, kept = soft_nms(torch.tensor(boxes), torch.tensor(scores), method=method)
+    ref_keep, ref_kept = ensemble_soft_nms(boxes, scores, method, 0.3, 0.5, 0.001)
+    np.testing.assert_array_equal(keep.numpy(), ref_keep)
+    np.testing.assert_allclose(kept.numpy(), ref_kept, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_hard_is_plain_nms(seed):
     boxes, scores = random_scene(120, 100 + seed, crowded=True)
