@@ -25,11 +25,14 @@ def _per_head(value: torch.Tensor, name: str, inp: AttentionInputs) -> bool:
 
 
 def _validate(normalizer: str, params: dict, inp: AttentionInputs) -> None:
-    """Let the reference check the parameter values, on a tiny row of scores per (batch, head)."""
+    """Let the reference check the parameter values on one row of scores per (batch, head).
+
+    Tensors that vary per query or key are checked by the dense reference that uses them."""
     b, h, _, lk = inp.shape
     dummy = torch.zeros(b, h, 1, max(lk, 2), dtype=inp.q.dtype, device=inp.q.device)
-    registry.normalize(dummy, normalizer, dim=-1, **{n: val for n, val in params.items()
-                                                       if not (isinstance(val, torch.Tensor) and n == "n")})
+    checked = {n: val for n, val in params.items()
+               if not isinstance(val, torch.Tensor) or (n != "n" and _per_head(val, n, inp))}
+    registry.normalize(dummy, normalizer, dim=-1, **checked)
 
 
 def _sdpa_fits(normalizer: str, params: dict, inp: AttentionInputs) -> bool:

@@ -1,0 +1,104 @@
+"""sk.attention: argument checks, the choice of path, and softmax through torch SDPA."""
+
+import pytest
+import torch
+
+import softmaxkit as sk
+from softmaxkit.attention import api, streaming
+
+
+def _qkv(b=2, h=4, hk=4, lq=6, lk=6, d=8, dtype=torch.float64, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(b, h, lq, d, generator=gen, dtype=dtype),
+            torch.randn(b, hk, lk, d, generator=gen, dtype=dtype),
+            torch.randn(b, hk, lk, d, generator=gen, dtype=dtype))
+
+
+def test_plain_softmax_goes_to_sdpa_and_matches_dense(monkeypatch):
+    calls = []
+    original = api.torch_f.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        calls.append(kwargs)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(api.torch_f, "scaled_dot_product_attention", recording)
+    q, k, v = _qkv(hk=2)
+    pad = torch.rand(2, 1, 1, 6, generator=torch.Generator().manual_seed(1)) > 0.3
+    for causal, mask in ((True, None), (False, pad)):
+        out = sk.attention(q, k, v, is_causal=causal, attn_mask=mask)
+        ref = sk.attention(q, k, v, is_causal=causal, attn_mask=mask, method="dense")
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    assert len(calls) == 2 and calls[0]["enable_gqa"]
+
+
+def test_softmax_with_extras_streams_instead_of_sdpa(monkeypatch):
+    monkeypatch.setattr(api, "_sdpa", lambda *a: pytest.fail("SDPA used for a temperature"))
+    q, k, v = _qkv()
+    out = sk.attention(q, k, v, temperature=0.5, is_causal=True)
+    ref = sk.attention(q, k, v, temperature=0.5, is_causal=True, method="dense")
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+def test_causal_decoding_query_sees_the_whole_cache():
+    q, k, v = _qkv(lq=1, lk=10)
+    for name in ("softmax", "softpick"):
+        torch.testing.assert_close(sk.attention(q, k, v, name, is_causal=True), sk.attention(q, k, v, name),
+                                   rtol=0, atol=1e-12)
+
+
+def test_causal_with_fewer_queries_is_aligned_to_the_end():
+    q, k, v = _qkv(lq=3, lk=7)
+    out = sk.attention(q, k, v, "softmax", is_causal=True)
+    explicit = torch.ones(3, 7, dtype=torch.bool).tril(diagonal=4)
+    torch.testing.assert_close(out, sk.attention(q, k, v, attn_mask=explicit, method="dense"), rtol=0, atol=1e-12)
+
+
+def test_sparse_softmax_takes_the_dense_path(monkeypatch):
+    monkeypatch.setattr(streaming, "streaming_attention", lambda *a, **kw: pytest.fail("sparse_softmax streamed"))
+    q, k, v = _qkv()
+    out = sk.attention(q, k, v, "sparse_softmax", is_causal=True, k=2)
+    scores = (q @ k.transpose(-1, -2)) / 8 ** 0.5
+    p = sk.normalize(scores, "sparse_softmax", mask=torch.ones(6, 6, dtype=torch.bool).tril(), k=2)
+    torch.testing.assert_close(out, p @ v, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="no streaming path"):
+        sk.attention(q, k, v, "sparse_softmax", k=2, method="streaming")
+
+
+def test_parameters_that_vary_per_query_use_the_dense_path():
+    q, k, v = _qkv()
+    s = torch.rand(1, 1, 6, 1, dtype=torch.float64) + 0.2
+    out = sk.attention(q, k, v, "ssmax", s=s)
+    torch.testing.assert_close(out, sk.attention(q, k, v, "ssmax", s=s, method="dense"), rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="no streaming path"):
+        sk.attention(q, k, v, "ssmax", s=s, method="streaming")
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"normalizer": "nope"}, ValueError, "registered names"),
+    ({"normalizer": "softpick", "temperature": 2.0}, TypeError, "unexpected parameter"),
+    ({"normalizer": "softmax", "temperature": -1.0}, ValueError, "temperature"),
+    ({"method": "fast"}, ValueError, "method must be one of"),
+    ({"block_size": 0}, ValueError, "block_size"),
+    ({"attn_mask": torch.ones(3, 5, dtype=torch.bool)}, ValueError, "attn_mask"),
+    ({"attn_mask": torch.ones(6, 6, dtype=torch.long)}, TypeError, "attn_mask"),
+    ({"is_causal": 1}, TypeError, "is_causal"),
+    ({"scale": "big"}, TypeError, "scale"),
+    ({"normalizer": "softpick", "method": "sdpa"}, ValueError, "sdpa"),
+])
+def test_bad_arguments_raise_with_the_argument_named(kwargs, error, match):
+    q, k, v = _qkv()
+    with pytest.raises(error, match=match):
+        sk.attention(q, k, v, **kwargs)
+
+
+def test_bad_shapes_raise():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="multiple of the key/value heads"):
+        sk.attention(q, k[:, :3], v[:, :3])
+    with pytest.raises(ValueError, match="head dimension"):
+        sk.attention(q, k[..., :4], v)
+    with pytest.raises(ValueError, match=r"\(B, H, L, D\)"):
+        sk.attention(q[0], k[0], v[0])
+    with pytest.raises(TypeError, match="share a dtype"):
+        sk.attention(q.float(), k, v)

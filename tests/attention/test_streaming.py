@@ -1,0 +1,161 @@
+"""The streaming path equals the dense reference, outputs and gradients, for every rule."""
+
+import pytest
+import torch
+
+import softmaxkit as sk
+from softmaxkit.attention import streaming
+from softmaxkit.attention.rules import rule_for
+
+D = 5
+BLOCKS = (3, 4)  # several query and key tiles even at these small lengths
+
+
+def _per_head(h, value, gen):
+    return (value + 0.3 * torch.randn(h, 1, 1, generator=gen, dtype=torch.float64)).requires_grad_()
+
+
+def _configs(h, gen):
+    """(name, params) for every streaming rule, tensor parameters per head and learnable."""
+    multimax = {"r": (0.5 * torch.randn(4, h, 1, 1, generator=gen, dtype=torch.float64)).requires_grad_(),
+                "t": (0.5 * torch.randn(4, h, 1, 1, generator=gen, dtype=torch.float64)).requires_grad_()}
+    return [
+        ("softmax", {"temperature": 0.7}),
+        ("softmax", {"temperature": _per_head(h, 1.0, gen).detach().abs().requires_grad_()}),
+        ("ssmax", {"s": _per_head(h, 0.43, gen)}),
+        ("multimax", multimax),
+        ("adaptive_softmax", {}),
+        ("adaptive_softmax", {"detach_beta": True}),
+        ("sa_softmax", {}),
+        ("sa_softmax", {"normalized": True}),
+        ("softpick", {}),
+        ("stablemax", {}),
+        ("clipped_softmax", {"gamma": -0.1, "zeta": 1.05}),
+        ("sigmoid", {"bias_offset": _per_head(h, 0.0, gen)}),
+        ("sigmoid", {"bias": -1.5}),
+        ("relu", {}),
+        ("relu_l1", {}),
+        ("softplus_l1", {}),
+    ]
+
+
+def _scenario(kind, gen):
+    """q, k, v, is_causal, attn_mask for one masking situation (float64, small, odd lengths)."""
+    b, h, hk, lq, lk = 2, 4, 4, 7, 9
+    mask, causal = None, False
+    if kind == "causal":
+        lq = lk = 11
+        causal = True
+    elif kind == "padding_gqa":
+        hk = 2
+        mask = torch.rand(b, 1, 1, lk, generator=gen) > 0.3
+        mask[1] = False  # the whole second batch sees nothing: zero rows
+    elif kind == "causal_padding_gqa":
+        hk, causal = 1, True
+        mask = torch.rand(b, 1, lq, lk, generator=gen) > 0.25
+    elif kind == "decode":
+        lq, causal = 1, True
+    elif kind == "additive":
+        mask = torch.randn(1, h, lq, lk, generator=gen, dtype=torch.float64)
+        mask[..., 2, :] = float("-inf")
+        mask[..., 0, 3:] = float("-inf")
+    elif kind == "causal_more_queries":
+        lq, lk, causal = 9, 6, True  # the first 3 queries see no key (end-aligned diagonal)
+    q = (2.0 * torch.randn(b, h, lq, D, generator=gen, dtype=torch.float64)).requires_grad_()
+    k = torch.randn(b, hk, lk, D, generator=gen, dtype=torch.float64).requires_grad_()
+    v = torch.randn(b, hk, lk, D, generator=gen, dtype=torch.float64).requires_grad_()
+    return q, k, v, causal, mask
+
+
+SCENARIOS = ["causal", "padding_gqa", "causal_padding_gqa", "decode", "additive", "causal_more_queries"]
+
+
+def _run(q, k, v, name, causal, mask, params, method):
+    out = sk.attention(q, k, v, name, is_causal=causal, attn_mask=mask, method=method, block_size=BLOCKS, **params)
+    weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+    tensors = [q, k, v] + [t for t in params.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+    return out, torch.autograd.grad((out * weight).sum(), tensors)
+
+
+# every rule meets three masking situations, rotating so that all six are covered many times
+CASES = [(i, SCENARIOS[(i + j) % len(SCENARIOS)]) for i in range(16) for j in (0, 2, 4)]
+
+
+@pytest.mark.parametrize("index,scenario", CASES)
+def test_streaming_equals_dense_float64(index, scenario):
+    gen = torch.Generator().manual_seed(index * 7 + SCENARIOS.index(scenario))
+    q, k, v, causal, mask = _scenario(scenario, gen)
+    name, params = _configs(q.shape[1], gen)[index]
+    dense, dense_grads = _run(q, k, v, name, causal, mask, params, "dense")
+    stream, stream_grads = _run(q, k, v, name, causal, mask, params, "streaming")
+    assert torch.isfinite(stream).all()
+    torch.testing.assert_close(stream, dense, rtol=0, atol=1e-10)
+    for gs, gd in zip(stream_grads, dense_grads):
+        assert torch.isfinite(gs).all()
+        torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["softpick", "ssmax", "adaptive_softmax", "sigmoid", "stablemax"])
+def test_streaming_equals_dense_float32(name):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 33, 16, generator=gen).requires_grad_() for _ in range(3))
+    mask = torch.rand(1, 1, 33, 33, generator=gen) > 0.2
+    runs = [_run(q, k, v, name, True, mask, {}, m) for m in ("dense", "streaming")]
+    torch.testing.assert_close(runs[1][0], runs[0][0], rtol=0, atol=1e-5)
+    for gs, gd in zip(runs[1][1], runs[0][1]):
+        torch.testing.assert_close(gs, gd, rtol=0, atol=1e-5)
+
+
+def test_rows_without_keys_are_zero_with_zero_gradient():
+    q, k, v = (torch.randn(1, 2, 4, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.zeros(1, 1, 4, 4, dtype=torch.bool)
+    mask[..., 1:, :2] = True
+    for name in ("softmax", "softpick", "sigmoid", "adaptive_softmax", "sa_softmax", "stablemax"):
+        out = sk.attention(q, k, v, name, attn_mask=mask, method="streaming", block_size=2,
+                           **({"temperature": 2.0} if name == "softmax" else {}))
+        assert torch.equal(out[..., 0, :], torch.zeros_like(out[..., 0, :]))
+        (gq,) = torch.autograd.grad(out.sum(), [q])
+        assert torch.isfinite(gq).all() and torch.equal(gq[..., 0, :], torch.zeros_like(gq[..., 0, :]))
+
+
+def test_ties_at_the_maximum_share_its_gradient():
+    """All scores equal: softpick's eps e^{m - c} term sends its gradient to every key, as amax does."""
+    q = torch.zeros(1, 1, 3, 4, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 1, 6, 4, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(1, 1, 6, 4, dtype=torch.float64)
+    grads = []
+    for method in ("dense", "streaming"):
+        out = sk.attention(q, k, v, "softpick", method=method, block_size=2, eps=0.1)
+        grads.append(torch.autograd.grad(out.square().sum(), [q, k]))
+    for gs, gd in zip(*grads):
+        torch.testing.assert_close(gs, gd, rtol=0, atol=1e-12)
+
+
+def test_tiles_never_exceed_the_block(monkeypatch):
+    shapes = []
+    original = streaming._scores
+
+    def recording(qs, k, t):
+        x = original(qs, k, t)
+        shapes.append(tuple(x.shape[-2:]))
+        return x
+
+    monkeypatch.setattr(streaming, "_scores", recording)
+    q, k, v = (torch.randn(1, 2, 50, 8, requires_grad=True) for _ in range(3))
+    out = sk.attention(q, k, v, "softpick", is_causal=True, block_size=(8, 16))
+    out.sum().backward()
+    assert shapes and max(s[0] for s in shapes) <= 8 and max(s[1] for s in shapes) <= 16
+
+
+def test_float16_is_computed_in_float32():
+    q, k, v = (torch.randn(1, 2, 9, 8, dtype=torch.float16) for _ in range(3))
+    out = sk.attention(q, k, v, "sigmoid", is_causal=True, block_size=4)
+    ref = sk.attention(q.float(), k.float(), v.float(), "sigmoid", is_causal=True, method="dense")
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.float(), ref, rtol=0, atol=2e-3)
+
+
+def test_every_one_and_two_pass_normalizer_has_a_rule():
+    for spec in sk.normalizers():
+        if spec.passes in (1, 2) and spec.name != "sparse_softmax":
+            assert rule_for(spec.name, dict(spec.params)) is not None, spec.name
