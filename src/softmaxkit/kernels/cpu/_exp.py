@@ -46,6 +46,8 @@ _F_MAGIC = np.float32(1.5 * 2.0 ** 23 + 127.0)     # rounds x log2e to an intege
 _F_ROUND = np.float32(1.5 * 2.0 ** 23)
 _F_LOW = np.float32(-87.33654)                       # exp(_F_LOW) ~ smallest normal float32
 _F_HIGH = np.float32(88.72283)
+_F_TOP = np.float32(127.5)
+_F_TWO = np.float32(2.0)
 _F_ZERO = np.float32(0.0)
 _F_ONE = np.float32(1.0)
 _F_INF = np.float32(np.inf)
@@ -104,9 +106,11 @@ def _reduce32(x):
 
 @njit(fastmath={"contract"}, cache=True)
 def _exp32(x):
-    p, t, _ = _reduce32(x)
-    scale = _f32_from_bits(np.int32(_bits_f32(t) << 23))
-    e = p * scale
+    p, t, n = _reduce32(x)
+    # 2^n with n = 128 (x near the overflow limit) is built as 2 * 2^127
+    top = n > _F_TOP
+    scale = _f32_from_bits(np.int32((_bits_f32(t) - np.int32(top)) << 23))
+    e = p * scale * (_F_TWO if top else _F_ONE)
     e = _F_ZERO if x < _F_LOW else e
     e = _F_INF if x > _F_HIGH else e
     return e if x == x else x
@@ -116,7 +120,9 @@ def _exp32(x):
 def _exp_parts32(x):
     # n is x*log2e rounded; the argument is clamped only to keep |n| small enough for
     # the magic rounding (2^22), far beyond any exponent difference that matters.
-    xc = min(max(x, np.float32(-2.0e6)), np.float32(2.0e6))
+    # selects, not min/max: a NaN argument must come out as a NaN mantissa
+    xc = np.float32(-2.0e6) if x < np.float32(-2.0e6) else x
+    xc = np.float32(2.0e6) if xc > np.float32(2.0e6) else xc
     t = xc * _F_LOG2E + _F_ROUND
     n = t - _F_ROUND
     r, r_err = _two_sum(xc - n * _F_LN2_HI, -(n * _F_LN2_LO))
@@ -154,8 +160,9 @@ def _exp64(x):
     t = xc * LOG2E + _D_MAGIC
     n = t - _D_MAGIC
     r, r_err = _two_sum(xc - n * _D_LN2_HI, -(n * _D_LN2_LO))
-    scale = _f64_from_bits(_bits_f64(t) << 52)
-    e = _one_plus64(r, _tail64(r) + r_err) * scale
+    top = n > 1023.5
+    scale = _f64_from_bits((_bits_f64(t) - np.int64(top)) << 52)
+    e = _one_plus64(r, _tail64(r) + r_err) * scale * (2.0 if top else 1.0)
     e = 0.0 if x < _D_LOW else e
     e = np.inf if x > _D_HIGH else e
     return e if x == x else x
@@ -163,7 +170,8 @@ def _exp64(x):
 
 @njit(fastmath={"contract"}, cache=True)
 def _exp_parts64(x):
-    xc = min(max(x, -1.0e15), 1.0e15)
+    xc = -1.0e15 if x < -1.0e15 else x
+    xc = 1.0e15 if xc > 1.0e15 else xc
     t = xc * LOG2E + _D_ROUND
     n = t - _D_ROUND
     r, r_err = _two_sum(xc - n * _D_LN2_HI, -(n * _D_LN2_LO))

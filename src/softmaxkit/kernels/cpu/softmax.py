@@ -4,20 +4,25 @@ Each kernel works on a C-contiguous 2-d array (rows, n), float32 or float64, par
 over rows (``prange``). Three algorithms compute the normaliser of a row:
 
 * **three-pass**: ``m = max x``; ``s = sum exp(x - m)``; ``y = exp(x - m) / s``.
-  Reads ``x`` three times.
 * **two-pass** (Dukhan & Ablavatski 2020, "The Two-Pass Softmax Algorithm",
   arXiv 2001.04438): every ``e^{x_i}`` is kept as a (mantissa, exponent) pair
   ``(m_i, n_i)``, ``e^{x_i} = m_i 2^{n_i}``, which cannot overflow, so no maximum is
   needed: pass 1 accumulates ``(S, N) = sum_i m_i 2^{n_i}`` (pairs are added by
   rescaling to the larger exponent, block by block), pass 2 writes
-  ``y_i = m_i 2^{n_i - N} / S``. Reads ``x`` twice.
+  ``y_i = m_i 2^{n_i - N} / S``.
 * **online** (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax",
   arXiv 1805.02867): pass 1 keeps the running ``(m, d)`` and merges block results with
   ``(m, d) (+) (m', d') = (M, d e^{m-M} + d' e^{m'-M})``; pass 2 writes
-  ``exp(x - m) / d``. Reads ``x`` twice.
+  ``exp(x - m) / d``.
 
 Inside a pass, work is done on blocks of :data:`BLOCK` elements that stay in the L1
-cache, so every inner loop is a plain vectorisable reduction or map.
+cache, so every inner loop is a plain vectorisable reduction or map. On this
+compute-bound hardware ``exp`` dominates, so each variant evaluates it once per entry:
+the first pass that computes it also stores it in the output (``exp(x - m)`` for
+three-pass, ``exp(x - m_b)`` with the block maximum for online, ``m_i 2^{n_i - N_b}``
+with the block's largest exponent for two-pass), and the last pass only rescales
+(by ``1/s``, ``e^{m_b - m}/d`` or ``2^{N_b - N}/S`` per block); this is the "reloading"
+form of each algorithm in Dukhan & Ablavatski's terms.
 
 Rows the fast path does not handle (a NaN, a ``+inf``, every entry ``-inf``, or, for
 two-pass, magnitudes beyond :data:`TWO_PASS_LIMIT`) are finished by a scalar routine
@@ -54,23 +59,43 @@ _SPECIAL_ZERO_GRAD = np.uint8(1)
 
 # ---- vectorised block primitives ------------------------------------------------------
 
-@njit(fastmath={"reassoc", "nsz"}, cache=True)
-def _max(x, start, stop, init):
+# nnan lets LLVM vectorise the max reduction; a NaN in the row can then give any value
+# here, but the NaN also makes the row's sum NaN, which sends the row to _careful_row.
+@njit(fastmath={"reassoc", "nsz", "nnan"}, cache=True)
+def _max(x, init):
     m = init
-    for i in range(start, stop):
+    for i in range(x.shape[0]):
         m = fmax(m, x[i])
     return m
 
 
 @njit(fastmath=_FAST, cache=True)
-def _sum_exp(x, start, stop, scale, shift):
+def _sum_exp(x, scale, shift):
     s = shift - shift
-    for i in range(start, stop):
+    for i in range(x.shape[0]):
         s += exp(x[i] * scale - shift)
     return s
 
 
 @njit(fastmath=_FAST, cache=True)
+def _store_exp(x, out, scale, shift):
+    """``out = exp(x scale - shift)``; returns the sum. (Loops run over slices from 0:
+    numba then knows the index is non-negative and LLVM vectorises them.)"""
+    s = shift - shift
+    for i in range(x.shape[0]):
+        e = exp(x[i] * scale - shift)
+        out[i] = e
+        s += e
+    return s
+
+
+@njit(fastmath=_FAST, cache=True)
+def _rescale(out, factor):
+    for i in range(out.shape[0]):
+        out[i] *= factor
+
+
+@njit(fastmath={"contract"}, cache=True)
 def _write_probs(x, out, scale, shift, inv_sum):
     for i in range(x.shape[0]):
         out[i] = exp(x[i] * scale - shift) * inv_sum
@@ -82,45 +107,124 @@ def _write_log_probs(x, out, scale, shift, log_sum):
         out[i] = (x[i] * scale - shift) - log_sum
 
 
-@njit(fastmath=_FAST, cache=True)
-def _block_parts(x, start, stop, scale, mant, expo, limit):
-    """(mantissa, exponent) of ``e^{x scale}`` into scratch; returns (max exponent, out of range)."""
+# nnan (for the vectorised max reductions) is safe: exp_parts propagates a NaN to its
+# mantissa, which makes the block's pair sum NaN, and that sends the row to _careful_row.
+@njit(fastmath=_FAST | {"nnan"}, cache=True)
+def _block_parts(x, out, expo, scale, limit):
+    """Mantissas of ``e^{x scale}`` into ``out``, exponents into ``expo``; (max exponent, out of range)."""
     nmax = -limit - limit
-    bad = False
-    for i in range(start, stop):
+    vmax = nmax
+    for i in range(x.shape[0]):
         v = x[i] * scale
         m, n = exp_parts(v)
-        mant[i - start] = m
-        expo[i - start] = n
+        out[i] = m
+        expo[i] = n
         nmax = fmax(nmax, n)
-        bad |= not (v <= limit)
-    return nmax, bad
+        vmax = fmax(vmax, v)
+    return nmax, not vmax <= limit
 
 
 @njit(fastmath=_FAST, cache=True)
-def _block_pair_sum(mant, expo, count, nmax):
+def _block_pair_sum(out, expo, nmax):
+    """``out_i = m_i 2^{n_i - nmax}`` on the block; returns their sum."""
     s = nmax - nmax
-    for i in range(count):
-        s += mant[i] * pow2(expo[i] - nmax, nmax)
+    for i in range(out.shape[0]):
+        e = out[i] * pow2(expo[i] - nmax, nmax)
+        out[i] = e
+        s += e
     return s
 
 
-@njit(fastmath=_FAST, cache=True)
-def _write_two_pass(x, out, scale, nmax, inv_sum):
-    for i in range(x.shape[0]):
-        m, n = exp_parts(x[i] * scale)
-        out[i] = m * pow2(n - nmax, nmax) * inv_sum
+# ---- softmax rows: each writes exp once per entry, then rescales ------------------------
+
+@njit(cache=True)
+def _three_pass_probs(x, out, scale):
+    """max; store exp(x - max) and sum; scale by 1/sum (three-pass, reloading)."""
+    neg_inf = cast_like(-np.inf, scale)
+    n = x.shape[0]
+    m = _max(x, neg_inf) * scale
+    if not (m > neg_inf and m < -neg_inf):
+        return False
+    s = _store_exp(x, out, scale, m)
+    if not (s > 0 and s < -neg_inf):
+        return False
+    _rescale(out, cast_like(1.0, s) / s)
+    return True
 
 
-# ---- row normalisers: each returns (m, s, ok) with softmax = exp(x - m) / s -------------
+@njit(cache=True)
+def _online_probs(x, out, scale, block_max):
+    """Online normaliser over blocks; each block stored as exp(x - m_b), rescaled at the end."""
+    neg_inf = cast_like(-np.inf, scale)
+    n = x.shape[0]
+    m = neg_inf
+    d = scale - scale
+    for b, start in enumerate(range(0, n, BLOCK)):
+        stop = min(start + BLOCK, n)
+        mb = _max(x[start:stop], neg_inf) * scale
+        block_max[b] = mb
+        if mb == neg_inf:
+            continue
+        if not mb < -neg_inf:
+            return False
+        db = _store_exp(x[start:stop], out[start:stop], scale, mb)
+        if mb > m:
+            d = d * exp(m - mb) + db
+            m = mb
+        else:
+            d = d + db * exp(mb - m)
+    if not (m > neg_inf and d > 0 and d < -neg_inf):
+        return False
+    inv = cast_like(1.0, d) / d
+    for b, start in enumerate(range(0, n, BLOCK)):
+        stop = min(start + BLOCK, n)
+        if block_max[b] == neg_inf:
+            for i in range(start, stop):
+                out[i] = scale - scale
+        else:
+            _rescale(out[start:stop], exp(block_max[b] - m) * inv)
+    return True
+
+
+@njit(cache=True)
+def _two_pass_probs(x, out, scale, expo, block_exp):
+    """Two-pass: (mantissa, exponent) pairs, summed block by block as S 2^N, then rescaled."""
+    limit = cast_like(TWO_PASS_LIMIT, scale)
+    big = cast_like(np.inf, scale)
+    n_total = -big
+    s_total = scale - scale
+    n = x.shape[0]
+    for b, start in enumerate(range(0, n, BLOCK)):
+        stop = min(start + BLOCK, n)
+        nb, bad = _block_parts(x[start:stop], out[start:stop], expo, scale, limit)
+        if bad:
+            return False
+        sb = _block_pair_sum(out[start:stop], expo, nb)
+        block_exp[b] = nb
+        if nb > n_total:
+            s_total = s_total * pow2(n_total - nb, nb) + sb
+            n_total = nb
+        else:
+            s_total = s_total + sb * pow2(nb - n_total, nb)
+    # every entry clamped from below (a row of -inf or of huge negative scores): not exact
+    lowest = cast_like(-(TWO_PASS_LIMIT - 200.0) * 1.4426950408889634, scale)
+    if not (n_total > lowest and s_total > 0 and s_total < big):
+        return False
+    inv = cast_like(1.0, s_total) / s_total
+    for b, start in enumerate(range(0, n, BLOCK)):
+        _rescale(out[start:min(start + BLOCK, n)], pow2(block_exp[b] - n_total, n_total) * inv)
+    return True
+
+
+# ---- log-softmax / log-sum-exp rows: (m, s, ok) with softmax = exp(x - m) / s ------------
 
 @njit(cache=True)
 def _three_pass_stats(x, scale):
     neg_inf = cast_like(-np.inf, scale)
-    m = _max(x, 0, x.shape[0], neg_inf) * scale
+    m = _max(x, neg_inf) * scale
     if not (m > neg_inf and m < -neg_inf):
         return m, m, False
-    s = _sum_exp(x, 0, x.shape[0], scale, m)
+    s = _sum_exp(x, scale, m)
     return m, s, s > 0 and s < -neg_inf
 
 
@@ -132,42 +236,18 @@ def _online_stats(x, scale):
     n = x.shape[0]
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
-        mb = _max(x, start, stop, neg_inf) * scale
+        mb = _max(x[start:stop], neg_inf) * scale
         if mb == neg_inf:
             continue
         if not mb < -neg_inf:
             return mb, mb, False
-        db = _sum_exp(x, start, stop, scale, mb)
+        db = _sum_exp(x[start:stop], scale, mb)
         if mb > m:
             d = d * exp(m - mb) + db
             m = mb
         else:
             d = d + db * exp(mb - m)
     return m, d, m > neg_inf and d > 0 and d < -neg_inf
-
-
-@njit(cache=True)
-def _two_pass_stats(x, scale, mant, expo):
-    """(N, S) with sum_i e^{x_i} = S 2^N, from (mantissa, exponent) pairs."""
-    limit = cast_like(TWO_PASS_LIMIT, scale)
-    big = cast_like(np.inf, scale)
-    n_total = -big
-    s_total = scale - scale
-    n = x.shape[0]
-    for start in range(0, n, BLOCK):
-        stop = min(start + BLOCK, n)
-        nb, bad = _block_parts(x, start, stop, scale, mant, expo, limit)
-        if bad:
-            return n_total, s_total, False
-        sb = _block_pair_sum(mant, expo, stop - start, nb)
-        if nb > n_total:
-            s_total = s_total * pow2(n_total - nb, nb) + sb
-            n_total = nb
-        else:
-            s_total = s_total + sb * pow2(nb - n_total, nb)
-    # every entry clamped from below (a row of -inf or of huge negative scores): not exact
-    lowest = cast_like(-(TWO_PASS_LIMIT - 200.0) * 1.4426950408889634, scale)
-    return n_total, s_total, n_total > lowest and s_total > 0 and s_total < big
 
 
 # ---- the exact scalar path for rows with NaN / inf -----------------------------------
@@ -244,12 +324,15 @@ def normalize_rows(x, out, lse, special, scale, algorithm, mode):
             if mode == LSE:
                 lse[r] = cast_like(-np.inf, scale)
             continue
-        if algorithm == TWO_PASS and mode == PROBS:
-            mant = np.empty(BLOCK, x.dtype)
-            expo = np.empty(BLOCK, x.dtype)
-            nmax, s, ok = _two_pass_stats(xr, scale, mant, expo)
+        if mode == PROBS:
+            if algorithm == THREE_PASS:
+                ok = _three_pass_probs(xr, outr, scale)
+            elif algorithm == TWO_PASS:
+                ok = _two_pass_probs(xr, outr, scale, np.empty(BLOCK, x.dtype),
+                                     np.empty((n + BLOCK - 1) // BLOCK, x.dtype))
+            else:
+                ok = _online_probs(xr, outr, scale, np.empty((n + BLOCK - 1) // BLOCK, x.dtype))
             if ok:
-                _write_two_pass(xr, outr, scale, nmax, cast_like(1.0, s) / s)
                 continue
         else:
             if algorithm == THREE_PASS:
@@ -257,9 +340,7 @@ def normalize_rows(x, out, lse, special, scale, algorithm, mode):
             else:
                 m, s, ok = _online_stats(xr, scale)
             if ok:
-                if mode == PROBS:
-                    _write_probs(xr, outr, scale, m, cast_like(1.0, s) / s)
-                elif mode == LOG_PROBS:
+                if mode == LOG_PROBS:
                     _write_log_probs(xr, outr, scale, m, np.log(s))
                 else:
                     lse[r] = m + np.log(s)

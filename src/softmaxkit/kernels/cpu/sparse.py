@@ -157,7 +157,7 @@ def _row(x, out, u, vals, idx):
     """alpha-entmax of one row into ``out``; returns False for a row with NaN or +inf."""
     n = x.shape[0]
     neg_inf = cast_like(-np.inf, x[0])
-    top = _max(x, 0, n, neg_inf)
+    top = _max(x, neg_inf)
     if top == -neg_inf:
         return False
     out[:] = 0

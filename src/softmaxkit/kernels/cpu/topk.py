@@ -64,11 +64,11 @@ def _row_topk(x, k, hv, hi):
     filled = 0
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
-        mb = _max(x, start, stop, neg_inf)
+        mb = _max(x[start:stop], neg_inf)
         if not mb < -neg_inf:
             return m, d, False
         if mb > neg_inf:
-            db = _sum_exp(x, start, stop, one, mb)
+            db = _sum_exp(x[start:stop], one, mb)
             if mb > m:
                 d = d * exp(m - mb) + db
                 m = mb

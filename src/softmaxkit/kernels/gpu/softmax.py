@@ -1,0 +1,81 @@
+r"""Triton softmax along the last axis (forward kernel; backward in PyTorch).
+
+One program per row. The row is read in tiles of ``BLOCK`` entries with the online
+normaliser (Milakov & Gimelshein 2018, arXiv 1805.02867): pass 1 keeps the running
+maximum ``m`` and sum ``d``, merging each tile with
+``(m, d) (+) (m', d') = (M, d e^{m-M} + d' e^{m'-M})``; pass 2 writes
+``exp(x/T - m) / d``. Computation is in float32 whatever the input dtype.
+
+Reference semantics kept: a row of ``-inf`` gives zeros, a row whose maximum is
+``+inf`` gives equal weights on its ``+inf`` entries. The backward is
+``dx = y (g - <y, g>) / T`` in PyTorch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_BLOCK = 4096
+
+
+@triton.jit
+def _softmax_kernel(x_ptr, y_ptr, n, stride, scale, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    x_row = x_ptr + row * stride
+    y_row = y_ptr + row * stride
+    m = tl.full((), float("-inf"), tl.float32)
+    d = tl.zeros((), tl.float32)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + offs, mask=offs < n, other=float("-inf")).to(tl.float32) * scale
+        mb = tl.max(x, axis=0)
+        new_m = tl.maximum(m, mb)
+        safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
+        safe_m = tl.where(new_m == float("inf"), 0.0, safe_m)
+        e = tl.where(new_m == float("inf"), (x == float("inf")).to(tl.float32), tl.exp(x - safe_m))
+        old = tl.where(m == new_m, 1.0, tl.exp(m - safe_m))
+        old = tl.where(new_m == float("inf"), tl.where(m == float("inf"), 1.0, 0.0), old)
+        d = d * old + tl.sum(e, axis=0)
+        m = new_m
+    safe_m = tl.where(m == float("-inf"), 0.0, m)
+    safe_m = tl.where(m == float("inf"), 0.0, safe_m)
+    inv = tl.where(d > 0, 1.0 / d, 0.0)
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(x_row + offs, mask=offs < n, other=float("-inf")).to(tl.float32) * scale
+        e = tl.where(m == float("inf"), (x == float("inf")).to(tl.float32), tl.exp(x - safe_m))
+        tl.store(y_row + offs, (e * inv).to(y_ptr.dtype.element_ty), mask=offs < n)
+
+
+def _forward(x: torch.Tensor, scale: float) -> torch.Tensor:
+    n = x.shape[-1]
+    x2 = x.reshape(-1, n)
+    y = torch.empty_like(x2)
+    if x2.shape[0] and n:
+        block = min(triton.next_power_of_2(n), MAX_BLOCK)
+        _softmax_kernel[(x2.shape[0],)](x2, y, n, x2.stride(0), scale, BLOCK=block)
+    return y.reshape(x.shape)
+
+
+class _TritonSoftmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale):
+        y = _forward(x.detach(), scale)
+        ctx.save_for_backward(y)
+        ctx.scale = scale
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        g = grad.to(torch.float32)
+        yf = y.to(torch.float32)
+        dx = yf * (g - (yf * g).sum(-1, keepdim=True)) * ctx.scale
+        return dx.to(y.dtype), None
+
+
+def softmax(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """``softmax(x / temperature)`` along the last (contiguous) axis of a CUDA tensor."""
+    return _TritonSoftmax.apply(x, 1.0 / temperature)

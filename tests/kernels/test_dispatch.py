@@ -1,0 +1,126 @@
+"""kernels.dispatch: backend names, nesting, threads, and which inputs reach a kernel."""
+
+import threading
+
+import pytest
+import torch
+
+import softmaxkit as sk
+from softmaxkit.kernels import dispatch
+from softmaxkit.kernels.cpu import functions
+
+
+def test_unknown_backend_lists_the_names():
+    with pytest.raises(ValueError, match="'reference', 'numba', 'triton', 'auto'"):
+        with sk.use_backend("cuda"):
+            pass
+    with pytest.raises(ValueError, match="algorithm must be one of"):
+        with sk.use_backend("numba", algorithm="fast"):
+            pass
+
+
+def test_nesting_and_restoring():
+    assert dispatch.current_backend() == "auto"
+    with sk.use_backend("reference"):
+        with sk.use_backend("numba"):
+            assert dispatch.current_backend() == "numba"
+        assert dispatch.current_backend() == "reference"
+    assert dispatch.current_backend() == "auto"
+
+
+def test_choice_is_per_thread():
+    seen = {}
+    inside = threading.Event()
+    release = threading.Event()
+
+    def worker():
+        with sk.use_backend("reference"):
+            inside.set()
+            release.wait(5)
+            seen["worker"] = dispatch.current_backend()
+
+    t = threading.Thread(target=worker)
+    t.start()
+    inside.wait(5)
+    seen["main"] = dispatch.current_backend()
+    release.set()
+    t.join()
+    assert seen == {"worker": "reference", "main": "auto"}
+
+
+def _chooses_kernel(op, x, backend, **kw):
+    with sk.use_backend(backend):
+        return dispatch.select(op, x, kw.pop("dim", -1), kw.pop("mask", None), **kw) is not None
+
+
+def test_covered_inputs():
+    big = torch.randn(4, dispatch.AUTO_MIN_NUMEL // 4)
+    small = torch.randn(2, 8)
+    assert _chooses_kernel("softmax", big, "auto")
+    assert not _chooses_kernel("softmax", small, "auto")          # too small for auto
+    assert _chooses_kernel("softmax", small, "numba")             # forced
+    assert _chooses_kernel("softmax", big.double(), "numba")
+    assert not _chooses_kernel("softmax", big, "reference")
+    assert not _chooses_kernel("softmax", big, "triton")          # CPU tensor: no Triton
+
+
+@pytest.mark.parametrize("case", ["transposed", "dim0", "mask", "float16", "tensor_temperature",
+                                  "alpha_near_one", "integer", "not_a_tensor"])
+def test_uncovered_inputs_go_to_the_reference(case):
+    x = torch.randn(64, 64)
+    op, kw = "softmax", {}
+    if case == "transposed":
+        x = x.t()
+    elif case == "dim0":
+        kw["dim"] = 0
+    elif case == "mask":
+        kw["mask"] = torch.ones(64, 64, dtype=torch.bool)
+    elif case == "float16":
+        x = x.half()
+    elif case == "tensor_temperature":
+        kw["temperature"] = torch.tensor(2.0)
+    elif case == "alpha_near_one":
+        op, kw = "entmax", {"alpha": 1.01}
+    elif case == "integer":
+        x = torch.ones(64, 64, dtype=torch.long)
+    else:
+        x = [[1.0, 2.0]]
+    assert not _chooses_kernel(op, x, "numba", **kw)
+
+
+def test_public_functions_route_through_the_dispatch(monkeypatch):
+    calls = []
+    original = functions.softmax
+    monkeypatch.setattr(functions, "softmax", lambda *a, **k: calls.append(1) or original(*a, **k))
+    x = torch.randn(8, 300)
+    with sk.use_backend("numba"):
+        p = sk.softmax(x)
+        sk.softmax(x, mask=x > 0)        # masked: reference
+        sk.softmax(x.t(), dim=0)         # not the last contiguous axis: reference
+    assert calls == [1]
+    with sk.use_backend("reference"):
+        torch.testing.assert_close(p, sk.softmax(x))
+        assert sk.normalize(x, "softmax").shape == x.shape
+
+
+def test_reference_errors_still_raised_under_numba():
+    with sk.use_backend("numba"):
+        with pytest.raises(ValueError, match="temperature"):
+            sk.softmax(torch.randn(3, 4), temperature=-1.0)
+        with pytest.raises(ValueError, match="alpha"):
+            sk.entmax(torch.randn(3, 4), alpha=0.5)
+        with pytest.raises(ValueError):
+            sk.softmax(torch.randn(3, 4), dim=5)
+
+
+def test_thread_count_follows_torch():
+    import numba
+
+    from softmaxkit.kernels.cpu import sync_threads
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert sync_threads() == 1 and numba.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+        sync_threads()

@@ -1,0 +1,111 @@
+"""numba softmax / log_softmax / logsumexp against the reference definitions."""
+
+import pytest
+import torch
+
+import softmaxkit as sk
+from softmaxkit.kernels.cpu import functions
+
+from ._inputs import adversarial
+
+ALGORITHMS = ("three_pass", "two_pass", "online")
+OPS = {"softmax": sk.softmax, "log_softmax": sk.log_softmax, "logsumexp": sk.logsumexp}
+
+
+def _both(op, x, algorithm=None, **kw):
+    with sk.use_backend("numba", algorithm=algorithm):
+        fast = op(x, **kw)
+    with sk.use_backend("reference"):
+        ref = op(x, **kw)
+    return fast, ref
+
+
+def _tolerance(dtype):
+    return dict(rtol=2e-6, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-13)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("name", list(OPS))
+def test_matches_reference_on_adversarial_rows_float32(name, algorithm):
+    x, special = adversarial(n=3000)
+    fast, ref = _both(OPS[name], x, algorithm)
+    nan_row = special["nan"]
+    keep = [r for r in range(x.shape[0]) if r != nan_row]
+    torch.testing.assert_close(fast[keep], ref[keep], **_tolerance(x.dtype))
+    # NaN stays in its row: every visible entry of that row is NaN
+    assert torch.isnan(fast[nan_row]).all()
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_matches_reference_float64(name):
+    x, special = adversarial(n=700, dtype=torch.float64)
+    fast, ref = _both(OPS[name], x)
+    keep = [r for r in range(x.shape[0]) if r != special["nan"]]
+    torch.testing.assert_close(fast[keep], ref[keep], **_tolerance(x.dtype))
+
+
+def test_all_minus_inf_row_gives_zeros_and_plus_inf_row_its_limit():
+    x, special = adversarial(n=64)
+    with sk.use_backend("numba"):
+        p = sk.softmax(x)
+    assert torch.equal(p[special["empty"]], torch.zeros(64))
+    expected = torch.zeros(64)
+    expected[[5, 9]] = 0.5
+    assert torch.equal(p[special["inf"]], expected)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5000])
+def test_row_lengths(n):
+    x = torch.randn(3, n)
+    for algorithm in ALGORITHMS:
+        fast, ref = _both(sk.softmax, x, algorithm)
+        torch.testing.assert_close(fast, ref, **_tolerance(x.dtype))
+
+
+def test_row_of_a_million_entries():
+    x = torch.randn(1, 1_000_000) * 5
+    x[0, ::7] = float("-inf")
+    x[0, 123_456] = 1e4
+    x[0, 654_321] = 1e4 - 1
+    for algorithm in ALGORITHMS:
+        fast, ref = _both(sk.softmax, x, algorithm)
+        torch.testing.assert_close(fast, ref, rtol=2e-6, atol=1e-7)
+    fast, ref = _both(sk.log_softmax, x)
+    torch.testing.assert_close(fast, ref, rtol=2e-6, atol=1e-5)
+
+
+def test_temperature_and_leading_shape():
+    x = torch.randn(2, 3, 500)
+    for name in ("softmax", "log_softmax"):
+        fast, ref = _both(OPS[name], x, temperature=0.3)
+        torch.testing.assert_close(fast, ref, **_tolerance(x.dtype))
+    fast, ref = _both(sk.logsumexp, x, keepdim=True)
+    assert fast.shape == (2, 3, 1)
+    torch.testing.assert_close(fast, ref, **_tolerance(x.dtype))
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_gradcheck_float64(name):
+    x = torch.randn(4, 9, dtype=torch.float64, requires_grad=True)
+    kw = {"temperature": 0.7} if name != "logsumexp" else {}
+    with sk.use_backend("numba"):
+        assert torch.autograd.gradcheck(lambda t: OPS[name](t, **kw), (x,))
+
+
+@pytest.mark.parametrize("name", list(OPS))
+def test_gradients_match_reference_with_infinities(name):
+    x, special = adversarial(n=40, dtype=torch.float64)
+    x = x.clone().requires_grad_()
+    g = torch.randn_like(OPS[name](x.detach()))
+    grads = []
+    for backend in ("numba", "reference"):
+        with sk.use_backend(backend):
+            (grad,) = torch.autograd.grad(OPS[name](x), x, g)
+        grads.append(grad)
+    keep = [r for r in range(x.shape[0]) if r != special["nan"]]
+    torch.testing.assert_close(grads[0][keep], grads[1][keep], rtol=1e-9, atol=1e-10)
+
+
+def test_unknown_algorithm_is_rejected():
+    with pytest.raises(ValueError, match="three_pass"):
+        functions.softmax(torch.randn(2, 3), algorithm="four_pass")

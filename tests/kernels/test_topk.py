@@ -1,0 +1,83 @@
+"""Fused softmax_topk / log_softmax_topk: same values and indices as softmax then topk."""
+
+import pytest
+import torch
+
+import softmaxkit as sk
+
+
+def _torch_topk(x, k, log=False):
+    p = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
+    return p.topk(k, dim=-1)
+
+
+@pytest.mark.parametrize("backend", ["numba", "reference"])
+@pytest.mark.parametrize("k", [1, 7, 600])
+def test_same_values_and_indices_as_torch(backend, k):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 2000, generator=g) * 4
+    with sk.use_backend(backend):
+        values, indices = sk.softmax_topk(x, k)
+        log_values, log_indices = sk.log_softmax_topk(x, k)
+    ref_values, ref_indices = _torch_topk(x, k)
+    assert torch.equal(indices, ref_indices) and torch.equal(log_indices, ref_indices)
+    torch.testing.assert_close(values, ref_values, rtol=2e-6, atol=1e-9)
+    torch.testing.assert_close(log_values, _torch_topk(x, k, log=True)[0], rtol=2e-6, atol=1e-5)
+
+
+def test_k_equal_to_row_length_and_other_dim():
+    x = torch.randn(3, 40, 6)
+    with sk.use_backend("numba"):
+        values, indices = sk.softmax_topk(x, 6)
+        v1, i1 = sk.softmax_topk(x, 4, dim=1)      # not the last axis: reference path
+    ref = torch.softmax(x, -1).topk(6, dim=-1)
+    torch.testing.assert_close(values, ref.values)
+    assert torch.equal(indices, ref.indices)
+    assert torch.equal(i1, torch.softmax(x, 1).topk(4, dim=1).indices)
+
+
+def test_tie_rule_equal_scores_by_increasing_index():
+    x = torch.tensor([[0.0, 3.0, 1.0, 3.0, 3.0, -1.0] * 1000])
+    with sk.use_backend("numba"):
+        values, indices = sk.softmax_topk(x, 5)
+    assert indices.tolist() == [[1, 3, 4, 7, 9]]
+    assert torch.all(values[0, :-1] >= values[0, 1:])
+
+
+def test_adversarial_rows_match_the_reference():
+    x = torch.randn(6, 300) * 3
+    x[0] *= 1e4
+    x[1, ::2] = float("-inf")
+    x[2] = float("-inf")
+    x[3, 17] = float("inf")
+    x[4, 3] = float("nan")
+    with sk.use_backend("numba"):
+        values, indices = sk.softmax_topk(x, 3)
+    with sk.use_backend("reference"):
+        ref_values, ref_indices = sk.softmax_topk(x, 3)
+    torch.testing.assert_close(values, ref_values, equal_nan=True)
+    # indices agree wherever the probability is not a tie at 0 (underflow): there the
+    # kernel ranks by score, torch.topk by its own order among equal values
+    positive = values[[0, 1, 3]] > 0
+    assert torch.equal(indices[[0, 1, 3]][positive], ref_indices[[0, 1, 3]][positive])
+    assert x[0, indices[0, 1]] > x[0, indices[0, 2]]
+    assert torch.equal(values[2], torch.zeros(3))
+
+
+def test_k_is_validated():
+    x = torch.randn(2, 5)
+    for bad in (0, 6, -1):
+        with pytest.raises(ValueError, match="k must be between 1 and 5"):
+            sk.softmax_topk(x, bad)
+    with pytest.raises(TypeError, match="k must be an int"):
+        sk.softmax_topk(x, 2.0)
+    with pytest.raises(TypeError, match="x must be a floating-point"):
+        sk.softmax_topk(torch.ones(2, 5, dtype=torch.long), 2)
+
+
+def test_requires_grad_keeps_the_graph():
+    x = torch.randn(2, 100, requires_grad=True)
+    with sk.use_backend("numba"):
+        values, _ = sk.softmax_topk(x, 3)
+    values.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
