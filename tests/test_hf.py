@@ -1,0 +1,112 @@
+"""softmaxkit.hf: every normalizer runs a small random Llama and GPT-2 (no downloads)."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import softmaxkit as sk  # noqa: E402
+
+NAMES = [spec.name for spec in sk.normalizers()]
+
+
+def _llama():
+    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                                   pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="eager")
+
+
+def _gpt2():
+    cfg = transformers.GPT2Config(vocab_size=32, n_embd=16, n_layer=2, n_head=2, n_positions=32,
+                                  attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                  pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return transformers.GPT2LMHeadModel._from_config(cfg, attn_implementation="eager")
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def model_and_batch(request):
+    sk.hf.register()
+    torch.manual_seed(0)
+    model = _llama() if request.param == "llama" else _gpt2()
+    ids = torch.randint(3, 32, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :2] = 0  # left padding
+    return model, ids, mask
+
+
+def test_register_names_every_normalizer():
+    assert sk.hf.register() == [f"softmaxkit_{n}" for n in NAMES]
+
+
+def test_softmax_logits_equal_eager(model_and_batch):
+    model, ids, mask = model_and_batch
+    model.set_attn_implementation("eager")
+    eager = model(ids, attention_mask=mask).logits
+    model.set_attn_implementation("softmaxkit_softmax")
+    ours = model(ids, attention_mask=mask).logits
+    visible = mask.bool()
+    torch.testing.assert_close(ours[visible], eager[visible], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_forward_backward_generate(model_and_batch, name):
+    model, ids, mask = model_and_batch
+    model.set_attn_implementation(f"softmaxkit_{name}")
+    model.zero_grad()
+    out = model(ids, attention_mask=mask, labels=ids)
+    assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)
+    out.loss.backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    generated = model.generate(ids[:1, :4], max_new_tokens=2, do_sample=False)
+    assert generated.shape == (1, 6)
+
+
+def test_normalizer_changes_the_logits(model_and_batch):
+    model, ids, mask = model_and_batch
+    model.set_attn_implementation("softmaxkit_softmax")
+    softmax = model(ids).logits
+    model.set_attn_implementation("softmaxkit_softpick")
+    assert not torch.allclose(model(ids).logits, softmax)
+
+
+def test_swap_puts_per_head_parameters_in_the_state_dict():
+    torch.manual_seed(0)
+    model = _llama()
+    ids = torch.randint(3, 32, (1, 6))
+    sk.hf.swap(model, "ssmax", s=0.5)
+    assert model.config._attn_implementation == "softmaxkit_ssmax"
+    keys = [k for k in model.state_dict() if k.endswith("softmaxkit_normalizer.s")]
+    assert len(keys) == 2
+    layer = model.model.layers[0].self_attn
+    assert layer.softmaxkit_normalizer.s.shape == (4, 1, 1)
+    model(ids, labels=ids).loss.backward()
+    assert layer.softmaxkit_normalizer.s.grad.abs().sum() > 0
+    before = model(ids).logits
+    with torch.no_grad():
+        layer.softmaxkit_normalizer.s.fill_(2.0)
+    assert not torch.allclose(model(ids).logits, before)  # the layer uses its own parameters
+    clone = _llama()
+    sk.hf.swap(clone, "ssmax")
+    clone.load_state_dict(model.state_dict())
+    torch.testing.assert_close(clone(ids).logits, model(ids).logits)
+
+
+def test_swap_sparse_softmax_with_k_and_default_k():
+    model = _gpt2()
+    ids = torch.randint(3, 32, (1, 12))
+    model.set_attn_implementation(sk.hf.register()[NAMES.index("sparse_softmax")])
+    default = model(ids).logits  # k = SPARSE_SOFTMAX_K
+    sk.hf.swap(model, "sparse_softmax", k=2)
+    assert not torch.allclose(model(ids).logits, default)
+    with pytest.raises(ValueError, match="registered names"):
+        sk.hf.swap(model, "nope")
+
+
+def test_import_softmaxkit_does_not_import_transformers():
+    code = "import sys, softmaxkit; assert 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
