@@ -16,7 +16,8 @@ from pathlib import Path
 from .._plugins import Outcome
 from .figures import SavedFigure, save_figures
 from .html import render_html
-from .progress import progress, say
+from .progress import say
+from . import progress as _progress
 
 __all__ = ["build_report", "write_report", "DEFAULT_OUT"]
 
@@ -40,7 +41,7 @@ def build_report(out: str | Path = DEFAULT_OUT, quick: bool = False, suites=("al
     figures: dict[int, list[SavedFigure]] = {}
     taken: set[str] = set()
     start = time.perf_counter()
-    for kind, name in progress(jobs, desc="softmaxkit report", enabled=show_progress):
+    for kind, name in _progress.progress(jobs, desc="softmaxkit report", enabled=show_progress):
         say(f"[{kind} {name}] running")
         if kind == "bench":
             outcome = bench.run_suite(name, quick=quick)
