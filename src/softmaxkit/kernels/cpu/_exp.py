@@ -91,7 +91,11 @@ def _one_plus64(r, tail):
 
 @njit(fastmath={"contract"}, cache=True)
 def _reduce32(x):
-    xc = min(max(x, _F_LOW), _F_HIGH)
+    return _reduce32_clamped(min(max(x, _F_LOW), _F_HIGH))
+
+
+@njit(fastmath={"contract"}, cache=True)
+def _reduce32_clamped(xc):
     t = xc * _F_LOG2E + _F_MAGIC
     n = t - _F_MAGIC
     r, r_err = _two_sum(xc - n * _F_LN2_HI, -(n * _F_LN2_LO))
@@ -114,6 +118,14 @@ def _exp32(x):
     e = _F_ZERO if x < _F_LOW else e
     e = _F_INF if x > _F_HIGH else e
     return e if x == x else x
+
+
+@njit(fastmath={"contract"}, cache=True)
+def _exp_nonpositive32(x):
+    xc = _F_LOW if x < _F_LOW else x          # a select: NaN passes through
+    p, t, _ = _reduce32_clamped(xc)
+    e = p * _f32_from_bits(np.int32(_bits_f32(t) << 23))
+    return _F_ZERO if x < _F_LOW else e
 
 
 @njit(fastmath={"contract"}, cache=True)
@@ -169,6 +181,16 @@ def _exp64(x):
 
 
 @njit(fastmath={"contract"}, cache=True)
+def _exp_nonpositive64(x):
+    xc = _D_LOW if x < _D_LOW else x
+    t = xc * LOG2E + _D_MAGIC
+    n = t - _D_MAGIC
+    r, r_err = _two_sum(xc - n * _D_LN2_HI, -(n * _D_LN2_LO))
+    e = _one_plus64(r, _tail64(r) + r_err) * _f64_from_bits(_bits_f64(t) << 52)
+    return 0.0 if x < _D_LOW else e
+
+
+@njit(fastmath={"contract"}, cache=True)
 def _exp_parts64(x):
     xc = -1.0e15 if x < -1.0e15 else x
     xc = 1.0e15 if xc > 1.0e15 else xc
@@ -182,6 +204,11 @@ def _exp_parts64(x):
 
 def exp(x):
     """``e^x`` (float32 or float64 scalar, inside numba code)."""
+    raise NotImplementedError("call from numba-compiled code")
+
+
+def exp_nonpositive(x):
+    """:func:`exp` for ``x <= 0`` (and ``-inf``, NaN): the softmax case, a few operations fewer."""
     raise NotImplementedError("call from numba-compiled code")
 
 
@@ -201,6 +228,14 @@ def _ov_exp(x):
         return lambda x: _exp32(x)
     if x == types.float64:
         return lambda x: _exp64(x)
+
+
+@overload(exp_nonpositive, inline="always")
+def _ov_exp_nonpositive(x):
+    if x == types.float32:
+        return lambda x: _exp_nonpositive32(x)
+    if x == types.float64:
+        return lambda x: _exp_nonpositive64(x)
 
 
 @overload(exp_parts, inline="always")
@@ -234,7 +269,11 @@ def _ov_pow2(n, like):
 
 
 @njit(cache=True)
-def exp_array(x, out):
-    """Elementwise :func:`exp` of a 1-d array (for accuracy measurements)."""
-    for i in range(x.shape[0]):
-        out[i] = exp(x[i])
+def exp_array(x, out, nonpositive=False):
+    """Elementwise :func:`exp` (or :func:`exp_nonpositive`) of a 1-d array, for measurements."""
+    if nonpositive:
+        for i in range(x.shape[0]):
+            out[i] = exp_nonpositive(x[i])
+    else:
+        for i in range(x.shape[0]):
+            out[i] = exp(x[i])

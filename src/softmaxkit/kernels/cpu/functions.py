@@ -17,7 +17,7 @@ from . import softmax as _k
 from . import sync_threads
 
 #: The algorithm used when none is asked for: the fastest in the kernel benchmark.
-DEFAULT_ALGORITHM = "online"
+DEFAULT_ALGORITHM = "two_pass"
 
 
 def _algorithm_code(algorithm: str | None) -> int:

@@ -41,7 +41,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._exp import exp, exp_parts, pow2
+from ._exp import exp, exp_nonpositive, exp_parts, pow2
 from ._intrinsics import cast_like, fmax
 
 THREE_PASS, TWO_PASS, ONLINE = 0, 1, 2
@@ -73,7 +73,7 @@ def _max(x, init):
 def _sum_exp(x, scale, shift):
     s = shift - shift
     for i in range(x.shape[0]):
-        s += exp(x[i] * scale - shift)
+        s += exp_nonpositive(x[i] * scale - shift)
     return s
 
 
@@ -83,7 +83,7 @@ def _store_exp(x, out, scale, shift):
     numba then knows the index is non-negative and LLVM vectorises them.)"""
     s = shift - shift
     for i in range(x.shape[0]):
-        e = exp(x[i] * scale - shift)
+        e = exp_nonpositive(x[i] * scale - shift)
         out[i] = e
         s += e
     return s

@@ -3,10 +3,11 @@ r"""Fused softmax + top-k (Milakov & Gimelshein 2018, arXiv 1805.02867, section 
 One read of each row computes both the online normaliser ``(m, d)`` and the ``k``
 largest scores with their indices; the output is ``exp(x_j - m) / d`` (or
 ``x_j - m - log d``) at those ``k`` entries only, so nothing of the row's size is ever
-written. The row is scanned in blocks of :data:`BLOCK` elements that stay in L1: the
-block maximum and the block sum of ``exp(x - m_b)`` are vectorised reductions, and the
-block is searched for top-k candidates only when its maximum beats the current k-th
-largest score (a min-heap of size ``k``), which after the first blocks is rare.
+written. The row is scanned in blocks of :data:`BLOCK` elements that stay in cache: the
+maxima of its chunks of :data:`CHUNK` entries and the block sum of ``exp(x - m_b)`` are
+vectorised reductions. The k-th largest chunk maximum bounds the k-th largest score
+from below, so only the (about ``k``) chunks reaching it are then searched with a
+size-``k`` min-heap; the rest of the row is never compared entry by entry.
 
 Order and ties: results are sorted by decreasing score; equal scores are ordered by
 increasing index (the earlier entry wins a place in the top k). Since softmax is
@@ -26,7 +27,9 @@ from ._exp import exp
 from ._intrinsics import cast_like
 from .softmax import _max, _sum_exp
 
-BLOCK = 512
+BLOCK = 2048
+#: Entries per chunk whose maximum decides whether the chunk is searched for the top k.
+CHUNK = 64
 
 
 @njit(cache=True)
@@ -54,17 +57,37 @@ def _sift_down(hv, hi, k, pos):
 
 
 @njit(cache=True)
-def _row_topk(x, k, hv, hi):
+def _push(hv, hi, k, filled, v, i):
+    """Offer entry (v, i) to the heap of the k best so far; returns the new fill count."""
+    if filled < k:
+        hv[filled] = v
+        hi[filled] = i
+        filled += 1
+        if filled == k:
+            for p in range(k // 2 - 1, -1, -1):
+                _sift_down(hv, hi, k, p)
+    elif v > hv[0]:
+        hv[0] = v
+        hi[0] = i
+        _sift_down(hv, hi, k, 0)
+    return filled
+
+
+@njit(cache=True)
+def _row_topk(x, k, hv, hi, chunk_max):
     """Online (m, d) and the top-k scores/indices of one row (heap order); returns (m, d, ok)."""
     n = x.shape[0]
     neg_inf = cast_like(-np.inf, x[0])
     one = cast_like(1.0, x[0])
     m = neg_inf
     d = one - one
-    filled = 0
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
-        mb = _max(x[start:stop], neg_inf)
+        mb = neg_inf
+        for c in range(start, stop, CHUNK):
+            cm = _max(x[c:min(c + CHUNK, stop)], neg_inf)
+            chunk_max[c // CHUNK] = cm
+            mb = max(mb, cm)
         if not mb < -neg_inf:
             return m, d, False
         if mb > neg_inf:
@@ -74,23 +97,21 @@ def _row_topk(x, k, hv, hi):
                 m = mb
             else:
                 d = d + db * exp(mb - m)
-        # top-k candidates of this block
-        i = start
-        while filled < k and i < stop:
-            hv[filled] = x[i]
-            hi[filled] = i
-            filled += 1
-            i += 1
-            if filled == k:
-                for p in range(k // 2 - 1, -1, -1):
-                    _sift_down(hv, hi, k, p)
-        if filled == k and mb > hv[0]:
-            for j in range(i, stop):
-                if x[j] > hv[0]:
-                    hv[0] = x[j]
-                    hi[0] = j
-                    _sift_down(hv, hi, k, 0)
-    return m, d, m > neg_inf and d > 0 and d < -neg_inf and d == d
+    if not (m > neg_inf and d > 0 and d < -neg_inf and d == d):
+        return m, d, False
+    # The k-th largest chunk maximum is a lower bound on the k-th largest entry (k
+    # different chunks reach it), so only chunks reaching it can hold the top k.
+    chunks = (n + CHUNK - 1) // CHUNK
+    bound = neg_inf
+    if chunks > k:
+        bound = np.partition(chunk_max[:chunks], chunks - k)[chunks - k]
+    filled = 0
+    for c in range(chunks):
+        if chunk_max[c] >= bound:
+            for i in range(c * CHUNK, min(c * CHUNK + CHUNK, n)):
+                if x[i] >= bound:
+                    filled = _push(hv, hi, k, filled, x[i], i)
+    return m, d, True
 
 
 @njit(parallel=True, cache=True)
@@ -101,7 +122,7 @@ def softmax_topk_rows(x, k, values, indices, special, log):
         xr = x[r]
         hv = np.empty(k, x.dtype)
         hi = np.empty(k, np.int64)
-        m, d, ok = _row_topk(xr, k, hv, hi)
+        m, d, ok = _row_topk(xr, k, hv, hi, np.empty((n + CHUNK - 1) // CHUNK, x.dtype))
         special[r] = 0 if ok else 1
         if not ok:
             continue
