@@ -1,8 +1,10 @@
-"""Soft-NMS against ensemble-boxes' textbook loop, plain NMS, and per-class batching."""
+"""Soft-NMS against ensemble-boxes' loop, a textbook loop on adversarial scenes, plain NMS, per-class batching."""
 
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from softmaxkit.ops import batched_soft_nms, soft_nms
 
@@ -186,3 +188,61 @@ def test_bad_types_and_idxs():
         batched_soft_nms(boxes, scores, torch.tensor([0.0]))
     # signed scores are fine for hard NMS
     assert soft_nms(boxes, torch.tensor([-0.5]), method="hard", score_threshold=-1.0)[0].tolist() == [0]
+
+
+def textbook_soft_nms(boxes, scores, labels, method, iou_threshold, sigma, score_threshold):
+    """The O(N^2) loop, one box at a time, ties to the lower index: the kernel's definition."""
+    s = scores.astype(np.float64).copy()
+    alive = s > score_threshold
+    keep, kept = [], []
+    while alive.any():
+        candidates = np.flatnonzero(alive)
+        b = candidates[np.argmax(s[candidates])]  # argmax: first of the tied maxima
+        keep.append(b)
+        kept.append(s[b])
+        alive[b] = False
+        for j in np.flatnonzero(alive):
+            if labels[j] != labels[b]:
+                continue
+            w = min(boxes[b, 2], boxes[j, 2]) - max(boxes[b, 0], boxes[j, 0])
+            h = min(boxes[b, 3], boxes[j, 3]) - max(boxes[b, 1], boxes[j, 1])
+            if w <= 0 or h <= 0:
+                continue
+            inter = w * h
+            area_b = (boxes[b, 2] - boxes[b, 0]) * (boxes[b, 3] - boxes[b, 1])
+            area_j = (boxes[j, 2] - boxes[j, 0]) * (boxes[j, 3] - boxes[j, 1])
+            iou = inter / (area_b + area_j - inter)
+            if method == "hard":
+                alive[j] = not iou > iou_threshold
+                continue
+            if method == "linear" and iou > iou_threshold:
+                s[j] = (1.0 - iou) * s[j]
+            elif method == "gaussian":
+                s[j] = np.exp(-(iou * iou) / sigma) * s[j]
+            alive[j] = s[j] > score_threshold
+    return np.array(keep, dtype=np.int64), np.array(kept)
+
+
+@st.composite
+def adversarial_scenes(draw):
+    """Small integer grids: identical boxes, zero-area boxes, touching edges and tied scores."""
+    n = draw(st.integers(0, 30))
+    corners = np.array(draw(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), min_size=n, max_size=n)),
+                       dtype=np.float64).reshape(n, 2)
+    sizes = np.array(draw(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=n, max_size=n)),
+                     dtype=np.float64).reshape(n, 2)
+    scores = np.array(draw(st.lists(st.sampled_from([0.0005, 0.2, 0.5, 0.5, 0.9, 1.0]), min_size=n, max_size=n)))
+    labels = np.array(draw(st.lists(st.integers(0, 2), min_size=n, max_size=n)), dtype=np.int64)
+    return np.concatenate([corners, corners + sizes], axis=1), scores, labels
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(scene=adversarial_scenes(), method=st.sampled_from(["gaussian", "linear", "hard"]),
+       iou_threshold=st.sampled_from([0.0, 0.3, 0.5]))
+def test_matches_textbook_loop_on_adversarial_scenes(scene, method, iou_threshold):
+    boxes, scores, labels = scene
+    keep, kept = batched_soft_nms(torch.tensor(boxes), torch.tensor(scores), torch.tensor(labels), method=method,
+                                  iou_threshold=iou_threshold, sigma=0.5, score_threshold=0.001)
+    ref_keep, ref_kept = textbook_soft_nms(boxes, scores, labels, method, iou_threshold, 0.5, 0.001)
+    np.testing.assert_array_equal(keep.numpy(), ref_keep)
+    np.testing.assert_allclose(kept.numpy(), ref_kept, rtol=1e-12, atol=0)
