@@ -94,7 +94,7 @@ def _weighted_maxsim(Q, D, weights, d_mask, chunk_size):
     out_dtype = Q.dtype
     cdt = compute_dtype(Q.dtype)
     chunk = default_chunk_size(Q, D) if chunk_size is None else check_int_in_range(chunk_size, "chunk_size", 1)
-    if bq * lq == 0 or bd == 0 or ld == 0:
+    if bq * lq == 0 or bd == 0 or ld == 0:  # all zeros, still attached to Q and D for autograd
         return torch.zeros(bq, bd, dtype=out_dtype, device=Q.device) + 0 * Q.sum() + 0 * D.sum()
     queries = Q.to(cdt).reshape(bq * lq, dim)
     track_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
