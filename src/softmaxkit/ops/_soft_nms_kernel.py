@@ -46,8 +46,8 @@ def _first_above(sorted_values, value, stop):
 def soft_nms_kernel(boxes, scores, labels, rank, method, iou_threshold, sigma, score_threshold):
     """Soft-NMS over boxes sorted by x1.
 
-    ``boxes`` (N, 4) float64 x1 y1 x2 y2 sorted by x1, ``scores`` (N,) float64 (decayed in
-    place), ``labels`` (N,) int64 (boxes with different labels never interact), ``rank``
+    ``boxes`` (N, 4) float64 x1 y1 x2 y2 sorted by x1, ``scores`` (N,) float64 (used as work
+    space), ``labels`` (N,) int64 (boxes with different labels never interact), ``rank``
     (N,) int64 the original index of each box (for ties and for the result). Returns (kept
     original indices in selection order, their scores at selection).
     """
