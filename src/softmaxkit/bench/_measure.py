@@ -6,6 +6,8 @@ process (torch, a peer package, or a plain copy of the same bytes).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import statistics
 import time
@@ -45,11 +47,14 @@ def _status_kib(field: str) -> int:
 def peak_memory_bytes(fn: Callable[[], object]) -> int:
     """Extra peak resident memory (bytes) while running ``fn()`` on the CPU.
 
-    Resets the kernel's high-water mark (``/proc/self/clear_refs``), runs ``fn`` and
-    reads ``VmHWM`` minus the resident size before the call. Counts only touched pages,
-    which is what a computation costs. On CUDA tensors use ``torch.cuda.max_memory_allocated``.
+    Hands freed heap memory back to the kernel (glibc's ``malloc_trim``: otherwise a
+    block freed by an earlier call stays resident and is reused unseen), resets the
+    kernel's high-water mark (``/proc/self/clear_refs``), runs ``fn`` and reads ``VmHWM``
+    minus the resident size before the call. Counts only touched pages, which is what a
+    computation costs. On CUDA tensors use ``torch.cuda.max_memory_allocated``.
     """
     gc.collect()
+    _release_free_heap()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = _status_kib("VmRSS")
@@ -58,6 +63,16 @@ def peak_memory_bytes(fn: Callable[[], object]) -> int:
     del result
     gc.collect()
     return max(peak - before, 0) * 1024
+
+
+def _release_free_heap() -> None:
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        ctypes.CDLL(name).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
 
 
 def machine_header() -> dict:

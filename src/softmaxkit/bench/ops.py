@@ -5,8 +5,6 @@ measured in the same run (medians over repeated runs, :mod:`softmaxkit.bench._me
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 
 import numpy as np
 import torch
@@ -104,21 +102,6 @@ def soft_nms_table(quick: bool, machine: str) -> Table:
 # MaxSim
 # ----------------------------------------------------------------------------------------
 
-def peak_bytes(fn) -> int:
-    """:func:`peak_memory_bytes` after handing freed heap memory back to the kernel.
-
-    glibc keeps blocks of up to 32 MiB on its heap once one has been freed, so without
-    ``malloc_trim`` a second call reuses resident pages and shows a peak of 0.
-    """
-    libc_name = ctypes.util.find_library("c")
-    if libc_name:
-        try:
-            ctypes.CDLL(libc_name).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc
-            pass
-    return peak_memory_bytes(fn)
-
-
 def dense_maxsim(Q: torch.Tensor, D: torch.Tensor) -> torch.Tensor:
     """The usual one-liner: the whole (Bq, Bd, Lq, Ld) similarity tensor, then max and sum."""
     return torch.einsum("qid,bjd->qbij", Q, D).amax(-1).sum(-1)
@@ -144,14 +127,14 @@ def maxsim_table(quick: bool, machine: str) -> Table:
     sub = D[:dense_docs]
     torch.testing.assert_close(maxsim(Q, sub), dense_maxsim(Q, sub), rtol=1e-4, atol=1e-3)
     t_dense = median_time(lambda: dense_maxsim(Q, sub), repeats=repeats)
-    m_dense = peak_bytes(lambda: dense_maxsim(Q, sub))
+    m_dense = peak_memory_bytes(lambda: dense_maxsim(Q, sub))
     t_chunk = median_time(lambda: maxsim(Q, sub), repeats=repeats)
-    m_chunk = peak_bytes(lambda: maxsim(Q, sub))
+    m_chunk = peak_memory_bytes(lambda: maxsim(Q, sub))
     table.add(dense_docs, "dense einsum", 1e3 * t_dense, 1.0, m_dense / MIB, 1.0, "-")
     table.add(dense_docs, "sk.ops.maxsim", 1e3 * t_chunk, t_chunk / t_dense, m_chunk / MIB, m_chunk / max(m_dense, 1), chunk)
     if n_docs > dense_docs:
         t_big = median_time(lambda: maxsim(Q, D), repeats=repeats, warmup=0)
-        m_big = peak_bytes(lambda: maxsim(Q, D))
+        m_big = peak_memory_bytes(lambda: maxsim(Q, D))
         scale = n_docs / dense_docs
         table.add(n_docs, "dense einsum (not run: extrapolated linearly)", 1e3 * t_dense * scale, 1.0,
                   per_doc_dense * n_docs / MIB, 1.0, "-")
