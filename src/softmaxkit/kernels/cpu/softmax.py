@@ -96,12 +96,6 @@ def _rescale(out, factor):
 
 
 @njit(fastmath={"contract"}, cache=True)
-def _write_probs(x, out, scale, shift, inv_sum):
-    for i in range(x.shape[0]):
-        out[i] = exp(x[i] * scale - shift) * inv_sum
-
-
-@njit(fastmath={"contract"}, cache=True)
 def _write_log_probs(x, out, scale, shift, log_sum):
     for i in range(x.shape[0]):
         out[i] = (x[i] * scale - shift) - log_sum
@@ -291,12 +285,12 @@ def _careful_row(x, out, scale, mode):
             elif mode == LOG_PROBS:
                 out[i] = neg_inf
         return neg_inf, _SPECIAL_ZERO_GRAD if mode == LOG_PROBS else np.uint8(0)
-    s = scale - scale
-    for i in range(x.shape[0]):
-        s += exp(x[i] * scale - m)
     if mode == PROBS:
-        _write_probs(x, out, scale, m, cast_like(1.0, s) / s)
-    elif mode == LOG_PROBS:
+        s = _store_exp(x, out, scale, m)
+        _rescale(out, cast_like(1.0, s) / s)
+    else:
+        s = _sum_exp(x, scale, m)
+    if mode == LOG_PROBS:
         _write_log_probs(x, out, scale, m, np.log(s))
     return m + np.log(s), np.uint8(0)
 
