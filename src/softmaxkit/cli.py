@@ -54,7 +54,7 @@ def _parser() -> argparse.ArgumentParser:
     report = sub.add_parser(
         "report", help="run bench and arena, write DIR/index.html and DIR/results.json",
         description="Run every benchmark suite and arena task and write a self-contained HTML report "
-                    "(tables, claims, verdicts, plots) and results.json.")
+                    "(tables, claims, verdicts, plots), results.json and tables.md (the tables as Markdown).")
     report.add_argument("--quick", action="store_true", help="the quick versions (a few minutes on 2 cores)")
     report.add_argument("--out", default="softmaxkit-report", metavar="DIR",
                         help="output directory (default: softmaxkit-report)")

@@ -93,3 +93,14 @@ def test_run_skips_unfinished_normalizer(monkeypatch):
     rows = {row[0]: row for row in table.rows}
     assert rows["entmax15"][1] == "skipped" and "entmax15 is being written" in table.notes
     assert isinstance(rows["softmax"][1], float) and table.figures
+
+
+@pytest.mark.parametrize("name", ["ssmax", "multimax", "sparsemax"])
+def test_softmaxkit_attention_path_matches_the_dense_path(name, monkeypatch):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 7, 4, generator=gen) for _ in range(3))
+    norm = sknn.Normalizer(name, param_shape=(3, 1, 1))
+    dense, _ = tiny_lm.attend(q, k, v, norm, keep_weights=True)
+    monkeypatch.setattr(tiny_lm, "USE_SOFTMAXKIT_ATTENTION", True)
+    fast, weights = tiny_lm.attend(q, k, v, norm)
+    assert weights is None and torch.allclose(fast, dense, atol=1e-5)

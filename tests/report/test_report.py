@@ -103,3 +103,9 @@ def test_progress_without_tqdm_prints_plainly(monkeypatch, capsys):
     assert list(progress(range(5), desc="work")) == [0, 1, 2, 3, 4]
     err = capsys.readouterr().err
     assert "work: 0/5" in err and "work: done" in err
+
+
+def test_tables_md_has_every_table(report):
+    text = (report.parent / "tables.md").read_text()
+    assert "**fake bench table**" in text and "| a<b | 1.25 |" in text
+    assert "_skipped: not installed yet: module softmaxkit.arena.ghosttask does not exist_" in text

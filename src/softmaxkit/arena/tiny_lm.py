@@ -26,9 +26,10 @@ Measured on the validation split, per normalizer:
 * **int8 / int4 loss**: val loss after fake-quantising the weights of every linear layer
   to 8 and 4 bits (symmetric, per output channel, round to nearest).
 
-The attention goes through :func:`attend`. ``USE_SOFTMAXKIT_ATTENTION`` switches it from
-the dense reference path (``scores -> Normalizer(mask=causal) -> @ v``) to
-``softmaxkit.attention``; the statistics above always use the dense weights.
+The attention goes through :func:`attend`: ``softmaxkit.attention(q, k, v, normalizer=...,
+is_causal=True, **per-head parameters)`` for training and losses (``USE_SOFTMAXKIT_ATTENTION``
+switches to the dense path ``scores -> Normalizer(mask=causal) -> @ v``); the attention
+statistics above need the weights themselves and always use the dense path.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ CLAIM = ("Softpick attention has a 0% attention-sink rate, far lower hidden-stat
          "SSMax generalises better to longer contexts (Nakanishi 2025, arXiv 2501.19399); MultiMax, SA-Softmax, "
          "sparse and sigmoid attention are drop-in alternatives (see the table).")
 
-USE_SOFTMAXKIT_ATTENTION = False  # True once softmaxkit.attention supports learnable per-head parameters
+USE_SOFTMAXKIT_ATTENTION = True  # False: the dense path (scores -> Normalizer(mask=causal) -> @ v) everywhere
 
 NORMALIZERS = ("softmax", "ssmax", "sa_softmax", "multimax", "stablemax", "softpick", "sigmoid",
                "clipped_softmax", "sparsemax", "entmax15")

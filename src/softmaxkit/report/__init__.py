@@ -1,5 +1,7 @@
 """``softmaxkit report``: run the benchmark and the arena, write DIR/index.html and DIR/results.json.
 
+Also DIR/tables.md, the same tables as Markdown.
+
 The page is self-contained (plots embedded as base64 PNG, also written to DIR/figures/);
 results.json holds every table, the machine header and the run's settings. Both are
 rewritten after each suite or task, so an interrupted run still leaves a report of what
@@ -70,4 +72,15 @@ def write_report(out_dir: Path, outcomes: list[Outcome], figures: dict[int, list
     (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
     index = out_dir / "index.html"
     index.write_text(render_html(outcomes, figures, machine, meta), encoding="utf-8")
+    (out_dir / "tables.md").write_text(render_markdown(outcomes, machine, meta), encoding="utf-8")
     return index
+
+
+def render_markdown(outcomes: list[Outcome], machine: dict, meta: dict) -> str:
+    """Every table as Markdown (what the README's result tables are pasted from)."""
+    lines = [f"Machine: {', '.join(f'{k} {v}' for k, v in machine.items())}. Command: `{meta['command']}`.", ""]
+    for outcome in outcomes:
+        lines += [f"#### {outcome.kind} {outcome.name} ({outcome.status}, {outcome.seconds:.0f} s)", ""]
+        for table in outcome.tables:
+            lines += [table.to_markdown(), ""]
+    return "\n".join(lines)
