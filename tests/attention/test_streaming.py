@@ -36,7 +36,13 @@ def _configs(h, gen):
         ("relu", {}),
         ("relu_l1", {}),
         ("softplus_l1", {}),
+        ("sparsemax", {}),
+        ("entmax15", {}),
+        ("entmax", {"alpha": 1.3}),
     ]
+
+
+N_CONFIGS = 19
 
 
 def _scenario(kind, gen):
@@ -78,7 +84,7 @@ def _run(q, k, v, name, causal, mask, params, method):
 
 
 # every rule meets three masking situations, rotating so that all six are covered many times
-CASES = [(i, SCENARIOS[(i + j) % len(SCENARIOS)]) for i in range(16) for j in (0, 2, 4)]
+CASES = [(i, SCENARIOS[(i + j) % len(SCENARIOS)]) for i in range(N_CONFIGS) for j in (0, 2, 4)]
 
 
 @pytest.mark.parametrize("index,scenario", CASES)
@@ -95,7 +101,7 @@ def test_streaming_equals_dense_float64(index, scenario):
         torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("name", ["softpick", "ssmax", "adaptive_softmax", "sigmoid", "stablemax"])
+@pytest.mark.parametrize("name", ["softpick", "ssmax", "adaptive_softmax", "sigmoid", "stablemax", "sparsemax"])
 def test_streaming_equals_dense_float32(name):
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(1, 2, 33, 16, generator=gen).requires_grad_() for _ in range(3))
@@ -106,11 +112,15 @@ def test_streaming_equals_dense_float32(name):
         torch.testing.assert_close(gs, gd, rtol=0, atol=1e-5)
 
 
+def test_configs_cover_every_rule():
+    assert len(_configs(2, torch.Generator().manual_seed(0))) == N_CONFIGS
+
+
 def test_rows_without_keys_are_zero_with_zero_gradient():
     q, k, v = (torch.randn(1, 2, 4, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
     mask = torch.zeros(1, 1, 4, 4, dtype=torch.bool)
     mask[..., 1:, :2] = True
-    for name in ("softmax", "softpick", "sigmoid", "adaptive_softmax", "sa_softmax", "stablemax"):
+    for name in ("softmax", "softpick", "sigmoid", "adaptive_softmax", "sa_softmax", "stablemax", "sparsemax"):
         out = sk.attention(q, k, v, name, attn_mask=mask, method="streaming", block_size=2,
                            **({"temperature": 2.0} if name == "softmax" else {}))
         assert torch.equal(out[..., 0, :], torch.zeros_like(out[..., 0, :]))
@@ -155,7 +165,9 @@ def test_float16_is_computed_in_float32():
     torch.testing.assert_close(out.float(), ref, rtol=0, atol=2e-3)
 
 
-def test_every_one_and_two_pass_normalizer_has_a_rule():
+def test_every_streamable_normalizer_has_a_rule():
+    dense_only = {"sparse_softmax", "as_entmax"}
     for spec in sk.normalizers():
-        if spec.passes in (1, 2) and spec.name != "sparse_softmax":
-            assert rule_for(spec.name, dict(spec.params)) is not None, spec.name
+        assert (rule_for(spec.name, dict(spec.params)) is None) == (spec.name in dense_only), spec.name
+    assert rule_for("entmax", {"alpha": torch.tensor(1.5)}) is None  # learnable alpha: dense
+    assert rule_for("entmax", {"alpha": 2.5}) is None

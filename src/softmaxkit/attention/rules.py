@@ -274,7 +274,10 @@ class Elementwise(StreamRule):
 
 
 def rule_for(name: str, params: dict) -> StreamRule | None:
-    """The streaming rule of ``name`` with ``params``, or None when it has none."""
+    """The streaming rule of ``name`` with ``params``, or None when it has none.
+
+    None for ``sparse_softmax`` (top-k needs whole rows), ``as_entmax``, ``entmax`` with a
+    tensor (learnable) alpha or alpha outside ``(1, 2]``: those take the dense path."""
     simple = {"softmax": Softmax, "ssmax": SSMax, "multimax": MultiMax, "adaptive_softmax": AdaptiveSoftmax,
               "softpick": Softpick, "stablemax": StableMax, "clipped_softmax": ClippedSoftmax}
     if name in simple:
@@ -283,4 +286,90 @@ def rule_for(name: str, params: dict) -> StreamRule | None:
         return SASoftmax(bool(params.get("normalized", False)))
     if name in ("sigmoid", "relu", "relu_l1", "softplus_l1"):
         return Elementwise(name)
+    alpha = {"sparsemax": 2.0, "entmax15": 1.5}.get(name, params.get("alpha") if name == "entmax" else None)
+    if isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 1.0 < alpha <= 2.0:
+        return Entmax(alpha)
     return None
+
+
+class Entmax(StreamRule):
+    r"""alpha-entmax for a number ``1 < alpha <= 2``: ``p_j = [u z_j - tau]_+^{1/u}``, ``u = alpha - 1``.
+
+    The threshold is searched first (:meth:`search`, no gradient): ``tau`` lies in
+    ``[u m - 1, u m - n^{-u}]`` (``m`` the row maximum: the largest weight is between
+    ``1/n`` and 1), and each pass over the keys evaluates ``sum_j p_j(tau) - 1`` at
+    :attr:`CANDIDATES` points of the bracket at once, until the bracket is at machine
+    precision. Then pass 0 sums ``s_j = p_j^{2 - alpha}`` (the support's weights) and
+    ``s_j z_j``, and pass 1 sums ``p_j v_j``. For the gradient, ``tau`` enters pass 1 as
+    ``tau_0 + u (sum_j s_j z_j - \text{its value}) / sum_j s_j``, the implicit derivative
+    of ``sum_j p_j = 1`` (``d tau = u sum_j s_j dz_j / sum_j s_j``), which gives the entmax
+    Jacobian of Peters, Niculae & Martins (2019), arXiv 1905.05702.
+    """
+
+    name = "entmax"
+    passes = 2
+    shifted = (False, False)
+    value_terms = (frozenset(), frozenset({"num"}))
+    needs_count = True
+    CANDIDATES = 15
+    MAX_SEARCH_PASSES = 40
+
+    def __init__(self, alpha: float):
+        self.u = float(alpha) - 1.0
+
+    def _weights(self, z, tau, visible):
+        base = (self.u * z - tau).clamp_min(0.0)
+        p = base if self.u == 1.0 else base ** (1.0 / self.u)
+        return _keep(p, visible), base
+
+    def search(self, reduce, st: dict) -> dict:
+        """``tau`` per query row, by bracketing over passes (``reduce(fn)`` sums ``fn`` over keys)."""
+        top = reduce(lambda z, visible: z if visible is None else z.masked_fill(~visible, float("-inf")),
+                     "max")
+        n = st["n"].expand_as(top)
+        empty = n < 1
+        m = torch.where(empty, torch.zeros_like(top), top)
+        lo = self.u * m - 1.0
+        hi = self.u * m - n.clamp_min(1.0) ** (-self.u)
+        steps = torch.arange(1, self.CANDIDATES + 1, dtype=m.dtype, device=m.device) / (self.CANDIDATES + 1)
+        tiny = torch.finfo(m.dtype).eps
+        for _ in range(self.MAX_SEARCH_PASSES):
+            width = hi - lo
+            if bool((width <= 4 * tiny * (lo.abs() + hi.abs() + 1.0)).all()):
+                break
+            taus = lo + width * steps  # (..., r, K)
+
+            def total(z, visible, taus=taus):
+                p = (self.u * z.unsqueeze(-1) - taus.unsqueeze(-2)).clamp_min(0.0)
+                if self.u != 1.0:
+                    p = p ** (1.0 / self.u)
+                if visible is not None:
+                    p = p * visible.unsqueeze(-1)
+                return p.sum(-2)
+
+            mass = reduce(total, "sum")
+            above = mass >= 1.0  # tau_k at or below the threshold
+            below_count = above.sum(-1, keepdim=True)
+            lo_new = torch.where(below_count > 0, taus.gather(-1, (below_count - 1).clamp_min(0)), lo)
+            hi_new = torch.where(below_count < self.CANDIDATES,
+                                 taus.gather(-1, below_count.clamp_max(self.CANDIDATES - 1)), hi)
+            lo, hi = lo_new, hi_new
+        return {"tau0": torch.where(empty, torch.zeros_like(lo), (lo + hi) / 2)}
+
+    def terms(self, p, z, visible, st):
+        if p == 0:
+            _, base = self._weights(z, st["tau0"], visible)
+            support = base > 0
+            s = torch.where(support, base, torch.ones_like(base))
+            s = torch.ones_like(s) if self.u == 1.0 else s ** (1.0 / self.u - 1.0)
+            s = _keep(torch.where(support, s, torch.zeros_like(s)), visible)
+            return {"lin": s.detach() * z, "S": s.detach()}
+        weights, _ = self._weights(z, st["tau"], visible)
+        return {"num": weights}
+
+    def stats(self, p, sums, st):
+        lin, s_total = sums["lin"], sums["S"]
+        return {"tau": st["tau0"] + self.u * _safe_div(lin - lin.detach(), s_total)}
+
+    def output(self, sums, st):
+        return sums["num"]

@@ -94,6 +94,21 @@ def _accumulate(sums: dict, terms: dict, values: frozenset, vb: torch.Tensor) ->
             sums[name] = part
 
 
+def _reduce(rule, qs, k, tiles, st, fn, how: str) -> torch.Tensor:
+    """``fn(z, visible)`` over the key tiles, reduced by ``how`` (``"max"`` over keys, or
+    ``"sum"`` of what ``fn`` already summed per tile): the search passes of a rule."""
+    total = None
+    for t in tiles:
+        z = rule.z(0, _scores(qs, k, t), st)
+        part = fn(z, t.visible)
+        if how == "max":
+            part = part.amax(-1, keepdim=True)
+            total = part if total is None else torch.maximum(total, part)
+        else:
+            total = part if total is None else total + part
+    return total
+
+
 def _forward_rows(plan: Plan, q, k, v, r0: int, r1: int, params: dict):
     """Output rows ``r0:r1`` and what their backward needs (None when they see no key)."""
     rule, inp = plan.rule, plan.inp
@@ -103,6 +118,8 @@ def _forward_rows(plan: Plan, q, k, v, r0: int, r1: int, params: dict):
     qs = q[:, :, r0:r1] * inp.scale
     st = _row_state(plan, r0, r1, params)
     last = rule.passes - 1
+    if hasattr(rule, "search"):
+        st.update(rule.search(lambda fn, how: _reduce(rule, qs, k, tiles, st, fn, how), st))
     all_sums = []
     for p in range(rule.passes):
         sums: dict = {}
@@ -199,7 +216,7 @@ def _backward_rows(plan: Plan, q, k, v, r0, r1, params: dict, saved, dout, dq, d
                 terms = rule.terms(p, z, t.visible, st)
                 outs, gouts = [], []
                 for name, term in terms.items():
-                    if g_sums.get(name) is None:
+                    if g_sums.get(name) is None or not term.requires_grad:
                         continue
                     outs.append(torch.matmul(term, vb) if name in values else term.sum(-1, keepdim=True))
                     gouts.append(g_sums[name])
