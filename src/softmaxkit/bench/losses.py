@@ -126,7 +126,7 @@ def torch_top_p_sample(logits: torch.Tensor, p: float, generator) -> torch.Tenso
 
 def sampling_table(quick: bool, machine: str) -> Table:
     batch, vocab = 64, 128256
-    repeats = 10 if quick else 30
+    repeats = 7 if quick else 15
     g = torch.Generator().manual_seed(0)
     logits = 2 * torch.randn(batch, vocab, generator=g)
     table = Table(

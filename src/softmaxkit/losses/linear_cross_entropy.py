@@ -111,6 +111,7 @@ def _row_statistics(blocks, target: torch.Tensor, setup: _Setup, keep: list | No
         state = block_state if state is None else state.merge(block_state)
         if keep is not None:
             keep.append((start, logits, block_state.m))
+        del logits  # free this block before the next one is computed (unless kept)
     return state.logsumexp(), target_logit, logit_sum
 
 
@@ -175,11 +176,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 _logit_blocks(h[s:e], w, b, setup.vocab_block), safe_target[s:e], setup, kept)
             if chunk_sum is not None:
                 logit_sum[s:e] = chunk_sum
-            for start, exp_block, m in kept or ():
+            while kept:
+                start, exp_block, m = kept.pop(0)
                 scale = _probability_scale(lse[s:e], m, row_scale[s:e], setup)
-                grad = _grad_from_exp_(exp_block, start, scale, safe_target[s:e], row_scale[s:e], setup)
-                _accumulate(grad, start, h[s:e], w, grad_h[s:e] if grad_h is not None else None, grad_w, grad_b)
-            del kept
+                _grad_from_exp_(exp_block, start, scale, safe_target[s:e], row_scale[s:e], setup)
+                _accumulate(exp_block, start, h[s:e], w, grad_h[s:e] if grad_h is not None else None, grad_w, grad_b)
+                del exp_block
         eps = setup.label_smoothing
         per_token = (1 - eps) * (lse - target_logit)
         if eps:
@@ -192,13 +194,10 @@ class _LinearCrossEntropy(torch.autograd.Function):
         else:
             loss = per_token.sum() / (max(count, 1) if setup.reduction == "mean" else 1)
 
-        ctx.setup, ctx.fused, ctx.count = setup, fused, count
-        ctx.grads = (grad_h, grad_w, grad_b)
-        if fused:
-            ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
-        else:
-            ctx.save_for_backward(hidden, weight, bias)
-            ctx.saved = (safe_target, row_scale, lse)
+        ctx.setup, ctx.count = setup, count
+        ctx.grads = (grad_h, grad_w, grad_b) if fused else None
+        ctx.save_for_backward(hidden, weight, bias)
+        ctx.saved = (safe_target, row_scale, lse)
         return loss.to(hidden.dtype)
 
     @staticmethod
@@ -207,10 +206,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
         setup = ctx.setup
         if setup.reduction == "mean":
             grad_loss = grad_loss / max(ctx.count, 1)
-        if ctx.fused:
-            return tuple(None if g is None else (g * grad_loss.to(g.dtype)).to(dtype)
-                         for g, dtype in zip(ctx.grads, ctx.dtypes)) + (None, None)
         hidden, weight, bias = ctx.saved_tensors
+        dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
+        if ctx.grads is not None:
+            # the gradients formed in forward, handed out once and scaled in place; a second
+            # backward (retain_graph=True) recomputes below
+            grads, ctx.grads = ctx.grads, None
+            return tuple(None if g is None else g.mul_(grad_loss.to(g.dtype)).to(dtype)
+                         for g, dtype in zip(grads, dtypes)) + (None, None)
         target, row_scale, lse = ctx.saved
         cdt = compute_dtype(hidden.dtype)
         h, w = hidden.to(cdt), weight.to(cdt)
@@ -222,11 +225,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
             chunk_lse = lse[s:e]
             scale = _probability_scale(chunk_lse, chunk_lse, row_scale[s:e], setup)
             for start, logits in _logit_blocks(h[s:e], w, b, setup.vocab_block):
-                exp_block = logits.sub_(chunk_lse.unsqueeze(1)).exp_()
-                grad = _grad_from_exp_(exp_block, start, scale, target[s:e], row_scale[s:e], setup)
-                _accumulate(grad, start, h[s:e], w, grad_h[s:e] if grad_h is not None else None, grad_w, grad_b)
+                _grad_from_exp_(logits.sub_(chunk_lse.unsqueeze(1)).exp_(), start, scale, target[s:e],
+                                row_scale[s:e], setup)
+                _accumulate(logits, start, h[s:e], w, grad_h[s:e] if grad_h is not None else None, grad_w, grad_b)
+                del logits  # free this block before the next one is computed
         out = (grad_h, grad_w, grad_b)
-        dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         return tuple(None if g is None else g.to(dtype) for g, dtype in zip(out, dtypes)) + (None, None)
 
 
@@ -316,8 +319,10 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
 
     Note:
         With a reduced loss and a gradient needed, the gradients are computed during
-        the forward pass (and only scaled by backward); call it under ``torch.no_grad()``
-        when only the value is wanted. Second derivatives are not supported.
+        the forward pass (and only scaled, in place, by backward); call it under
+        ``torch.no_grad()`` when only the value is wanted. A second backward through the
+        same loss (``retain_graph=True``) recomputes the logits. Second derivatives are not
+        supported.
     """
     _check_inputs(hidden, weight, target, bias)
     vocab = weight.shape[0]
