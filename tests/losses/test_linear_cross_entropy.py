@@ -31,7 +31,7 @@ def _reference(h, w, b, t, label_smoothing=0.0, z_penalty=0.0, reduction="mean",
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("label_smoothing,z_penalty", [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-3), (0.2, 1e-2)])
+@pytest.mark.parametrize("label_smoothing,z_penalty", [(0.0, 0.0), (0.2, 1e-2)])
 @pytest.mark.parametrize("with_bias", [True, False])
 def test_matches_torch_float32(reduction, label_smoothing, z_penalty, with_bias):
     h, w, b, t = _problem()

@@ -33,8 +33,8 @@ def _chi2_pvalue(counts, probs):
     return chisquare(counts[keep].numpy(), expected.numpy()).pvalue
 
 
-def _draws(logits, **kwargs):
-    return sample(logits.expand(DRAWS, -1), generator=_gen(kwargs.pop("seed", 0)), **kwargs)
+def _draws(logits, draws=DRAWS, **kwargs):
+    return sample(logits.expand(draws, -1), generator=_gen(kwargs.pop("seed", 0)), **kwargs)
 
 
 LOGITS = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -0.5, -1.0, -2.0, float("-inf"), 0.25])
@@ -208,7 +208,7 @@ def _large_vocabulary_logits():
 
 def test_large_vocabulary_top_k():
     logits = _large_vocabulary_logits()
-    counts = _counts(_draws(logits, top_k=6, temperature=0.9), 1000)
+    counts = _counts(_draws(logits, draws=6000, top_k=6, temperature=0.9), 1000)
     assert _chi2_pvalue(counts, _intended(logits, temperature=0.9, top_k=6)) > 1e-3
 
 
@@ -219,7 +219,7 @@ def test_nucleus_with_and_without_the_fused_kernel(path, monkeypatch):
     elif not _fused_available():
         pytest.skip("the fused softmax_topk kernel is not implemented yet")
     logits = _large_vocabulary_logits()
-    nucleus = _counts(_draws(logits, top_p=0.6, temperature=1.2, seed=1), 1000)
+    nucleus = _counts(_draws(logits, draws=6000, top_p=0.6, temperature=1.2, seed=1), 1000)
     assert _chi2_pvalue(nucleus, _intended(logits, temperature=1.2, top_p=0.6)) > 1e-3
 
 

@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from .._table import Table
 from ..losses import linear_cross_entropy
 from ..losses.linear_cross_entropy import default_chunk_size, default_vocab_block
-from ..sampling import sample
-from ._measure import machine_header, median_time
-from .ops import peak_bytes
+from ..kernels.dispatch import softmax_topk
+from ..sampling import _blocked_topk, sample
+from ._measure import machine_header, median_time, peak_memory_bytes
 
 MIB = 2**20
 
@@ -82,7 +82,7 @@ def linear_cross_entropy_table(quick: bool, machine: str) -> Table:
         grad_err = max((a - b).abs().max().item() for a, b in zip(out[1:], reference[1:]))
         del out
         seconds = median_time(fn, repeats=repeats)
-        peak = peak_bytes(fn)
+        peak = peak_memory_bytes(fn)
         results[name] = (seconds, peak)
         base_t, base_m = results[next(iter(methods))]
         table.add(name, 1e3 * seconds, seconds / base_t, peak / MIB, peak / max(base_m, 1), loss_err, grad_err)
@@ -96,7 +96,7 @@ def linear_cross_entropy_table(quick: bool, machine: str) -> Table:
                      f"and took {time_ratio:.2f}x its time (target <= 1.1: {met(time_ratio <= 1.1)}){size}.")
     table.notes = (f"Medians of {repeats} runs after one warm-up; gradients for hidden and weight; 1 token in 17 "
                    "ignored (ignore_index=-100). Peak = extra resident memory during one forward + backward "
-                   "(bench._measure.peak_memory_bytes after malloc_trim), inputs excluded, gradients included. "
+                   "(bench._measure.peak_memory_bytes), inputs excluded, gradients included. "
                    "Default chunking (losses.linear_cross_entropy.default_chunk_size / default_vocab_block): "
                    f"{chunk} tokens per chunk, vocabulary blocks of {block}. " + machine)
     return table
@@ -140,6 +140,10 @@ def sampling_table(quick: bool, machine: str) -> Table:
         ("top_k=50, temperature=0.7", lambda: torch_top_k_sample(logits / 0.7, 50, g),
          lambda: sample(logits, top_k=50, temperature=0.7, generator=g)),
         ("top_p=0.9", lambda: torch_top_p_sample(logits, 0.9, g), lambda: sample(logits, top_p=0.9, generator=g)),
+        ("selection only, k=50: torch.topk vs fused softmax_topk kernel", lambda: logits.topk(50),
+         lambda: softmax_topk(logits, 50)),
+        ("selection only, k=50: torch.topk vs block-maximum top-k (what sample uses)", lambda: logits.topk(50),
+         lambda: _blocked_topk(logits, 50)),
     ]
     speedups = {}
     for name, base, ours in cases:
