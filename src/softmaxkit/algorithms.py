@@ -125,17 +125,26 @@ class OnlineSoftmaxState:
         return rows.restore(p)
 
 
+def _rows_or_result(x, dim, mask):
+    """The rows to run an algorithm on, or the result when no pass is needed: an empty
+    axis, or visible ``+inf`` entries (whose limit the state gives directly)."""
+    rows = prepare_rows(x, dim, mask)
+    if rows.x.shape[-1] == 0:
+        return rows, rows.restore(rows.x.clone())
+    if bool((rows.visible & (rows.x == float("inf"))).any()):
+        return rows, OnlineSoftmaxState.from_block(x, dim, mask).probs(x, dim, mask)
+    return rows, None
+
+
 def three_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
     r"""Softmax by three passes over the row: max, sum of exponentials, divide.
 
     .. math:: m = \max_j x_j,\quad d = \sum_j e^{x_j - m},\quad y_i = e^{x_i - m} / d
     """
-    rows = prepare_rows(x, dim, mask)
+    rows, done = _rows_or_result(x, dim, mask)
+    if done is not None:
+        return done
     z = rows.x
-    if z.shape[-1] == 0:
-        return rows.restore(z.clone())
-    if bool((rows.visible & (z == float("inf"))).any()):
-        return OnlineSoftmaxState.from_block(x, dim, mask).probs(x, dim, mask)
     finite = rows.visible & torch.isfinite(z)
     m = z.detach().masked_fill(~finite, float("-inf")).amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
@@ -156,12 +165,10 @@ def two_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None =
     :math:`\sqrt 2`). Pass 2 recomputes the pairs and writes :math:`y_i = \mu_i 2^{n_i - N} / S`.
     Dukhan & Ablavatski (2020), "Two-Pass Softmax Algorithm", arXiv 2001.04438.
     """
-    rows = prepare_rows(x, dim, mask)
+    rows, done = _rows_or_result(x, dim, mask)
+    if done is not None:
+        return done
     z = rows.x
-    if z.shape[-1] == 0:
-        return rows.restore(z.clone())
-    if bool((rows.visible & (z == float("inf"))).any()):
-        return OnlineSoftmaxState.from_block(x, dim, mask).probs(x, dim, mask)
     finite = rows.visible & torch.isfinite(z)
     zs = torch.where(finite, z, torch.zeros_like(z))
     n = torch.round(zs.detach() * _LOG2E)
