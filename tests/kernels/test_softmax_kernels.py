@@ -109,3 +109,10 @@ def test_gradients_match_reference_with_infinities(name):
 def test_unknown_algorithm_is_rejected():
     with pytest.raises(ValueError, match="three_pass"):
         functions.softmax(torch.randn(2, 3), algorithm="four_pass")
+
+
+def test_double_backward_float64():
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    with sk.use_backend("numba"):
+        for name in OPS:
+            assert torch.autograd.gradgradcheck(OPS[name], (x,))

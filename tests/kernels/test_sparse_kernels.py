@@ -81,3 +81,11 @@ def test_gradients_match_reference():
     keep = [r for r in range(10) if r != special["nan"]]
     for fast, ref in zip(*grads):
         torch.testing.assert_close(fast[keep], ref[keep], rtol=1e-7, atol=1e-8)
+
+
+def test_double_backward_float64():
+    x = torch.randn(3, 7, dtype=torch.float64, requires_grad=True)
+    alpha = torch.tensor([[1.3], [1.6], [2.2]], dtype=torch.float64, requires_grad=True)
+    with sk.use_backend("numba"):
+        assert torch.autograd.gradgradcheck(lambda t, a: sk.entmax(t, alpha=a), (x, alpha))
+        assert torch.autograd.gradgradcheck(sk.sparsemax, (x,))

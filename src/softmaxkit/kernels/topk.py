@@ -42,7 +42,8 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1) -> tuple[torch.Tensor, 
     arXiv 1805.02867): one read of ``x``, the online normaliser and a size-``k`` heap,
     and only ``k`` values per row written. Tie rule: entries are sorted by decreasing
     score, equal scores by increasing index; where different scores round to the same
-    probability, the larger score ranks first.
+    probability (e.g. several that underflow to 0), the larger score ranks first, so
+    indices can then differ from ``torch.topk``'s own order among equal values.
 
     Args:
         x: scores, float tensor, any shape.

@@ -3,15 +3,14 @@
 Each function takes a CPU tensor, float32 or float64, contiguous, normalised along its
 last axis, and returns what the reference in :mod:`softmaxkit.functional.softmax`
 returns, within floating-point tolerance. Gradients come from the backward kernels
-through :class:`torch.autograd.Function` (first order; ``gradcheck`` holds in float64).
+through :class:`torch.autograd.Function` (``gradcheck`` holds in float64); with
+``create_graph=True`` the same formulas run as PyTorch ops, so higher derivatives work.
 Argument checking and coverage decisions live in :mod:`softmaxkit.kernels.dispatch`.
 """
 
 from __future__ import annotations
 
-import numpy as np
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import softmax as _k
 from . import sync_threads
@@ -46,26 +45,40 @@ def _run_forward(x: torch.Tensor, scale: float, algorithm: int, mode: int):
 
 def _run_backward(y2: torch.Tensor, grad: torch.Tensor, special: torch.Tensor, scale: float, mode: int):
     sync_threads()
-    g2 = grad.reshape(y2.shape).contiguous()
+    g2 = grad.detach().reshape(y2.shape).contiguous()
     dx = torch.empty_like(y2)
     dtype = y2.numpy().dtype.type
     _k.backward_rows(y2.numpy(), g2.numpy(), dx.numpy(), special.numpy(), dtype(scale), mode)
     return dx
 
 
+def _differentiable_backward(y, grad, special, scale, mode):
+    """The backward kernel's formula in PyTorch ops, for double backward."""
+    keep = (special == 0).reshape(grad.shape[:-1] + (1,))
+    if mode == _k.PROBS:
+        dx = y * (grad - (y * grad).sum(-1, keepdim=True))
+    else:
+        visible = y != float("-inf")
+        total = torch.where(visible, grad, torch.zeros_like(grad)).sum(-1, keepdim=True)
+        dx = torch.where(visible, grad - torch.exp(y) * total, torch.zeros_like(grad))
+    return torch.where(keep, dx * scale, torch.zeros_like(dx))
+
+
 class _SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, scale, algorithm, mode):
         out, _, special = _run_forward(x, scale, algorithm, mode)
-        ctx.save_for_backward(out, special)
+        y = out.reshape(x.shape)
+        ctx.save_for_backward(y, special)
         ctx.scale, ctx.mode = scale, mode
-        return out.reshape(x.shape)
+        return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
-        out, special = ctx.saved_tensors
-        dx = _run_backward(out, grad, special, ctx.scale, ctx.mode)
+        y, special = ctx.saved_tensors
+        if torch.is_grad_enabled():   # create_graph=True: the same formula, differentiable
+            return _differentiable_backward(y, grad, special, ctx.scale, ctx.mode), None, None, None
+        dx = _run_backward(_rows(y), grad, special, ctx.scale, ctx.mode)
         return dx.reshape(grad.shape), None, None, None
 
 
@@ -73,14 +86,19 @@ class _LogSumExpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, algorithm):
         _, lse, _ = _run_forward(x, 1.0, algorithm, _k.LSE)
-        ctx.save_for_backward(x)
+        lse = lse.reshape(x.shape[:-1])
+        ctx.save_for_backward(x, lse)
         ctx.algorithm = algorithm
-        return lse.reshape(x.shape[:-1])
+        return lse
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
-        (x,) = ctx.saved_tensors
+        x, lse = ctx.saved_tensors
+        if torch.is_grad_enabled():   # create_graph=True: differentiable through lse
+            finite = torch.isfinite(lse).unsqueeze(-1)
+            safe = torch.where(finite, lse.unsqueeze(-1), torch.zeros_like(lse.unsqueeze(-1)))
+            p = torch.where(finite, torch.exp(x - safe), torch.zeros_like(x))
+            return p * grad.unsqueeze(-1), None
         # d lse / dx = softmax(x); rows whose reference gradient is 0 (+inf rows) are flagged
         p, _, special = _run_forward(x, 1.0, ctx.algorithm, _k.PROBS)
         keep = (special == 0).to(x.dtype).unsqueeze(-1)
@@ -101,8 +119,3 @@ def log_softmax(x: torch.Tensor, temperature: float = 1.0, algorithm: str | None
 def logsumexp(x: torch.Tensor, algorithm: str | None = None) -> torch.Tensor:
     """``log sum exp`` over the last axis (the axis removed)."""
     return _LogSumExpFunction.apply(x, _algorithm_code(algorithm))
-
-
-def as_numpy_scalar(value: float, x: torch.Tensor):
-    """``value`` in the numpy scalar type of ``x`` (kernels are compiled per dtype)."""
-    return np.dtype(str(x.dtype).replace("torch.", "")).type(value)

@@ -8,7 +8,6 @@ Rows with a NaN or a ``+inf`` are recomputed by the reference.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from . import sparse as _k
 from . import sync_threads
@@ -18,6 +17,24 @@ def _alpha_rows(alpha, rows: int) -> torch.Tensor:
     if isinstance(alpha, torch.Tensor):
         return alpha.detach().reshape(rows).to(torch.float64).contiguous()
     return torch.full((rows,), float(alpha), dtype=torch.float64)
+
+
+def _differentiable_backward(p, grad, alpha, special):
+    """Closed-form gradients (see :mod:`.sparse`) in PyTorch ops, for double backward."""
+    u = alpha - 1
+    on = p > 0
+    log_p = torch.log(torch.where(on, p, torch.ones_like(p)))
+    g = torch.where(on, torch.exp((1 - u) * log_p), torch.zeros_like(p))
+    sum_g = g.sum(-1, keepdim=True)
+    sum_g = torch.where(sum_g > 0, sum_g, torch.ones_like(sum_g))
+    g_dy_hat = (g * grad).sum(-1, keepdim=True) / sum_g
+    dx = g * grad - g * g_dy_hat
+    p_log_p = torch.where(on, p * log_p, torch.zeros_like(p))
+    dalpha = (((p * grad).sum(-1, keepdim=True) - g_dy_hat) / (u * u)
+              - ((p_log_p * grad).sum(-1, keepdim=True) - g_dy_hat * p_log_p.sum(-1, keepdim=True)) / u)
+    keep = special == 0
+    dx = torch.where(keep, dx, torch.where(torch.isnan(p), p, torch.zeros_like(p)))
+    return dx, torch.where(keep, dalpha, torch.zeros_like(dalpha)).squeeze(-1)
 
 
 class _EntmaxFunction(torch.autograd.Function):
@@ -38,14 +55,20 @@ class _EntmaxFunction(torch.autograd.Function):
             a = alpha[bad].to(x.dtype).unsqueeze(-1) if alpha_tensor is not None else alpha_value
             with use_backend("reference"), torch.no_grad():
                 out[bad] = _entmax_reference(x2[bad], -1, None, a)
-        ctx.save_for_backward(out, alpha, special)
+        y = out.reshape(x.shape)
+        ctx.save_for_backward(y, alpha, special, alpha_tensor)
         ctx.has_alpha_tensor = alpha_tensor is not None
-        return out.reshape(x.shape)
+        ctx.alpha_value = alpha_value
+        return y
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad):
-        out, alpha, special = ctx.saved_tensors
+        y, alpha, special, alpha_tensor = ctx.saved_tensors
+        if torch.is_grad_enabled():   # create_graph=True: the same formulas, differentiable
+            a = alpha_tensor.unsqueeze(-1) if ctx.has_alpha_tensor else ctx.alpha_value
+            dx, dalpha = _differentiable_backward(y, grad, a, special.reshape(y.shape[:-1] + (1,)))
+            return dx, (dalpha if ctx.has_alpha_tensor else None), None
+        out = y.detach().reshape(-1, y.shape[-1])
         sync_threads()
         g2 = grad.reshape(out.shape).contiguous()
         dx = torch.empty_like(out)
