@@ -22,6 +22,8 @@ at ``L = 16384``.
 
 from __future__ import annotations
 
+import statistics
+
 import torch
 import torch.nn.functional as F
 
@@ -57,13 +59,37 @@ def _forward_backward(method, name, qkv):
     return torch.autograd.grad(out.sum(), qkv)
 
 
-def _times(method, name, length, repeats):
+def _paired_ratios(name: str, length: int, repeats: int, dense: bool) -> list[float]:
+    """Streaming time over SDPA's (forward, forward+backward) and over the dense path's.
+
+    Each round times every contender once, back to back, and each ratio is the median over
+    rounds of the ratio within a round: on a shared machine the load drifts between rounds
+    but hardly within one.
+    """
     with torch.no_grad():
-        qkv = _inputs(length, False)
-        fwd = median_time(lambda: _forward(method, name, qkv), repeats=repeats)
-    qkv = _inputs(length, True)
-    both = median_time(lambda: _forward_backward(method, name, qkv), repeats=repeats)
-    return fwd, both
+        plain = _inputs(length, False)
+    grad = _inputs(length, True)
+    methods = ["sdpa", "streaming"] + (["dense"] if dense else [])
+    contenders = {}
+    for method in methods:
+        contenders[("fwd", method)] = (lambda m=method: _no_grad_forward(m, name, plain))
+        contenders[("both", method)] = (lambda m=method: _forward_backward(m, name, grad))
+    for fn in contenders.values():
+        fn()
+    rounds: dict = {key: [] for key in contenders}
+    for _ in range(repeats):
+        for key, fn in contenders.items():
+            rounds[key].append(median_time(fn, repeats=1, warmup=0))
+    ratios = []
+    for base in ["sdpa"] + (["dense"] if dense else []):
+        for kind in ("fwd", "both"):
+            ratios.append(statistics.median(s / b for s, b in zip(rounds[(kind, "streaming")], rounds[(kind, base)])))
+    return ratios
+
+
+def _no_grad_forward(method, name, qkv):
+    with torch.no_grad():
+        return _forward(method, name, qkv)
 
 
 def _return_freed_memory() -> None:
@@ -109,16 +135,10 @@ def run(quick: bool = False) -> list[Table]:
         long = length > DENSE_LIMIT
         chosen = [n for n in names if n in LONG_NAMES] if long else names
         reps = max(1, repeats // 2) if long else repeats
-        sdpa_fwd, sdpa_both = _times("sdpa", "softmax", length, reps)
         for name in chosen:
-            fwd, both = _times("streaming", name, length, reps)
-            row = [name, "one" if name in ONE_PASS else "two", length, fwd / sdpa_fwd, both / sdpa_both]
-            if long:
-                row += ["not run", "not run"]
-            else:
-                dense_fwd, dense_both = _times("dense", name, length, reps)
-                row += [fwd / dense_fwd, both / dense_both]
-            time_table.add(*row)
+            ratios = _paired_ratios(name, length, reps, dense=not long)
+            time_table.add(name, "one" if name in ONE_PASS else "two", length,
+                           *(ratios if not long else ratios + ["not run", "not run"]))
     dense_memory: dict[str, dict[int, float]] = {}
     for length in lengths:
         long = length > DENSE_LIMIT
@@ -132,8 +152,8 @@ def run(quick: bool = False) -> list[Table]:
                 dense_memory.setdefault(name, {})[length] = dense
             memory_table.add(name, length, stream / MIB, dense / MIB, stream / max(dense, 1.0))
     machine = (f"Machine: {header['cpu']}, {header['threads']} torch threads, torch {header['torch']}. "
-               "Times are medians of "
-               f"{repeats} runs ({max(1, repeats // 2)} at L > {DENSE_LIMIT}), baselines timed in the same run.")
+               f"Each ratio is the median over {repeats} rounds ({max(1, repeats // 2)} at L > {DENSE_LIMIT}) "
+               "of the ratio within a round, where every contender runs once, back to back.")
     time_table.notes = (machine + " SDPA = torch.nn.functional.scaled_dot_product_attention(is_causal=True), "
                         "softmax. 'softmax' streams with temperature 0.9 (plain softmax is dispatched to SDPA). "
                         f"The dense path is not run above L = {DENSE_LIMIT}; at L > {DENSE_LIMIT} only "
