@@ -22,6 +22,7 @@ import torch
 
 from .. import registry
 from .._table import Table
+from ._plot import line_style
 from ._runtime import cell_for, why_skipped
 
 CLAIM = ("With bounded logits, softmax's weight on the maximum disperses towards 0 as the number of items n "
@@ -83,8 +84,8 @@ def _figure(sizes, weights: dict[str, list[float]], gap: float):
 
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot()
-    for label, values in weights.items():
-        ax.plot(sizes, values, marker="o", markersize=3, label=label)
+    for i, (label, values) in enumerate(weights.items()):
+        ax.plot(sizes, values, label=label, **line_style(i))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("n (number of logits)")

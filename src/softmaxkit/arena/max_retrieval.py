@@ -23,6 +23,7 @@ from torch import nn
 
 from .. import nn as sknn
 from .._table import Table
+from ._plot import line_style
 from ._runtime import cell_for, generator, map_jobs, why_skipped
 
 CLAIM = ("A softmax attention head trained to retrieve the maximum of at most 16 items loses accuracy as "
@@ -196,8 +197,8 @@ def _figure(cfg: Config, results: dict[str, list[float]]):
 
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot()
-    for label, values in results.items():
-        ax.plot(cfg.test_sizes, values, marker="o", markersize=3, label=label)
+    for i, (label, values) in enumerate(results.items()):
+        ax.plot(cfg.test_sizes, values, label=label, **line_style(i))
     ax.axhline(1 / cfg.classes, color="grey", linestyle=":", label="chance")
     ax.axvline(cfg.train_sizes[1], color="grey", linestyle="--", linewidth=0.8)
     ax.set_xscale("log", base=2)
@@ -222,9 +223,11 @@ def _verdict(cfg: Config, results: dict[str, list[float]]) -> str:
                         "(no clear drop)"))
         adaptive = results.get("adaptive_softmax (at inference)")
         if adaptive:
-            delta = adaptive[-1] - s[-1]
-            parts.append(f"adaptive temperature at inference: {adaptive[-1]:.3f} at {sizes[-1]} "
-                         f"({delta:+.3f} vs softmax: {'helps' if delta > 0.01 else 'no gain'})")
+            gains = [a - b for a, b in zip(adaptive, s)]
+            i = max(range(len(gains)), key=gains.__getitem__)
+            parts.append(f"adaptive temperature at inference: {gains[i]:+.3f} vs softmax at best "
+                         f"({sizes[i]} items), {gains[-1]:+.3f} at {sizes[-1]}"
+                         + (" (helps at moderate sizes only)" if gains[i] > 0.01 >= gains[-1] else ""))
     best = max(results, key=lambda k: results[k][-1])
     parts.append(f"best at {sizes[-1]} items: {best} ({results[best][-1]:.3f})")
     return "; ".join(parts) + "."
