@@ -55,6 +55,8 @@ from .softmax import _max
 
 #: Newton/bisection steps allowed before the bracket is accepted as converged.
 MAX_STEPS = 200
+#: Entries per chunk: a chunk is scanned entry by entry only if its maximum can matter.
+CHUNK = 64
 
 
 @njit(cache=True)
@@ -152,29 +154,54 @@ def _threshold(vals, idx, count, n, u):
     return theta, count
 
 
+@njit(fastmath={"reassoc", "nsz"}, cache=True)
+def _count_above(x, reach):
+    """Entries above ``reach`` and NaN entries (vectorised counts)."""
+    above = 0
+    nans = 0
+    for i in range(x.shape[0]):
+        above += x[i] > reach
+        nans += x[i] != x[i]
+    return above, nans
+
+
 @njit(cache=True)
-def _row(x, out, u, vals, idx):
+def _gather_above(x, reach, top, vals, idx):
+    """Copy ``x_i - top`` (float64) and ``i`` for the entries above ``reach``.
+
+    Chunks whose maximum does not reach are skipped after a vectorised max.
+    """
+    n = x.shape[0]
+    count = 0
+    for c in range(0, n, CHUNK):
+        stop = min(c + CHUNK, n)
+        if _max(x[c:stop], reach) > reach:
+            for i in range(c, stop):
+                if x[i] > reach:
+                    vals[count] = np.float64(x[i]) - np.float64(top)
+                    idx[count] = i
+                    count += 1
+    return count
+
+
+@njit(cache=True)
+def _row(x, out, u):
     """alpha-entmax of one row into ``out``; returns False for a row with NaN or +inf."""
     n = x.shape[0]
     neg_inf = cast_like(-np.inf, x[0])
     top = _max(x, neg_inf)
+    out[:] = 0
     if top == -neg_inf:
         return False
-    out[:] = 0
     if top == neg_inf:
         return True
-    reach = top - 1.0 / u
-    count = 0
-    nan = False
-    for i in range(n):
-        v = x[i]
-        nan |= v != v
-        if v > reach:
-            vals[count] = np.float64(v) - np.float64(top)
-            idx[count] = i
-            count += 1
-    if nan:
+    reach = top - cast_like(1.0 / u, top)
+    count, nans = _count_above(x, reach)
+    if nans:
         return False
+    vals = np.empty(count, np.float64)
+    idx = np.empty(count, np.int64)
+    count = _gather_above(x, reach, top, vals, idx)
     theta, count = _threshold(vals, idx, count, n, u)
     total = 0.0
     for i in range(count):
@@ -195,54 +222,58 @@ def entmax_rows(x, out, alpha, special):
         special[r] = 0
         if n == 0:
             continue
-        vals = np.empty(n, np.float64)
-        idx = np.empty(n, np.int64)
-        if not _row(x[r], out[r], alpha[r] - 1.0, vals, idx):
+        if not _row(x[r], out[r], alpha[r] - 1.0):
             special[r] = 1
+
+
+@njit(cache=True)
+def _g(p, u):
+    """``p^{2 - alpha}`` for ``p > 0``."""
+    if u == 1.0:
+        return 1.0
+    if u == 0.5:
+        return math.sqrt(p)
+    return math.exp((1.0 - u) * math.log(p))
 
 
 @njit(parallel=True, cache=True)
 def entmax_backward_rows(p, dy, alpha, dx, dalpha):
-    """Closed-form gradients of alpha-entmax with respect to the scores and to alpha."""
+    """Closed-form gradients of alpha-entmax with respect to the scores and to alpha.
+
+    Only the support (``p > 0``, found chunk by chunk after a vectorised max) is visited
+    entry by entry; the rest of ``dx`` is set to 0 in one vectorised pass.
+    """
     rows, n = p.shape
     for r in prange(rows):
         u = alpha[r] - 1.0
         pr = p[r]
         gr = dy[r]
+        dxr = dx[r]
+        dxr[:] = 0
+        if n == 0:
+            continue
+        zero = pr[0] - pr[0]
+        count, _ = _count_above(pr, zero)
+        vals = np.empty(count, np.float64)
+        idx = np.empty(count, np.int64)
+        count = _gather_above(pr, zero, zero, vals, idx)
         sum_g = 0.0
         sum_g_dy = 0.0
         sum_p_dy = 0.0
         sum_plogp = 0.0
         sum_plogp_dy = 0.0
-        for i in range(n):
-            pi = np.float64(pr[i])
-            if pi > 0:
-                if u == 1.0:
-                    g = 1.0
-                elif u == 0.5:
-                    g = math.sqrt(pi)
-                else:
-                    g = math.exp((1.0 - u) * math.log(pi))
-                d = np.float64(gr[i])
-                plogp = pi * math.log(pi)
-                sum_g += g
-                sum_g_dy += g * d
-                sum_p_dy += pi * d
-                sum_plogp += plogp
-                sum_plogp_dy += plogp * d
+        for j in range(count):
+            pi = vals[j]
+            d = np.float64(gr[idx[j]])
+            g = _g(pi, u)
+            plogp = pi * math.log(pi)
+            sum_g += g
+            sum_g_dy += g * d
+            sum_p_dy += pi * d
+            sum_plogp += plogp
+            sum_plogp_dy += plogp * d
         mean = sum_g_dy / sum_g if sum_g > 0 else 0.0
-        dxr = dx[r]
-        for i in range(n):
-            pi = np.float64(pr[i])
-            if pi > 0:
-                if u == 1.0:
-                    g = 1.0
-                elif u == 0.5:
-                    g = math.sqrt(pi)
-                else:
-                    g = math.exp((1.0 - u) * math.log(pi))
-                dxr[i] = g * (np.float64(gr[i]) - mean)
-            else:
-                dxr[i] = 0.0
-        g_dy_hat = sum_g_dy / sum_g if sum_g > 0 else 0.0
-        dalpha[r] = (sum_p_dy - g_dy_hat) / (u * u) - (sum_plogp_dy - g_dy_hat * sum_plogp) / u
+        for j in range(count):
+            i = idx[j]
+            dxr[i] = _g(vals[j], u) * (np.float64(gr[i]) - mean)
+        dalpha[r] = (sum_p_dy - mean) / (u * u) - (sum_plogp_dy - mean * sum_plogp) / u
