@@ -2,8 +2,8 @@ r"""Cross-entropy of a linear output layer without materialising the logits.
 
 The logits ``hidden @ weight.T + bias`` of a language model (``N`` tokens by a
 vocabulary of ``V``) and their gradient are the largest tensors of training. Here they
-only ever exist one block at a time: tokens are processed in chunks, and within a chunk
-the vocabulary in blocks whose log-sum-exp is folded into an
+only ever exist for one chunk of tokens at a time: tokens are processed in chunks, and
+within a chunk the vocabulary in blocks whose log-sum-exp is folded into an
 :class:`softmaxkit.algorithms.OnlineSoftmaxState` (Milakov & Gimelshein 2018, arXiv
 1805.02867). Memory is ``O(chunk_size * V)`` instead of ``O(N * V)``; this is the idea of
 Cut Cross-Entropy (Wijmans et al. 2024, "Cut Your Losses in Large-Vocabulary Language
@@ -14,7 +14,9 @@ gradient of each chunk's logits is formed as soon as its log-sum-exp is known an
 contracted straight into the gradients of ``hidden``, ``weight`` and ``bias``, which
 backward then only scales: the output projection is multiplied three times, as in the
 plain path, never four. With ``reduction="none"`` the per-token upstream gradient is
-only known in backward, which recomputes each chunk's logits.
+only known in backward, which recomputes the logits block by block (as does a repeated
+backward); then, and in a forward pass without gradients, a single block of
+``chunk_size x vocab_block`` logits exists at a time.
 """
 
 from __future__ import annotations
