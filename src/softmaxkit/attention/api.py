@@ -48,6 +48,8 @@ def _sdpa_fits(normalizer: str, params: dict, inp: AttentionInputs) -> bool:
 def _sdpa(q, k, v, inp: AttentionInputs) -> torch.Tensor:
     _, _, lq, _ = inp.shape
     mask = inp.bool_mask if inp.bool_mask is not None else inp.additive_mask
+    if mask is not None and mask.is_floating_point():
+        mask = mask.to(q.dtype)
     return torch_f.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, scale=inp.scale, is_causal=inp.is_causal and lq > 1,
         enable_gqa=inp.kv_groups > 1)

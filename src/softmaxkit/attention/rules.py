@@ -23,6 +23,8 @@ tests check every rule against the dense reference ``registry.normalize``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as torch_f
 
@@ -109,7 +111,7 @@ class SSMax(SoftmaxFamily):
         params = st["params"]
         n = params.get("n")
         n = st["n"] if n is None else n
-        log_n = torch.log(n.clamp_min(1.0)) if isinstance(n, torch.Tensor) else torch.log(torch.tensor(float(n)))
+        log_n = torch.log(n.clamp_min(1.0)) if isinstance(n, torch.Tensor) else math.log(float(n))
         return x * (log_n * params.get("s", 0.43))
 
 

@@ -17,7 +17,7 @@ ties as ``torch.amax`` does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -36,7 +36,6 @@ class Plan:
     tensor_names: list[str]
     block_q: int = DEFAULT_BLOCK_Q
     block_k: int = DEFAULT_BLOCK_K
-    saved: list = field(default_factory=list)
 
 
 def _finite_or_zero(t: torch.Tensor) -> torch.Tensor:
@@ -183,10 +182,9 @@ def _backward_rows(plan: Plan, q, k, v, r0, r1, params: dict, saved, dout, dq, d
     last = rule.passes - 1
     st = {"params": params, **kept}
     diff = {f"param:{name}": t for name, t in params.items() if isinstance(t, torch.Tensor) and t.requires_grad}
-    if rule.max_grad:
-        st[f"m{last}"] = diff[f"m{last}"] = _leaf(kept[f"m{last}"], True)
-    if rule.min_grad:
-        st[f"mn{last}"] = diff[f"mn{last}"] = _leaf(kept[f"mn{last}"], True)
+    extremes = [key for flag, key in ((rule.max_grad, f"m{last}"), (rule.min_grad, f"mn{last}")) if flag]
+    for key in extremes:  # the output uses them as values: their gradient goes to the keys attaining them
+        st[key] = diff[key] = _leaf(kept[key], True)
     sum_leaves, stat_graphs = [], []
     with torch.enable_grad():
         for p in range(rule.passes):
@@ -238,7 +236,7 @@ def _backward_rows(plan: Plan, q, k, v, r0, r1, params: dict, saved, dout, dq, d
             if grads[1] is not None:
                 dv[:, :, t.c0:t.c1] += grads[1]
             for name, g in zip(names, grads[2:]):
-                if not name.startswith("m"):
+                if name not in extremes:
                     _add(acc, name, g)
         if p > 0:
             stats = stat_graphs[p - 1]
