@@ -95,7 +95,7 @@ def test_run_skips_unfinished_normalizer(monkeypatch):
     assert isinstance(rows["softmax"][1], float) and table.figures
 
 
-@pytest.mark.parametrize("name", ["ssmax", "multimax", "sparsemax"])
+@pytest.mark.parametrize("name", ["ssmax", "multimax", "softpick"])
 def test_softmaxkit_attention_path_matches_the_dense_path(name, monkeypatch):
     gen = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(2, 3, 7, 4, generator=gen) for _ in range(3))
