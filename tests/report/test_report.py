@@ -77,9 +77,11 @@ def test_report_contains_every_table_and_reason(report):
 
 def test_report_embeds_and_writes_plots(report):
     images = parse(report).images
-    assert len(images) == 2 and all(src.startswith("data:image/png;base64,") for src in images)
+    # the fake bench and arena plots, and a ratio chart for the bench table that came without one
+    assert len(images) == 3 and all(src.startswith("data:image/png;base64,") for src in images)
     pngs = sorted((report.parent / "figures").glob("*.png"))
-    assert len(pngs) == 2 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert len(pngs) == 3 and all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert any("second-fake-bench-table-ratios" in p.name for p in pngs)
 
 
 def test_results_json_has_every_table_and_the_machine(report):

@@ -322,11 +322,11 @@ def _figure(results: dict[str, dict]):
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))])
         ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
         ax.set_title(title, fontsize=9)
-        if key == "kurtosis":
+        values = [results[n][k] for n in names for k in keys]
+        if key == "kurtosis" and max(values) > 20 * max(min(values), 1e-12):
             ax.set_yscale("log")
         if len(keys) > 1:
-            low = min(results[n][k] for n in names for k in keys)
-            ax.set_ylim(bottom=max(0.0, low - 0.3))
+            ax.set_ylim(bottom=max(0.0, min(values) - 0.3))
             ax.legend(fontsize=6)
     fig.tight_layout()
     return fig

@@ -2,7 +2,8 @@
 
 Also DIR/tables.md, the same tables as Markdown.
 
-The page is self-contained (plots embedded as base64 PNG, also written to DIR/figures/);
+The page is self-contained (plots embedded as base64 PNG, also written to DIR/figures/;
+a benchmark table that comes without a plot gets a bar chart of its ratio columns);
 results.json holds every table, the machine header and the run's settings. Both are
 rewritten after each suite or task, so an interrupted run still leaves a report of what
 finished.
@@ -16,7 +17,7 @@ import time
 from pathlib import Path
 
 from .._plugins import Outcome
-from .figures import SavedFigure, save_figures
+from .figures import SavedFigure, ratio_figure, save_figures
 from .html import render_html
 from .progress import say
 from . import progress as _progress
@@ -50,6 +51,10 @@ def build_report(out: str | Path = DEFAULT_OUT, quick: bool = False, suites=("al
         else:
             outcome = arena.run_task(name, quick=quick, seed=seed)
         for table in outcome.tables:
+            if kind == "bench" and not table.figures:
+                plot = ratio_figure(table)
+                if plot is not None:
+                    table.figures.append(("ratios", plot))
             figures[id(table)] = save_figures(table, out_dir, f"{kind}-{name}-{table.title}", taken)
         outcomes.append(outcome)
         detail = f"{len(outcome.tables)} table(s)" if outcome.status == "ok" else outcome.reason
