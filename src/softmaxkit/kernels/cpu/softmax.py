@@ -26,9 +26,10 @@ form of each algorithm in Dukhan & Ablavatski's terms.
 
 Rows the fast path does not handle (a NaN, a ``+inf``, every entry ``-inf``, or, for
 two-pass, magnitudes beyond :data:`TWO_PASS_LIMIT`) are finished by a scalar routine
-that reproduces the reference definition exactly: a NaN makes every visible entry NaN,
-a ``+inf`` maximum gives equal weight to the ``+inf`` entries, a row of ``-inf`` gives
-zeros (log-softmax ``-inf``, log-sum-exp ``-inf``). Such rows are flagged in
+that follows the reference definition: a ``+inf`` maximum gives equal weight to the
+``+inf`` entries, a row of ``-inf`` gives zeros (log-softmax ``-inf``, log-sum-exp
+``-inf``), and a NaN makes every visible entry of its row NaN (the NaN stays in its
+row; the reference, whose normaliser is then NaN, returns unnormalised values there). Such rows are flagged in
 ``special`` when their reference gradient is zero (``+inf`` rows; all ``-inf`` rows
 for log-softmax), so that the backward kernels can return 0 there.
 
@@ -50,7 +51,7 @@ PROBS, LOG_PROBS, LSE = 0, 1, 2
 
 #: Elements per block: 8 KiB of float32, well inside L1.
 BLOCK = 2048
-#: Two-pass rounds ``x log2 e`` with the magic-number trick, exact while |x| < 2^21.
+#: Two-pass rounds ``x log2 e`` with the magic-number trick, exact while |x log2 e| < 2^22.
 TWO_PASS_LIMIT = 1.0e6
 
 _FAST = {"reassoc", "nsz", "contract", "arcp"}
