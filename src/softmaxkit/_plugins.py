@@ -74,8 +74,10 @@ def run(kind: str, name: str, module_name: str, call: Callable[[object], object]
     claim = getattr(module, "CLAIM", None)
     try:
         result = call(module)
-    except (NotImplementedError, ImportError) as err:
-        outcome = _without_tables(kind, name, SKIPPED, f"not implemented yet: {type(err).__name__}: {err}", title, start)
+    except NotImplementedError as err:
+        outcome = _without_tables(kind, name, SKIPPED, f"not implemented yet: {err}", title, start)
+    except ImportError as err:  # e.g. matplotlib or a peer package not installed
+        outcome = _without_tables(kind, name, SKIPPED, f"missing dependency: {err}", title, start)
     except Exception as err:  # a broken producer must not take the whole report down
         traceback.print_exc()
         outcome = _without_tables(kind, name, FAILED, f"failed: {type(err).__name__}: {err}", title, start)
