@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import softmaxkit as sk
-from softmaxkit.attention import api, streaming
+from softmaxkit.attention import api
 
 
 def _qkv(b=2, h=4, hk=4, lq=6, lk=6, d=8, dtype=torch.float64, seed=0):
@@ -34,10 +34,18 @@ def test_plain_softmax_goes_to_sdpa_and_matches_dense(monkeypatch):
 
 def test_softmax_with_extras_streams_instead_of_sdpa(monkeypatch):
     monkeypatch.setattr(api, "_sdpa", lambda *a: pytest.fail("SDPA used for a temperature"))
-    q, k, v = _qkv()
+    monkeypatch.setattr(api, "dense_attention", lambda *a: pytest.fail("dense path for a long input"))
+    q, k, v = _qkv(lq=130, lk=130, b=1, h=1, hk=1)
     out = sk.attention(q, k, v, temperature=0.5, is_causal=True)
+    monkeypatch.undo()
     ref = sk.attention(q, k, v, temperature=0.5, is_causal=True, method="dense")
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+def test_short_inputs_take_the_dense_path_in_auto(monkeypatch):
+    monkeypatch.setattr(api, "streaming_attention", lambda *a, **kw: pytest.fail("short input streamed"))
+    q, k, v = _qkv(lq=128, lk=128, b=1, h=1, hk=1)
+    sk.attention(q, k, v, "softpick", is_causal=True)
 
 
 def test_causal_decoding_query_sees_the_whole_cache():
@@ -55,7 +63,7 @@ def test_causal_with_fewer_queries_is_aligned_to_the_end():
 
 
 def test_sparse_softmax_takes_the_dense_path(monkeypatch):
-    monkeypatch.setattr(streaming, "streaming_attention", lambda *a, **kw: pytest.fail("sparse_softmax streamed"))
+    monkeypatch.setattr(api, "streaming_attention", lambda *a, **kw: pytest.fail("sparse_softmax streamed"))
     q, k, v = _qkv()
     out = sk.attention(q, k, v, "sparse_softmax", is_causal=True, k=2)
     scores = (q @ k.transpose(-1, -2)) / 8 ** 0.5

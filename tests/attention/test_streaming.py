@@ -152,7 +152,7 @@ def test_tiles_never_exceed_the_block(monkeypatch):
 
     monkeypatch.setattr(streaming, "_scores", recording)
     q, k, v = (torch.randn(1, 2, 50, 8, requires_grad=True) for _ in range(3))
-    out = sk.attention(q, k, v, "softpick", is_causal=True, block_size=(8, 16))
+    out = sk.attention(q, k, v, "softpick", is_causal=True, block_size=(8, 16), method="streaming")
     out.sum().backward()
     assert shapes and max(s[0] for s in shapes) <= 8 and max(s[1] for s in shapes) <= 16
 

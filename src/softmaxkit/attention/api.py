@@ -12,6 +12,9 @@ from .rules import rule_for
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
 METHODS = ("auto", "sdpa", "streaming", "dense")
+#: ``method="auto"`` takes the dense path when ``Lq * Lk`` is at most this (128 x 128): the
+#: score matrix is small and one dense pass beats the streaming loop there.
+SMALL_SCORES = 128 * 128
 
 
 def _per_head(value: torch.Tensor, name: str, inp: AttentionInputs) -> bool:
@@ -77,8 +80,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     ``Hkv`` dividing ``H`` (grouped-query attention). Every streamable normalizer is
     computed over key blocks without building the ``Lq x Lk`` matrix, in the forward and
     the backward pass (``method="streaming"``); plain softmax goes to torch SDPA; the
-    rest (``sparse_softmax``, whose top-k needs whole rows, sparsemax and the entmax
-    family, and parameters that vary per query or key) use the dense reference.
+    rest (``sparse_softmax``, whose top-k needs whole rows, ``as_entmax``, entmax with a
+    tensor alpha, and parameters that vary per query or key) use the dense reference, as
+    does ``method="auto"`` for short inputs (``Lq * Lk <= 128 * 128``), where it is faster.
 
     Visibility: ``attn_mask`` is bool (True = visible) or float (added to the scores;
     ``-inf`` hides a key), broadcastable to ``(B, H, Lq, Lk)``; ``is_causal`` lets query
@@ -122,6 +126,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     if method == "streaming" and not streams:
         raise ValueError(f"normalizer {normalizer!r} with these parameters has no streaming path; "
                          "use method='auto' or 'dense'")
-    if method == "dense" or not streams:
+    _, _, lq, lk = inp.shape
+    if method == "dense" or not streams or (method == "auto" and lq * lk <= SMALL_SCORES):
         return dense_attention(inp, normalizer, params)
     return streaming_attention(rule, inp, merged, block_q, block_k)
