@@ -219,7 +219,7 @@ def exp_accuracy_table() -> Table:
     for dtype, low, high in ((np.float32, -87.3, 88.7), (np.float64, -708.0, 709.0)):
         x = np.concatenate([np.linspace(low, high, 1_000_001), rng.uniform(-30, 0, 500_000)]).astype(dtype)
         ours = np.empty_like(x)
-        exp_array(x, ours)
+        exp_array(x, ours, False)
         theirs = torch.exp(torch.from_numpy(x)).numpy()
         ref = np.exp(x.astype(np.longdouble))
         normal = ref > np.finfo(dtype).tiny

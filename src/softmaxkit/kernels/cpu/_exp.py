@@ -269,7 +269,7 @@ def _ov_pow2(n, like):
 
 
 @njit(cache=True)
-def exp_array(x, out, nonpositive=False):
+def exp_array(x, out, nonpositive):
     """Elementwise :func:`exp` (or :func:`exp_nonpositive`) of a 1-d array, for measurements."""
     if nonpositive:
         for i in range(x.shape[0]):
