@@ -126,3 +126,16 @@ def test_transformers_is_imported_only_inside_functions():
         assert not any(m.split(".")[0] == "transformers" for m in modules), path
     assert list(_eager_imports(ast.parse("import transformers"))) == ["transformers"]
     assert not list(_eager_imports(ast.parse("def f():\n    import transformers")))
+
+
+@pytest.mark.parametrize("name", ["softpick", "sparsemax"])
+def test_streaming_path_inside_a_model_equals_the_dense_path(model_and_batch, monkeypatch, name):
+    from softmaxkit.attention import api
+
+    model, ids, mask = model_and_batch
+    model.set_attn_implementation(f"softmaxkit_{name}")
+    dense = model(ids, attention_mask=mask).logits  # short inputs: the dense path
+    monkeypatch.setattr(api, "SMALL_SCORES", 0)
+    streamed = model(ids, attention_mask=mask).logits
+    visible = mask.bool()
+    torch.testing.assert_close(streamed[visible], dense[visible], rtol=0, atol=1e-5)
