@@ -79,7 +79,7 @@ class _SoftmaxFunction(torch.autograd.Function):
         if torch.is_grad_enabled():   # create_graph=True: the same formula, differentiable
             return _differentiable_backward(y, grad, special, ctx.scale, ctx.mode), None, None, None
         dx = _run_backward(_rows(y), grad, special, ctx.scale, ctx.mode)
-        return dx.reshape(grad.shape), None, None, None
+        return (dx if dx.shape == grad.shape else dx.reshape(grad.shape)), None, None, None
 
 
 class _LogSumExpFunction(torch.autograd.Function):

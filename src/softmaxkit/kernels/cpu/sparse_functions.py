@@ -82,7 +82,7 @@ class _EntmaxFunction(torch.autograd.Function):
         grad_alpha = None
         if ctx.has_alpha_tensor and ctx.needs_input_grad[1]:
             grad_alpha = dalpha.to(grad.dtype).reshape(grad.shape[:-1])
-        return dx.reshape(grad.shape), grad_alpha, None
+        return (dx if dx.shape == grad.shape else dx.reshape(grad.shape)), grad_alpha, None
 
 
 def entmax(x: torch.Tensor, alpha) -> torch.Tensor:
