@@ -36,6 +36,9 @@ def test_conventions(algorithm):
     assert algorithm(torch.randn(2, 5).half()).dtype == torch.float16
     assert algorithm(torch.randn(3, 0)).shape == (3, 0)
     torch.testing.assert_close(algorithm(x, dim=0), torch.softmax(x, 0))
+    with_nan = torch.tensor([[0.5, float("nan"), 1.0], [0.1, 0.2, 0.3]])
+    out = algorithm(with_nan)
+    assert torch.isnan(out[0]).all() and torch.isfinite(out[1]).all()
 
 
 def test_two_pass_never_overflows_its_sum():

@@ -100,6 +100,12 @@ def _check_number(value, name: str, allow_tensor: bool) -> None:
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
 
 
+def nonzero_or_one(d: torch.Tensor) -> torch.Tensor:
+    """A denominator: 1 where ``d`` is exactly 0 (an empty row), ``d`` elsewhere, NaN included,
+    so that a NaN in a row makes its whole normalised row NaN rather than unnormalised."""
+    return torch.where(d == 0, torch.ones_like(d), d)
+
+
 def broadcast_mask(mask, x: torch.Tensor, name: str = "mask") -> torch.Tensor | None:
     """Check ``mask`` (bool, broadcastable to ``x``) and expand it to ``x.shape``."""
     if mask is None:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._rows import check_int_in_range, compute_dtype, prepare_rows
+from ._rows import check_int_in_range, compute_dtype, nonzero_or_one, prepare_rows
 
 __all__ = ["OnlineSoftmaxState", "three_pass_softmax", "two_pass_softmax", "online_softmax"]
 
@@ -80,7 +80,7 @@ class OnlineSoftmaxState:
         m = z.detach().masked_fill(~rows.visible, float("-inf")).amax(-1)
         inf_rows = m == float("inf")
         m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m)).unsqueeze(-1)
-        usable = rows.visible & torch.isfinite(z)
+        usable = rows.visible & ~torch.isinf(z)
         terms = torch.exp(torch.where(usable, z, m_safe) - m_safe)
         d = torch.where(usable, terms, torch.zeros_like(terms)).sum(-1)
         n_inf = (rows.visible & (z == float("inf"))).sum(-1).to(d.dtype)
@@ -106,9 +106,9 @@ class OnlineSoftmaxState:
     def logsumexp(self) -> torch.Tensor:
         """``m + log d``: ``-inf`` for an empty row, ``+inf`` for a row with a ``+inf`` entry."""
         finite = torch.isfinite(self.m)
-        safe_d = torch.where(self.d > 0, self.d, torch.ones_like(self.d))
+        safe_d = nonzero_or_one(self.d)
         out = torch.where(finite, self.m, torch.zeros_like(self.m)) + torch.log(safe_d)
-        out = torch.where(self.d > 0, out, torch.full_like(out, float("-inf")))
+        out = torch.where(self.d == 0, torch.full_like(out, float("-inf")), out)
         return torch.where(self.m == float("inf"), self.m, out)
 
     def probs(self, x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -116,12 +116,12 @@ class OnlineSoftmaxState:
         rows = prepare_rows(x, dim, mask)
         m = self.m.unsqueeze(-1)
         d = self.d.unsqueeze(-1)
-        usable = rows.visible & torch.isfinite(rows.x) & torch.isfinite(m)
+        usable = rows.visible & ~torch.isinf(rows.x) & torch.isfinite(m)
         m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         e = torch.exp(torch.where(usable, rows.x, m_safe) - m_safe)
-        p = torch.where(usable, e, torch.zeros_like(e)) / torch.where(d > 0, d, torch.ones_like(d))
+        p = torch.where(usable, e, torch.zeros_like(e)) / nonzero_or_one(d)
         at_inf = rows.visible & (rows.x == float("inf")) & (m == float("inf"))
-        p = torch.where(m == float("inf"), at_inf.to(p.dtype) / torch.where(d > 0, d, torch.ones_like(d)), p)
+        p = torch.where(m == float("inf"), at_inf.to(p.dtype) / nonzero_or_one(d), p)
         return rows.restore(p)
 
 
@@ -145,12 +145,12 @@ def three_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None
     if done is not None:
         return done
     z = rows.x
-    finite = rows.visible & torch.isfinite(z)
+    finite = rows.visible & ~torch.isinf(z)
     m = z.detach().masked_fill(~finite, float("-inf")).amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.where(finite, torch.exp(torch.where(finite, z, m) - m), torch.zeros_like(z))
     d = e.sum(-1, keepdim=True)
-    return rows.restore(e / torch.where(d > 0, d, torch.ones_like(d)))
+    return rows.restore(e / nonzero_or_one(d))
 
 
 def two_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -169,7 +169,7 @@ def two_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None =
     if done is not None:
         return done
     z = rows.x
-    finite = rows.visible & torch.isfinite(z)
+    finite = rows.visible & ~torch.isinf(z)
     zs = torch.where(finite, z, torch.zeros_like(z))
     n = torch.round(zs.detach() * _LOG2E)
     ln2_hi, ln2_lo = _LN2_SPLIT[z.dtype]
@@ -180,7 +180,7 @@ def two_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None =
     shift = torch.where(finite, n - top, torch.zeros_like(n))
     scaled = torch.where(finite, mantissa * torch.exp2(shift), torch.zeros_like(mantissa))
     total = scaled.sum(-1, keepdim=True)
-    return rows.restore(scaled / torch.where(total > 0, total, torch.ones_like(total)))
+    return rows.restore(scaled / nonzero_or_one(total))
 
 
 def online_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,

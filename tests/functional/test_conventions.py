@@ -11,6 +11,7 @@ from softmaxkit import registry
 from tests.conftest import params_for
 
 NAMES = [spec.name for spec in registry.normalizers()]
+ELEMENTWISE = {"sigmoid", "relu"}  # each weight depends on its own score (and the count) only
 
 #: Learnable parameters as float64 tensors, to gradcheck them with the input.
 TENSOR_PARAMS = {
@@ -117,6 +118,13 @@ def test_nan_stays_in_its_row(name):
     out = call(name, x)
     assert torch.isfinite(out[0]).all() and torch.isfinite(out[2]).all()
     torch.testing.assert_close(out[[0, 2]], call(name, x[[0, 2]]))
+    if name in ELEMENTWISE:
+        assert torch.isnan(out[1, 2]) and torch.isfinite(out[1, [0, 1, 3, 4, 5]]).all()
+    else:
+        assert torch.isnan(out[1]).all(), "a NaN must not be silently dropped from its row"
+    masked = torch.ones_like(x, dtype=torch.bool)
+    masked[1, 2] = False
+    assert torch.isfinite(call(name, x, mask=masked)).all(), "a masked NaN is invisible"
 
 
 @pytest.mark.parametrize("name", NAMES)

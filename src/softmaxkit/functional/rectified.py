@@ -19,8 +19,9 @@ def _finish(rows: Rows, p: torch.Tensor) -> torch.Tensor:
 
 
 def _finite_view(rows: Rows):
-    """Visible finite entries, and ``x`` with every other entry replaced by 0."""
-    finite = rows.visible & torch.isfinite(rows.x)
+    """Visible entries that are not infinite (a NaN stays, so its row becomes NaN), and ``x``
+    with every other entry replaced by 0."""
+    finite = rows.visible & ~torch.isinf(rows.x)
     return finite, torch.where(finite, rows.x, torch.zeros_like(rows.x))
 
 

@@ -19,6 +19,7 @@ from .._rows import (
     check_at_least,
     check_int_in_range,
     check_positive,
+    nonzero_or_one,
     prepare_rows,
 )
 
@@ -68,15 +69,15 @@ def _infinite_limit(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 def softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """Softmax along the last axis over visible entries (building block, no checks)."""
     e, d, _, inf_rows = _exp_terms(z, visible)
-    p = e / torch.where(d > 0, d, torch.ones_like(d))
+    p = e / nonzero_or_one(d)
     return torch.where(inf_rows, _infinite_limit(z.detach(), visible), p)
 
 
 def log_softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """Log-softmax along the last axis; ``-inf`` at invisible entries."""
     e, d, m, inf_rows = _exp_terms(z, visible)
-    z_safe = torch.where(visible & torch.isfinite(z), z, m)
-    d_safe = torch.where(d > 0, d, torch.ones_like(d))
+    z_safe = torch.where(visible & ~torch.isinf(z), z, m)
+    d_safe = nonzero_or_one(d)
     out = z_safe - m - torch.log(d_safe)
     out = torch.where(inf_rows, torch.log(_infinite_limit(z.detach(), visible)), out)
     return torch.where(visible, out, torch.full_like(out, float("-inf")))
@@ -86,7 +87,7 @@ def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """log-sum-exp along the last axis (keepdim); ``-inf`` for an empty row."""
     e, d, m, inf_rows = _exp_terms(z, visible)
     any_visible = visible.any(-1, keepdim=True)
-    out = m + torch.log(torch.where(d > 0, d, torch.ones_like(d)))
+    out = m + torch.log(nonzero_or_one(d))
     out = torch.where(any_visible, out, torch.full_like(out, float("-inf")))
     return torch.where(inf_rows, torch.full_like(out, float("inf")), out)
 
@@ -205,7 +206,7 @@ def adaptive_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None =
                        _polyval(ADAPTIVE_POLY, entropy).clamp_min(1.0), torch.ones_like(entropy))
     if detach_beta:
         beta = beta.detach()
-    scaled = torch.where(rows.visible & torch.isfinite(z), z * beta, z)
+    scaled = torch.where(rows.visible & ~torch.isinf(z), z * beta, z)
     return _finish(rows, softmax_rows(scaled, rows.visible))
 
 
@@ -226,7 +227,7 @@ def ssmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     count = rows.count if n is None else _check_n(rows, n)
     log_n = torch.log(count.clamp_min(1.0))
     scale = log_n * rows.align(s, "s") if isinstance(s, torch.Tensor) else log_n * float(s)
-    z = torch.where(rows.visible & torch.isfinite(rows.x), rows.safe_x * scale, rows.x)
+    z = torch.where(rows.visible & ~torch.isinf(rows.x), rows.safe_x * scale, rows.x)
     return _finish(rows, softmax_rows(z, rows.visible))
 
 
@@ -303,7 +304,7 @@ def multimax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     rows = prepare_rows(x, dim, mask)
     rr = _multimax_coefficients(rows, r, "r")
     tt = _multimax_coefficients(rows, t, "t")
-    finite = rows.visible & torch.isfinite(rows.x)
+    finite = rows.visible & ~torch.isinf(rows.x)
     z = torch.where(finite, multimax_modulator(rows.safe_x, rr, tt), rows.x)
     return _finish(rows, softmax_rows(z, rows.visible))
 
@@ -347,12 +348,12 @@ def stablemax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) 
     (2025), "Grokking at the Edge of Numerical Stability", arXiv 2501.04697.
     """
     rows = prepare_rows(x, dim, mask)
-    finite = rows.visible & torch.isfinite(rows.x)
+    finite = rows.visible & ~torch.isinf(rows.x)  # a NaN stays and makes its row NaN
     xs = torch.where(finite, rows.x, torch.zeros_like(rows.x))
     s = torch.where(xs >= 0, xs.clamp_min(0) + 1.0, 1.0 / (1.0 - xs.clamp_max(0)))
     s = torch.where(finite, s, torch.zeros_like(s))
     total = s.sum(-1, keepdim=True)
-    p = s / torch.where(total > 0, total, torch.ones_like(total))
+    p = s / nonzero_or_one(total)
     inf_rows = (rows.visible & (rows.x == float("inf"))).any(-1, keepdim=True)
     p = torch.where(inf_rows, _infinite_limit(rows.x.detach(), rows.visible), p)
     return _finish(rows, p)

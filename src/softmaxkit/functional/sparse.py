@@ -31,7 +31,7 @@ import math
 import torch
 
 from ..kernels import dispatch
-from .._rows import Rows, check_at_least, prepare_rows
+from .._rows import Rows, check_at_least, nonzero_or_one, prepare_rows
 from .softmax import _infinite_limit, softmax_rows
 
 #: |t| below which M(t) (see :func:`_m_times_p`) is summed as a power series.
@@ -159,7 +159,7 @@ def _entmax_bisect(z: torch.Tensor, visible: torch.Tensor, u: torch.Tensor) -> t
         theta = torch.where(done, theta, torch.where(use_newton, newton, (lo + hi) / 2))
     p = torch.exp(_log_power(z - theta, u, visible))
     total = p.sum(-1, keepdim=True)
-    return p / torch.where(total > 0, total, torch.ones_like(total))
+    return p / nonzero_or_one(total)
 
 
 def _solve_on_candidates(solver, z, visible, reach):
