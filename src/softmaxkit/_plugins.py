@@ -50,6 +50,22 @@ class Outcome:
                 "tables": [t.to_dict() for t in self.tables]}
 
 
+def expand_names(names, known, kind: str) -> list[str]:
+    """``names`` in order without repeats, ``"all"`` (or nothing) expanded to every ``known``
+    name; ``ValueError`` naming the accepted names otherwise. ``kind`` is e.g. "arena task"."""
+    names = list(names) or ["all"]
+    out: list[str] = []
+    for name in names:
+        if name == "all":
+            chosen = list(known)
+        elif name in known:
+            chosen = [name]
+        else:
+            raise ValueError(f"unknown {kind} {name!r}; accepted: {', '.join(known)}, all")
+        out += [n for n in chosen if n not in out]
+    return out
+
+
 def load(module_name: str):
     """Import ``module_name``; return ``(module, None)`` or ``(None, reason)``."""
     try:

@@ -10,7 +10,7 @@ installed yet is reported as skipped with the reason.
 
 from __future__ import annotations
 
-from .._plugins import Outcome
+from .._plugins import Outcome, expand_names
 from .._plugins import run as _run_producer
 
 TASKS: dict[str, str] = {
@@ -27,17 +27,7 @@ __all__ = ["TASKS", "run_task", "run"]
 
 def check_tasks(names) -> list[str]:
     """``names`` in order (all tasks when empty); ``ValueError`` naming the accepted tasks."""
-    names = list(names) or ["all"]
-    out: list[str] = []
-    for name in names:
-        if name == "all":
-            chosen = list(TASKS)
-        elif name in TASKS:
-            chosen = [name]
-        else:
-            raise ValueError(f"unknown arena task {name!r}; accepted: {', '.join(TASKS)}, all")
-        out += [n for n in chosen if n not in out]
-    return out
+    return expand_names(names, TASKS, "arena task")
 
 
 def run_task(name: str, quick: bool = False, seed: int = 0) -> Outcome:

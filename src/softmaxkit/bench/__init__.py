@@ -11,7 +11,7 @@ A suite that is not installed yet is reported as skipped with the reason.
 
 from __future__ import annotations
 
-from .._plugins import Outcome
+from .._plugins import Outcome, expand_names
 from .._plugins import run as _run_producer
 from ._measure import machine_header
 
@@ -27,17 +27,7 @@ __all__ = ["SUITES", "run_suite", "run", "machine_header"]
 
 def check_suites(names) -> list[str]:
     """``names`` in order, ``"all"`` expanded; ``ValueError`` naming the accepted suites."""
-    names = list(names) or ["all"]
-    out: list[str] = []
-    for name in names:
-        if name == "all":
-            chosen = list(SUITES)
-        elif name in SUITES:
-            chosen = [name]
-        else:
-            raise ValueError(f"unknown bench suite {name!r}; accepted: {', '.join(SUITES)}, all")
-        out += [n for n in chosen if n not in out]
-    return out
+    return expand_names(names, SUITES, "bench suite")
 
 
 def run_suite(name: str, quick: bool = False) -> Outcome:
