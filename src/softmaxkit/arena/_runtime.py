@@ -38,6 +38,13 @@ def why_skipped(err: BaseException) -> str:
     return f"failed: {type(err).__name__}: {first_line}"
 
 
+def skipped_note(skipped: dict) -> str:
+    """The sentence a table's notes end with when some normalizers were skipped ("" if none)."""
+    if not skipped:
+        return ""
+    return " Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + "."
+
+
 def cell_for(reason: str) -> str:
     """What a table cell shows for a missing row: ``"failed"`` or ``"skipped"``."""
     return "failed" if reason.startswith("failed") else "skipped"

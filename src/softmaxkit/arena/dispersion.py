@@ -24,7 +24,7 @@ import torch
 from .. import registry
 from .._table import Table
 from ._plot import line_style
-from ._runtime import cell_for, why_skipped
+from ._runtime import cell_for, skipped_note, why_skipped
 
 CLAIM = ("With bounded logits, softmax's weight on the maximum disperses towards 0 as the number of items n "
          "grows (Velickovic et al. 2024, arXiv 2410.01104); adaptive temperature slows this at inference; "
@@ -143,8 +143,7 @@ def run(quick: bool = False, seed: int = 0, sizes=None, trials: int | None = Non
              f"ssmax uses n = row length. Theory for SSMax: the planted weight tends to 1 when s*gap > 1 "
              f"and otherwise eventually decays like n^(s*gap - 1) log n, slowly (here s=1: s*gap = {gap:g}; "
              f"s=0.43: s*gap = {0.43 * gap:.2f}).")
-    if skipped:
-        notes += " Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + "."
+    notes += skipped_note(skipped)
     table.notes = notes
     table.figures.append(("planted weight vs n", _figure(sizes, weights, gap)))
     return [table]

@@ -24,7 +24,7 @@ from torch import nn
 from .. import nn as sknn
 from .._table import Table
 from ._plot import line_style
-from ._runtime import cell_for, generator, map_jobs, why_skipped
+from ._runtime import cell_for, generator, map_jobs, skipped_note, why_skipped
 
 CLAIM = ("A softmax attention head trained to retrieve the maximum of at most 16 items loses accuracy as "
          "the number of items grows, because its weights disperse; adaptive temperature at inference "
@@ -250,8 +250,7 @@ def run(quick: bool = False, seed: int = 0, config: Config | None = None, worker
              f"(lr {cfg.lr}, cosine) of {cfg.batch} sets with {cfg.train_sizes[0]}-{cfg.train_sizes[1]} items; "
              f"{cfg.test_sets} test sets per size; seed {seed}. Every model sees the same data and the same "
              f"initial weights; learnable normalizer parameters are trained with softmaxkit.nn.Normalizer.")
-    if skipped:
-        notes += " Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + "."
+    notes += skipped_note(skipped)
     table.notes = notes
     table.figures.append(("accuracy vs items", _figure(cfg, results)))
     return [table]

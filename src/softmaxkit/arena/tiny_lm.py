@@ -48,7 +48,7 @@ from torch import nn
 
 from .. import nn as sknn
 from .._table import Table
-from ._runtime import cell_for, generator, map_jobs, why_skipped
+from ._runtime import cell_for, generator, map_jobs, skipped_note, why_skipped
 
 CLAIM = ("Softpick attention has a 0% attention-sink rate, far lower hidden-state kurtosis (340 vs 33,510) and "
          "46.97% sparse attention maps, and quantises better than softmax (Zuhri et al. 2025, arXiv 2504.20966); "
@@ -375,8 +375,7 @@ def run(quick: bool = False, seed: int = 0, config: Config | None = None, normal
              f"{cfg.batch} windows = {cfg.tokens:,} training tokens; seed {seed}. Sink rate: share of heads whose "
              f"mean weight on the first token (queries L/2..L-1) exceeds {SINK_THRESHOLD}. Kurtosis: Pearson, 3 "
              f"for a Gaussian. int8/int4: symmetric per-channel round-to-nearest of all linear weights.")
-    if skipped:
-        notes += " Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()) + "."
+    notes += skipped_note(skipped)
     table.notes = notes
     if results:
         table.figures.append(("tiny-LM metrics", _figure(results)))

@@ -70,6 +70,15 @@ def _max(x, init):
     return m
 
 
+@njit(cache=True, inline="always")
+def merge_state(m, d, mb, db):
+    """Online-normalizer merge (Milakov & Gimelshein 2018), as OnlineSoftmaxState.merge:
+    ``(m, d) + (mb, db) = (M, d e^{m-M} + db e^{mb-M})``, M = max(m, mb), with finite ``mb``."""
+    if mb > m:
+        return mb, d * exp(m - mb) + db
+    return m, d + db * exp(mb - m)
+
+
 @njit(fastmath=_FAST, cache=True)
 def _sum_exp(x, scale, shift):
     s = shift - shift
@@ -236,12 +245,7 @@ def _online_stats(x, scale):
             continue
         if not mb < -neg_inf:
             return mb, mb, False
-        db = _sum_exp(x[start:stop], scale, mb)
-        if mb > m:
-            d = d * exp(m - mb) + db
-            m = mb
-        else:
-            d = d + db * exp(mb - m)
+        m, d = merge_state(m, d, mb, _sum_exp(x[start:stop], scale, mb))
     return m, d, m > neg_inf and d > 0 and d < -neg_inf
 
 

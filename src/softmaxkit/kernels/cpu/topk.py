@@ -25,7 +25,7 @@ from numba import njit, prange
 
 from ._exp import exp
 from ._intrinsics import cast_like
-from .softmax import _max, _sum_exp
+from .softmax import _max, _sum_exp, merge_state
 
 BLOCK = 2048
 #: Entries per chunk whose maximum decides whether the chunk is searched for the top k.
@@ -91,12 +91,7 @@ def _row_topk(x, k, hv, hi, chunk_max):
         if not mb < -neg_inf:
             return m, d, False
         if mb > neg_inf:
-            db = _sum_exp(x[start:stop], one, mb)
-            if mb > m:
-                d = d * exp(m - mb) + db
-                m = mb
-            else:
-                d = d + db * exp(mb - m)
+            m, d = merge_state(m, d, mb, _sum_exp(x[start:stop], one, mb))
     if not (m > neg_inf and d > 0 and d < -neg_inf and d == d):
         return m, d, False
     # The k-th largest chunk maximum is a lower bound on the k-th largest entry (k
