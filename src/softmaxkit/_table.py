@@ -6,6 +6,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+#: The four verdicts a claim can get; a table that tests a claim sets ``Table.status`` to one.
+VERDICTS = ("held", "did not hold", "partly", "not testable")
+
 
 @dataclass
 class Table:
@@ -20,6 +23,9 @@ class Table:
         notes: anything a reader needs to interpret the numbers (baselines, sizes, seeds).
         figures: paths of plots (PNG) or ``(name, matplotlib Figure)`` pairs made for it.
         skipped: the reason this table could not be produced, when it could not.
+        status: for a table that tests a claim, its verdict, computed next to the
+            measurement: one of :data:`VERDICTS` (``"not testable"`` with the reason in
+            ``verdict``).
     """
 
     title: str
@@ -30,6 +36,11 @@ class Table:
     notes: str | None = None
     figures: list[Any] = field(default_factory=list)
     skipped: str | None = None
+    status: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status is not None and self.status not in VERDICTS:
+            raise ValueError(f"status must be one of {VERDICTS} or None, got {self.status!r}")
 
     def add(self, *values: Any) -> None:
         if len(values) != len(self.columns):
@@ -41,7 +52,7 @@ class Table:
             "title": self.title, "columns": list(self.columns),
             "rows": [[_plain(v) for v in row] for row in self.rows],
             "claim": self.claim, "verdict": self.verdict, "notes": self.notes, "skipped": self.skipped,
-            "figures": [f if isinstance(f, str) else f[0] for f in self.figures],
+            "status": self.status, "figures": [f if isinstance(f, str) else f[0] for f in self.figures],
         }
 
     def to_markdown(self) -> str:
