@@ -1,13 +1,25 @@
 """softmaxkit: the softmax function and every serious alternative to it.
 
 One API for every normalizer (:func:`normalize`, :func:`normalizers`), exact reference
-definitions in :mod:`softmaxkit.functional`, fast kernels picked by
+definitions in :mod:`softmaxkit.normalizers` (one module each), fast kernels picked by
 :mod:`softmaxkit.kernels.dispatch`, attention that streams with any normalizer, the
 losses and samplers built on softmax, confidence/OOD scores, neighbouring ops, and a
 benchmark and arena that measure the published claims side by side.
 """
 
-from . import algorithms, functional, hf, losses, nn, ops, sampling, scores
+from importlib.metadata import PackageNotFoundError, version
+
+from . import (
+    algorithms,
+    functional,
+    hf,
+    losses,
+    nn,
+    normalizers,  # noqa: I001  (registers the built-in normalizers first)
+    ops,
+    sampling,
+    scores,
+)
 from .algorithms import OnlineSoftmaxState
 from .attention import attention
 from .functional import (
@@ -31,14 +43,23 @@ from .functional import (
     ssmax,
     stablemax,
 )
-from .kernels.dispatch import use_backend, softmax_topk, log_softmax_topk
-from .registry import NormalizerSpec, normalize, normalizers
+from .kernels.dispatch import log_softmax_topk, softmax_topk, use_backend
+from .registry import (
+    NormalizerSpec,
+    normalize,
+    normalizers,
+    register_normalizer,
+    unregister_normalizer,
+)
 from .sampling import soften
 
-__version__ = "0.1.0"
+try:  # the version lives in pyproject.toml only
+    __version__ = version("softmaxkit")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
-    "normalize", "normalizers", "NormalizerSpec", "OnlineSoftmaxState", "attention", "use_backend",
+    "normalize", "normalizers", "NormalizerSpec", "register_normalizer", "unregister_normalizer", "OnlineSoftmaxState", "attention", "use_backend",
     "softmax", "log_softmax", "logsumexp", "adaptive_softmax", "ssmax", "sa_softmax", "multimax",
     "sparse_softmax", "sparsemax", "entmax15", "entmax", "as_entmax", "softpick", "stablemax",
     "clipped_softmax", "sigmoid", "relu", "relu_l1", "softplus_l1", "softmax_topk", "log_softmax_topk",

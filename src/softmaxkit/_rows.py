@@ -6,7 +6,8 @@ Every public function in softmaxkit follows the same conventions (see DESIGN.md)
 * ``mask`` is a bool tensor broadcastable to ``x``, True = visible. Entries whose
   score is ``-inf`` behave exactly like masked entries.
 * float16 / bfloat16 inputs are computed in float32 and returned in the input dtype.
-* Bad input raises ``TypeError`` / ``ValueError`` naming the argument.
+* Bad input raises ``TypeError`` / ``ValueError`` naming the argument (the checks live in
+  :mod:`softmaxkit._checks`).
 
 :func:`prepare_rows` turns ``(x, dim, mask)`` into a :class:`Rows` view whose
 normalised axis is the last one, so that each normalizer is written once, for the
@@ -15,89 +16,18 @@ last axis, and :meth:`Rows.restore` puts the result back in the caller's layout.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from numbers import Real
 
 import torch
 
+from ._checks import check_dim, check_floating
+
 LOW_PRECISION = (torch.float16, torch.bfloat16)
-
-
-def check_floating(x, name: str = "x") -> None:
-    """Raise ``TypeError`` unless ``x`` is a floating-point tensor."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
-        raise TypeError(
-            f"{name} must be a floating-point tensor (float16, bfloat16, float32 or float64), "
-            f"got dtype {x.dtype}"
-        )
-
-
-def check_dim(x: torch.Tensor, dim, name: str = "dim") -> int:
-    """Return ``dim`` as a non-negative axis index of ``x`` (a scalar counts as 1-d)."""
-    if isinstance(dim, bool) or not isinstance(dim, int):
-        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
-    ndim = max(x.dim(), 1)
-    if not -ndim <= dim < ndim:
-        raise ValueError(f"{name}={dim} is out of range for a tensor with {x.dim()} dimensions")
-    return dim % ndim
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float16 and bfloat16 are computed in float32; other dtypes as they are."""
     return torch.float32 if dtype in LOW_PRECISION else dtype
-
-
-def check_positive(value, name: str, *, allow_tensor: bool = True) -> None:
-    """Raise ``ValueError`` unless ``value`` (a number or a tensor) is > 0 everywhere."""
-    _check_number(value, name, allow_tensor)
-    if isinstance(value, torch.Tensor):
-        if not bool((value > 0).all()):
-            raise ValueError(f"{name} must be > 0, got a tensor with min {value.min().item()}")
-    elif not value > 0 or math.isnan(value):
-        raise ValueError(f"{name} must be > 0, got {value}")
-
-
-def check_at_least(value, minimum: float, name: str, *, allow_tensor: bool = True) -> None:
-    """Raise ``ValueError`` unless ``value`` >= ``minimum`` everywhere."""
-    _check_number(value, name, allow_tensor)
-    if isinstance(value, torch.Tensor):
-        if not bool((value >= minimum).all()):
-            raise ValueError(f"{name} must be >= {minimum}, got a tensor with min {value.min().item()}")
-    elif not value >= minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-
-
-def check_nonnegative(value, name: str) -> None:
-    """Raise ``ValueError`` unless ``value`` >= 0 everywhere."""
-    check_at_least(value, 0.0, name)
-
-
-def check_int_in_range(value, name: str, low: int, high: int | None = None) -> int:
-    """Raise unless ``value`` is an int with ``low <= value <= high``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point():
-            value = int(value.item())
-        else:
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < low or (high is not None and value > high):
-        bound = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {bound}, got {value}")
-    return value
-
-
-def _check_number(value, name: str, allow_tensor: bool) -> None:
-    if isinstance(value, torch.Tensor):
-        if not allow_tensor:
-            raise TypeError(f"{name} must be a number, got a tensor")
-        if not value.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor or a number, got dtype {value.dtype}")
-        if bool(torch.isnan(value).any()):
-            raise ValueError(f"{name} must not contain NaN")
-    elif isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
 
 
 def nonzero_or_one(d: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ._rows import check_int_in_range, compute_dtype, nonzero_or_one, prepare_rows
+from ._checks import check_int_in_range
+from ._rows import compute_dtype, nonzero_or_one, prepare_rows
 
 __all__ = ["OnlineSoftmaxState", "three_pass_softmax", "two_pass_softmax", "online_softmax"]
 

@@ -16,7 +16,7 @@ SDPA for ``softmaxkit_softmax``.
 Parameters: a model switched with :func:`swap` carries a :class:`softmaxkit.nn.Normalizer`
 per attention layer (``<layer>.softmaxkit_normalizer``, learnable parameters per head, in
 the state dict). Without it the registry defaults apply, except ``sparse_softmax``,
-whose ``k`` has no default: it keeps :data:`SPARSE_SOFTMAX_K` keys (or every key of a
+whose ``k`` has no default: its spec's fallback applies (8 keys, or every key of a
 shorter row). Attention dropout is not applied (a warning says so once).
 
 ``transformers`` is imported only inside these functions: ``import softmaxkit`` never
@@ -29,11 +29,9 @@ import warnings
 
 from . import registry
 
-__all__ = ["register", "swap", "implementation_name", "PREFIX", "SPARSE_SOFTMAX_K"]
+__all__ = ["register", "swap", "implementation_name", "PREFIX"]
 
 PREFIX = "softmaxkit_"
-#: ``k`` of ``softmaxkit_sparse_softmax`` when the layer carries no normalizer module.
-SPARSE_SOFTMAX_K = 8
 _dropout_warned = False
 
 
@@ -49,9 +47,7 @@ def _layer_params(module, name: str, key_length: int) -> dict:
         params = {**norm.fixed, **norm.learned_values()}
     else:
         params = {}
-    if name == "sparse_softmax":
-        params["k"] = min(int(params.get("k") or SPARSE_SOFTMAX_K), max(key_length, 1))
-    return params
+    return registry.get(name).params_for_length(params, key_length)
 
 
 def _attention_function(name: str):

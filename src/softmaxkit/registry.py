@@ -1,18 +1,113 @@
-"""The registry of normalizers: one :class:`NormalizerSpec` per name, and :func:`normalize`.
+"""The registry of normalizers: one :class:`NormalizerSpec` per name.
 
-A normalizer is defined once, in ``softmaxkit.functional``, and registered once, here.
-Attention, losses, scores and the arena look normalizers up by name through this
-module and never keep a private copy of a formula.
+A built-in normalizer lives in its own module under :mod:`softmaxkit.normalizers`: its
+reference function, its parameters, properties, form and examples, registered here once.
+A user's normalizer is registered with :func:`register_normalizer` from its form alone.
+Everything else (attention, modules, Hugging Face names, losses, bench, arena, the
+README table) iterates :func:`normalizers` and reads the spec: no path keeps a list of
+names or a copy of a formula.
 """
 
 from __future__ import annotations
 
+import inspect
+import math
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-from . import functional as F
+from ._checks import check_known_params, check_number
+from .forms import (
+    FAMILIES,
+    Elementwise,
+    Form,
+    SoftmaxOf,
+    StreamRule,
+    SumNormalized,
+    Threshold,
+    form_parameters,
+    identity,
+    rule_from_form,
+)
+
+if TYPE_CHECKING:
+    from ._table import Table
+
+__all__ = [
+    "NormalizerSpec", "Param", "Learnable", "Example", "normalize", "normalizers", "names", "get",
+    "register_normalizer", "unregister_normalizer", "table",
+]
+
+
+@dataclass(frozen=True)
+class Learnable:
+    """How :class:`softmaxkit.nn.Normalizer` learns a parameter, as its paper does.
+
+    Attributes:
+        init: the initial value (a number; a tuple for a parameter of several values).
+        init_std: when the value given is all zeros, draw it instead from a normal truncated
+            at two standard deviations with this std (MultiMax's ``r``, ``t``).
+        low, high: keep the value inside ``(low, high)`` by learning ``raw`` with
+            ``value = low + (high - low) sigmoid(raw)`` (entmax ``alpha`` in (1, 2)).
+    """
+
+    init: float | tuple[float, ...]
+    init_std: float | None = None
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def constrained(self) -> bool:
+        return self.low is not None and self.high is not None
+
+    def to_raw(self, value: torch.Tensor, name: str) -> torch.Tensor:
+        """The tensor a module stores for ``value`` (``ValueError`` naming ``name`` outside the bounds)."""
+        if not self.constrained:
+            return value
+        low, high = float(self.low), float(self.high)  # type: ignore[arg-type]
+        if not bool(((value > low) & (value < high)).all()):
+            raise ValueError(f"a learnable {name} must be strictly between {low} and {high}, got {value.tolist()}")
+        u = (value - low) / (high - low)
+        return torch.log(u / (1 - u))
+
+    def from_raw(self, raw: torch.Tensor) -> torch.Tensor:
+        if not self.constrained:
+            return raw
+        return self.low + torch.sigmoid(raw) * (self.high - self.low)  # type: ignore[operator]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One keyword parameter of a normalizer.
+
+    Attributes:
+        name: the keyword.
+        default: its default, read from the reference function's signature.
+        size: values per parameter (MultiMax's ``r`` and ``t`` hold 4; a tensor value then
+            has them along its first axis).
+        learnable: how a module learns it, or ``None``.
+        for_length: ``for_length(value, length)`` is the value an attention layer uses for
+            rows of ``length`` keys, given the value it has (``None`` when no caller could
+            pass one, as in a Hugging Face layer without a :class:`softmaxkit.nn.Normalizer`):
+            sparse_softmax keeps at most the row length.
+    """
+
+    name: str
+    default: Any = None
+    size: int = 1
+    learnable: Learnable | None = None
+    for_length: Callable[[Any, int], Any] | None = None
+
+
+@dataclass(frozen=True)
+class Example:
+    """A known input and output: ``normalize(x, name, **params) == expected``."""
+
+    x: tuple
+    expected: tuple
+    params: Mapping[str, Any] = field(default_factory=dict)
+    note: str = ""
 
 
 @dataclass(frozen=True)
@@ -23,51 +118,159 @@ class NormalizerSpec:
         name: the registered name, as passed to :func:`normalize`.
         fn: the reference function ``fn(x, dim=-1, mask=None, **params)``.
         formula: the definition, row-wise over ``dim``.
+        reference: the paper (authors, year, arXiv id).
+        form: how the other paths compute it (:mod:`softmaxkit.forms`); ``None`` when it has
+            no form that streams (``sparse_softmax``: its top-k needs whole rows).
         sums_to_one: every row with a visible entry sums to one.
         can_be_sparse: outputs can contain exact zeros at visible entries.
         shift_invariant: ``fn(x + c) == fn(x)`` for a constant ``c`` per row.
-        passes: passes over the keys needed to stream it in attention (1 or 2), or
-            ``None`` for a threshold search over several passes (sparsemax, entmax).
-        params: keyword parameters and their defaults.
-        learnable: parameters that :class:`softmaxkit.nn.Normalizer` owns, with their
-            initial values (as the papers initialise them).
-        streamable: attention can accumulate it over key blocks with O(1) state per query
-            (DESIGN.md); sparse_softmax is not (its top-k needs O(k) state).
-        reference: the paper.
+        param_specs: the keyword parameters, in signature order.
+        stream: builds the normalizer's own :class:`~softmaxkit.forms.StreamRule` from the
+            parameters when its form alone does not say how it streams.
+        stream_passes: passes over the keys of that rule.
+        examples: known inputs and outputs (its tests run them).
+        tsallis_alpha: for a normalizer that is alpha-entmax of the raw scores outside the
+            threshold family (softmax: alpha = 1), alpha from the parameters, or ``None``.
+        user: registered from user code with :func:`register_normalizer`.
     """
 
     name: str
     fn: Callable[..., torch.Tensor]
     formula: str
+    reference: str
+    form: Form | None
     sums_to_one: bool
     can_be_sparse: bool
     shift_invariant: bool
-    passes: int | None
-    params: Mapping[str, object]
-    reference: str
-    learnable: Mapping[str, object] = field(default_factory=dict)
-    streamable: bool = True
+    param_specs: tuple[Param, ...] = ()
+    stream: Callable[[Mapping[str, Any]], StreamRule | None] | None = None
+    stream_passes: int | None = None
+    examples: tuple[Example, ...] = ()
+    tsallis_alpha: Callable[[Mapping[str, Any]], Any] | None = None
+    user: bool = False
+
+    @property
+    def family(self) -> str | None:
+        return None if self.form is None else self.form.family
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """Keyword parameters and their defaults."""
+        return {p.name: p.default for p in self.param_specs}
+
+    @property
+    def learnable(self) -> dict[str, Any]:
+        """Learnable parameters and their initial values."""
+        return {p.name: p.learnable.init for p in self.param_specs if p.learnable is not None}
+
+    def param(self, name: str) -> Param:
+        for p in self.param_specs:
+            if p.name == name:
+                return p
+        raise ValueError(f"normalizer {self.name!r} has no parameter {name!r}; parameters: "
+                         f"{', '.join(self.params) or 'none'}")
+
+    @property
+    def streamable(self) -> bool:
+        """Attention can accumulate it over key blocks with O(1) state per query (DESIGN.md)."""
+        return self.form is not None or self.stream is not None
+
+    @property
+    def passes(self) -> int | None:
+        """Passes over the keys when streaming (``None``: a threshold search over several)."""
+        if isinstance(self.form, Threshold):
+            return None
+        if self.stream_passes is not None:
+            return self.stream_passes
+        return self.form.passes if isinstance(self.form, SoftmaxOf) else 1
 
     @property
     def streaming(self) -> str:
-        """How attention streams it: ``"one pass"``, ``"2 passes"``, ``"threshold search"``,
-        or ``"dense"`` when it cannot be streamed with O(1) state per query."""
+        """``"one pass"``, ``"2 passes"``, ``"threshold search"`` or ``"dense"``."""
         if not self.streamable:
             return "dense"
-        if self.passes is None:
+        passes = self.passes
+        if passes is None:
             return "threshold search"
-        return "one pass" if self.passes == 1 else f"{self.passes} passes"
+        return "one pass" if passes == 1 else f"{passes} passes"
+
+    def with_defaults(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` over the defaults; ``TypeError`` for a name the normalizer does not take."""
+        check_known_params(params, self.params, f"normalizer {self.name!r}")
+        return {**self.params, **params}
+
+    def stream_rule(self, params: Mapping[str, Any]) -> StreamRule | None:
+        """The streaming rule for these parameters (defaults filled in), or ``None``: dense only."""
+        merged = self.with_defaults(params)
+        if self.stream is not None:
+            return self.stream(merged)
+        if self.form is None:
+            return None
+        return rule_from_form(self.form, merged)
+
+    def params_for_length(self, params: Mapping[str, Any], length: int) -> dict[str, Any]:
+        """``params`` as an attention layer over rows of ``length`` keys uses them (see :class:`Param`)."""
+        out = dict(params)
+        for p in self.param_specs:
+            if p.for_length is not None:
+                out[p.name] = p.for_length(out.get(p.name), length)
+        return out
+
+    def entmax_alpha(self, params: Mapping[str, Any]) -> Any:
+        """The alpha for which this normalizer is alpha-entmax of the raw scores, or ``None``.
+
+        softmax (temperature 1) is alpha = 1; the threshold family gives its alpha when its
+        map ``g`` is the identity. This is what a Fenchel-Young loss needs.
+        """
+        merged = self.with_defaults(params)
+        if self.tsallis_alpha is not None:
+            return self.tsallis_alpha(merged)
+        if isinstance(self.form, Threshold) and self.form.g is identity:
+            return self.form.alpha(merged)
+        return None
 
 
 _REGISTRY: dict[str, NormalizerSpec] = {}
 
 
-def register(spec: NormalizerSpec) -> NormalizerSpec:
-    """Add ``spec`` to the registry; a name can be registered once."""
-    if spec.name in _REGISTRY:
-        raise ValueError(f"normalizer {spec.name!r} is already registered")
-    _REGISTRY[spec.name] = spec
+def signature_params(fn: Callable[..., Any]) -> dict[str, Any]:
+    """The keyword parameters of a reference function ``fn(x, dim=-1, mask=None, **params)``."""
+    params = list(inspect.signature(fn).parameters.values())
+    head = [p.name for p in params[:3]]
+    if head != ["x", "dim", "mask"]:
+        raise TypeError(f"a reference function takes (x, dim=-1, mask=None, ...), got ({', '.join(head)}, ...)")
+    return {p.name: (None if p.default is inspect.Parameter.empty else p.default) for p in params[3:]}
+
+
+def builtin(fn: Callable[..., torch.Tensor], *, form: Form | None, formula: str, reference: str,
+            sums_to_one: bool, can_be_sparse: bool, shift_invariant: bool,
+            learnable: Mapping[str, Learnable] | None = None, sizes: Mapping[str, int] | None = None,
+            for_length: Mapping[str, Callable[[Any, int], Any]] | None = None,
+            stream: Callable[[Mapping[str, Any]], StreamRule | None] | None = None,
+            stream_passes: int | None = None, examples: tuple[Example, ...] = (),
+            tsallis_alpha: Callable[[Mapping[str, Any]], Any] | None = None) -> NormalizerSpec:
+    """Register a built-in normalizer from its reference function ``fn`` (its name is the
+    registered name and its signature the parameter list) and return the spec."""
+    learnable, sizes, for_length = learnable or {}, sizes or {}, for_length or {}
+    defaults = signature_params(fn)
+    for extra in set(learnable) | set(sizes) | set(for_length):
+        if extra not in defaults:
+            raise ValueError(f"{fn.__name__}: {extra!r} is not a parameter of the reference function")
+    specs = tuple(Param(name, default, sizes.get(name, 1), learnable.get(name), for_length.get(name))
+                  for name, default in defaults.items())
+    spec = NormalizerSpec(name=fn.__name__, fn=fn, formula=formula, reference=reference, form=form,
+                          sums_to_one=sums_to_one, can_be_sparse=can_be_sparse, shift_invariant=shift_invariant,
+                          param_specs=specs, stream=stream, stream_passes=stream_passes, examples=examples,
+                          tsallis_alpha=tsallis_alpha)
+    _add(spec)
     return spec
+
+
+def _add(spec: NormalizerSpec) -> None:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"normalizer {spec.name!r} is already registered; unregister_normalizer({spec.name!r}) "
+                         "first to replace it")
+    _REGISTRY[spec.name] = spec
 
 
 def get(name: str) -> NormalizerSpec:
@@ -92,7 +295,8 @@ def names() -> list[str]:
     return list(_REGISTRY)
 
 
-def normalize(x: torch.Tensor, name: str, dim: int = -1, mask: torch.Tensor | None = None, **params) -> torch.Tensor:
+def normalize(x: torch.Tensor, name: str, dim: int = -1, mask: torch.Tensor | None = None,
+              **params: Any) -> torch.Tensor:
     """Apply the normalizer registered as ``name`` to ``x`` along ``dim``.
 
     Args:
@@ -105,78 +309,120 @@ def normalize(x: torch.Tensor, name: str, dim: int = -1, mask: torch.Tensor | No
     Example:
         >>> import torch, softmaxkit as sk
         >>> sk.normalize(torch.tensor([1.0, 2.0, 3.0]), "sparsemax")
-        tensor([0.0000, 0.0000, 1.0000])
+        tensor([0., 0., 1.])
     """
     spec = get(name)
-    unknown = sorted(set(params) - set(spec.params))
-    if unknown:
-        accepted = ", ".join(spec.params) or "none"
-        raise TypeError(f"normalizer {name!r} got unexpected parameter(s) {unknown}; accepted: {accepted}")
+    check_known_params(params, spec.params, f"normalizer {name!r}")
     return spec.fn(x, dim=dim, mask=mask, **params)
 
 
-def _register_builtin() -> None:
-    rows = [
-        ("softmax", F.softmax, "exp(x/T - m) / sum exp(x/T - m)", True, False, True, 1,
-         {"temperature": 1.0}, "Bridle 1990; temperature: Hinton et al. 2015, arXiv 1503.02531", {}),
-        ("adaptive_softmax", F.adaptive_softmax,
-         "softmax(beta x), beta = max(poly(H(softmax x)), 1) if H > 0.5 else 1", True, False, True, 2,
-         {"detach_beta": False}, "Velickovic et al. 2024, arXiv 2410.01104", {}),
-        ("ssmax", F.ssmax, "softmax(s log(n) x)", True, False, True, 1,
-         {"s": F.SSMAX_S_INIT, "n": None}, "Nakanishi 2025, arXiv 2501.19399", {"s": F.SSMAX_S_INIT}),
-        ("sa_softmax", F.sa_softmax, "x * softmax(x)  (normalized: rescaled x * softmax(x))", False, False, False, 1,
-         {"normalized": False, "eps": 1e-6}, "Self-Adjust Softmax, Zheng et al. 2025, arXiv 2502.18277", {}),
-        ("multimax", F.multimax, "softmax(sigma(x)), piecewise-quadratic modulator sigma", True, False, False, 1,
-         {"r": F.MULTIMAX_R_INIT, "t": F.MULTIMAX_T_INIT}, "Zhou, Fritz & Keuper, ICML 2024, arXiv 2406.01189",
-         {"r": F.MULTIMAX_R_INIT, "t": F.MULTIMAX_T_INIT}),
-        ("sparse_softmax", F.sparse_softmax, "softmax over the k largest entries, 0 elsewhere", True, True, True, None,
-         {"k": None}, "Sun et al. 2021, Sparse-softmax, arXiv 2112.12433", {}),
-        ("sparsemax", F.sparsemax, "[x - tau]_+ with sum 1", True, True, True, None,
-         {}, "Martins & Astudillo 2016, arXiv 1602.02068", {}),
-        ("entmax15", F.entmax15, "[(x/2 - tau)]_+^2 with sum 1", True, True, True, None,
-         {}, "Peters, Niculae & Martins 2019, arXiv 1905.05702", {}),
-        ("entmax", F.entmax, "[(alpha-1) x - tau]_+^(1/(alpha-1)) with sum 1", True, True, True, None,
-         {"alpha": 1.5}, "Peters, Niculae & Martins 2019, arXiv 1905.05702; Correia et al. 2019, arXiv 1909.00015",
-         {"alpha": 1.5}),
-        ("as_entmax", F.as_entmax, "entmax_alpha((delta + beta (log n)^gamma) x)", True, True, True, None,
-         {"alpha": 1.5, "beta": 1.0, "gamma": 1.0, "delta": 1.0, "n": None},
-         "Adaptive-Scalable Entmax, Vasylenko, Pitorro, Martins & Treviso 2025, arXiv 2506.16640",
-         {"alpha": 1.5, "beta": 1.0, "gamma": 1.0}),
-        ("softpick", F.softpick, "relu(e^x - 1) / (sum |e^x - 1| + eps)", False, True, False, 1,
-         {"eps": 1e-6}, "Zuhri et al. 2025, arXiv 2504.20966", {}),
-        ("stablemax", F.stablemax, "s(x) / sum s(x), s(x) = x+1 (x>=0), 1/(1-x) (x<0)", True, False, False, 1,
-         {}, "Prieto et al. 2025, arXiv 2501.04697", {}),
-        ("clipped_softmax", F.clipped_softmax, "clip((zeta - gamma) softmax(x) + gamma, 0, 1)", False, True, True, 2,
-         {"gamma": -0.03, "zeta": 1.0}, "Bondarenko, Nagel & Blankevoort 2023, arXiv 2306.12929", {}),
-        ("sigmoid", F.sigmoid, "sigmoid(x + b), b = -log n by default", False, False, False, 1,
-         {"bias": None, "bias_offset": 0.0}, "Ramapuram et al. 2024, arXiv 2409.04431", {"bias_offset": 0.0}),
-        ("relu", F.relu, "relu(x) / n", False, True, False, 1,
-         {}, "Wortsman et al. 2023, arXiv 2309.08586", {}),
-        ("relu_l1", F.relu_l1, "relu(x) / (sum relu(x) + eps)", False, True, False, 1,
-         {"eps": 1e-6}, "l1-normalised ReLU (Wortsman et al. 2023, arXiv 2309.08586)", {}),
-        ("softplus_l1", F.softplus_l1, "softplus(x) / (sum softplus(x) + eps)", False, False, False, 1,
-         {"eps": 1e-6}, "l1-normalised softplus", {}),
-    ]
-    for name, fn, formula, s1, sparse, shift, passes, params, ref, learn in rows:
-        register(NormalizerSpec(name=name, fn=fn, formula=formula, sums_to_one=s1, can_be_sparse=sparse,
-                                shift_invariant=shift, passes=passes, params=params, reference=ref,
-                                learnable=learn, streamable=name != "sparse_softmax"))
+_FORMS = {"softmax_of": SoftmaxOf, "sum_normalized": SumNormalized, "elementwise": Elementwise,
+          "threshold": Threshold}
+_FORMULAS = {"softmax_of": "softmax(g(x))", "sum_normalized": "h(x) / (sum h(x) + eps)",
+             "elementwise": "h(x)", "threshold": "alpha-entmax(g(x))"}
 
 
-_register_builtin()
+def register_normalizer(name: str, family: str, *, h: Callable | None = None, dh: Callable | None = None,
+                        g: Callable | None = None, dg: Callable | None = None, alpha: float | None = None,
+                        eps: float | None = None, formula: str | None = None, reference: str = "user-defined",
+                        sums_to_one: bool | None = None, can_be_sparse: bool = False,
+                        shift_invariant: bool = False) -> NormalizerSpec:
+    r"""Register a normalizer of your own; it then works everywhere a built-in one does.
+
+    ``sk.normalize``, ``sk.attention`` (dense and streaming, forward and backward),
+    ``sk.nn.Normalizer``, ``sk.nn.Attention``, the Hugging Face names and the bench and
+    arena lists all read the spec. The family says what the pieces mean:
+
+    * ``"softmax_of"``: ``softmax(g(x))``; give ``g`` and its derivative ``dg``;
+    * ``"sum_normalized"``: ``h(x) / (sum h(x) + eps)``; give ``h``, ``dh`` and ``eps``
+      (``h`` must be non-negative);
+    * ``"elementwise"``: ``h(x)``; give ``h`` and ``dh``;
+    * ``"threshold"``: ``alpha-entmax(g(x))``; give ``alpha`` (``g`` defaults to the identity).
+
+    A piece takes the scores first; its other arguments become the normalizer's keyword
+    parameters, with the piece's defaults, and an argument named ``n`` receives the number
+    of visible entries of the row.
+
+    Example:
+        >>> def cube(x): return torch.relu(x) ** 3
+        >>> def dcube(x): return 3 * torch.relu(x) ** 2
+        >>> sk.register_normalizer("relu3_l1", family="sum_normalized", h=cube, dh=dcube, eps=1e-6)
+        >>> p = sk.normalize(torch.randn(8, 50), "relu3_l1")
+
+    Raises:
+        ValueError: the name is taken (``unregister_normalizer`` it first), the family is
+            unknown, or a piece the family needs is missing.
+    """
+    from .normalizers._generic import reference_for
+
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"name must be a Python identifier (it becomes softmaxkit_<name>), got {name!r}")
+    if name in _REGISTRY:
+        raise ValueError(f"normalizer {name!r} is already registered; unregister_normalizer({name!r}) first")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {', '.join(map(repr, FAMILIES))}, got {family!r}")
+    needs = {"softmax_of": {"g": g, "dg": dg}, "sum_normalized": {"h": h, "dh": dh},
+             "elementwise": {"h": h, "dh": dh}, "threshold": {"alpha": alpha}}[family]
+    missing = [k for k, v in needs.items() if v is None]
+    if missing:
+        raise ValueError(f"family {family!r} needs {', '.join(missing)}")
+    unused = [k for k, v in {"h": h, "dh": dh, "g": g, "dg": dg, "alpha": alpha, "eps": eps}.items()
+              if v is not None and k not in needs and not (family == "threshold" and k in ("g", "dg"))
+              and not (family == "sum_normalized" and k == "eps")]
+    if unused:
+        raise ValueError(f"family {family!r} does not take {', '.join(unused)}")
+    form: Form
+    if family == "softmax_of":
+        form = SoftmaxOf(g=g, dg=dg)  # type: ignore[arg-type]
+    elif family == "sum_normalized":
+        form = SumNormalized(h=h, dh=dh)  # type: ignore[arg-type]
+    elif family == "elementwise":
+        form = Elementwise(h=h, dh=dh)  # type: ignore[arg-type]
+    else:
+        check_number(alpha, "alpha", allow_tensor=False)
+        if not alpha >= 1:  # type: ignore[operator]
+            raise ValueError(f"alpha must be >= 1, got {alpha}")
+        fixed_alpha = float(alpha)  # type: ignore[arg-type]
+        form = Threshold(alpha=lambda params: fixed_alpha, **({"g": g, "dg": dg} if g is not None else {}))
+    defaults = form_parameters(form)
+    if family == "sum_normalized":
+        eps = 0.0 if eps is None else eps
+        check_number(eps, "eps", allow_tensor=False)
+        if not (eps >= 0 and math.isfinite(eps)):
+            raise ValueError(f"eps must be a finite number >= 0, got {eps}")
+        defaults["eps"] = float(eps)
+    for pname in ("x", "dim", "mask"):
+        if pname in defaults:
+            raise ValueError(f"a piece parameter may not be called {pname!r}")
+    spec = NormalizerSpec(
+        name=name, fn=reference_for(name, form, defaults), formula=formula or _FORMULAS[family],
+        reference=reference, form=form,
+        sums_to_one=family in ("softmax_of", "threshold") if sums_to_one is None else sums_to_one,
+        can_be_sparse=can_be_sparse or family == "threshold", shift_invariant=shift_invariant,
+        param_specs=tuple(Param(k, v) for k, v in defaults.items()), user=True)
+    _add(spec)
+    return spec
 
 
-def table() -> "Table":
+def unregister_normalizer(name: str) -> NormalizerSpec:
+    """Remove ``name`` from the registry (for tests and for replacing a user normalizer);
+    returns its spec. ``ValueError`` for an unknown name."""
+    spec = get(name)
+    del _REGISTRY[name]
+    return spec
+
+
+def table() -> Table:
     """The registry as a :class:`softmaxkit._table.Table` (what ``softmaxkit list`` prints
     and what the README's normalizer table is generated from)."""
     from ._table import Table
 
     out = Table(title="Registered normalizers",
-                columns=["name", "definition", "sums to one", "can be sparse", "streaming",
+                columns=["name", "definition", "family", "sums to one", "can be sparse", "streaming",
                          "parameters", "learnable", "paper"])
     for spec in normalizers():
         params = ", ".join(f"{k}={v}" for k, v in spec.params.items()) or "-"
         learnable = ", ".join(spec.learnable) or "-"
-        out.add(spec.name, spec.formula, "yes" if spec.sums_to_one else "no",
+        out.add(spec.name, spec.formula, spec.family or "-", "yes" if spec.sums_to_one else "no",
                 "yes" if spec.can_be_sparse else "no", spec.streaming, params, learnable, spec.reference)
     return out

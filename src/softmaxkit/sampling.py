@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from . import functional as F
-from ._rows import check_dim, check_floating, check_int_in_range, check_positive, compute_dtype
+from ._checks import check_dim, check_floating, check_int_in_range, check_positive
+from ._rows import compute_dtype
 from .kernels import dispatch
 
 __all__ = ["soften", "gumbel_softmax", "straight_through", "sample"]

@@ -32,13 +32,23 @@ def test_plain_softmax_goes_to_sdpa_and_matches_dense(monkeypatch):
     assert len(calls) == 2 and calls[0]["enable_gqa"]
 
 
-def test_softmax_with_extras_streams_instead_of_sdpa(monkeypatch):
-    monkeypatch.setattr(api, "_sdpa", lambda *a: pytest.fail("SDPA used for a temperature"))
-    monkeypatch.setattr(api, "dense_attention", lambda *a: pytest.fail("dense path for a long input"))
+def test_softmax_with_a_number_temperature_runs_on_sdpa_with_a_scaled_scale(monkeypatch):
     q, k, v = _qkv(lq=130, lk=130, b=1, h=1, hk=1)
-    out = sk.attention(q, k, v, temperature=0.5, is_causal=True)
+    additive = torch.randn(130, 130, dtype=q.dtype, generator=torch.Generator().manual_seed(3))
+    for mask, causal in ((None, True), (additive, False)):
+        out = sk.attention(q, k, v, temperature=0.5, is_causal=causal, attn_mask=mask, method="sdpa")
+        ref = sk.attention(q, k, v, temperature=0.5, is_causal=causal, attn_mask=mask, method="dense")
+        torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+
+
+def test_softmax_with_a_tensor_temperature_streams_instead_of_sdpa(monkeypatch):
+    monkeypatch.setattr(api, "_sdpa", lambda *a: pytest.fail("SDPA used for a tensor temperature"))
+    monkeypatch.setattr(api, "dense_attention", lambda *a: pytest.fail("dense path for a long input"))
+    q, k, v = _qkv(lq=130, lk=130, b=1, h=2, hk=1)
+    t = torch.tensor([0.5, 2.0], dtype=q.dtype).reshape(2, 1, 1)
+    out = sk.attention(q, k, v, temperature=t, is_causal=True)
     monkeypatch.undo()
-    ref = sk.attention(q, k, v, temperature=0.5, is_causal=True, method="dense")
+    ref = sk.attention(q, k, v, temperature=t, is_causal=True, method="dense")
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
 
 

@@ -39,10 +39,11 @@ def _configs(h, gen):
         ("sparsemax", {}),
         ("entmax15", {}),
         ("entmax", {"alpha": 1.3}),
+        ("as_entmax", {"alpha": 1.5, "beta": _per_head(h, 1.0, gen), "gamma": _per_head(h, 1.0, gen)}),
     ]
 
 
-N_CONFIGS = 19
+N_CONFIGS = len(_configs(1, torch.Generator().manual_seed(0)))
 
 
 def _scenario(kind, gen):
@@ -112,8 +113,9 @@ def test_streaming_equals_dense_float32(name):
         torch.testing.assert_close(gs, gd, rtol=0, atol=1e-5)
 
 
-def test_configs_cover_every_rule():
-    assert len(_configs(2, torch.Generator().manual_seed(0))) == N_CONFIGS
+def test_configs_cover_every_streamable_normalizer():
+    covered = {name for name, _ in _configs(2, torch.Generator().manual_seed(0))}
+    assert covered == {spec.name for spec in sk.normalizers() if spec.streamable and not spec.user}
 
 
 def test_rows_without_keys_are_zero_with_zero_gradient():
@@ -166,8 +168,7 @@ def test_float16_is_computed_in_float32():
 
 
 def test_every_streamable_normalizer_has_a_rule():
-    dense_only = {"sparse_softmax", "as_entmax"}
     for spec in sk.normalizers():
-        assert (rule_for(spec.name, dict(spec.params)) is None) == (spec.name in dense_only), spec.name
+        assert (rule_for(spec.name, dict(spec.params)) is None) == (not spec.streamable), spec.name
     assert rule_for("entmax", {"alpha": torch.tensor(1.5)}) is None  # learnable alpha: dense
     assert rule_for("entmax", {"alpha": 2.5}) is None

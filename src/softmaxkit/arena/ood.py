@@ -23,8 +23,8 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from .._table import Table
 from .. import scores as S
+from .._table import Table
 
 OOD_CLAIM = (
     "Softmax-based OOD scores beat the MSP baseline (Hendrycks & Gimpel 2017): ODIN "

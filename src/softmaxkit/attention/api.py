@@ -6,9 +6,11 @@ import torch
 import torch.nn.functional as torch_f
 
 from .. import registry
+from .._checks import check_choice
+from ..forms import COUNT, SoftmaxOf
+from ..registry import NormalizerSpec
 from .dense import dense_attention
 from .inputs import AttentionInputs, prepare
-from .rules import rule_for
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
 METHODS = ("auto", "sdpa", "streaming", "dense")
@@ -17,44 +19,49 @@ METHODS = ("auto", "sdpa", "streaming", "dense")
 SMALL_SCORES = 128 * 128
 
 
-def _per_head(value: torch.Tensor, name: str, inp: AttentionInputs) -> bool:
-    """A tensor parameter streams when it is constant over queries and keys (e.g. one per head)."""
+def _per_head(value: torch.Tensor, size: int, inp: AttentionInputs) -> bool:
+    """A tensor parameter streams when it is constant over queries and keys (e.g. one per head);
+    a parameter of ``size > 1`` values carries them along its first axis."""
     b, h, _, _ = inp.shape
-    shape = value.shape[1:] if name in ("r", "t") else value.shape
+    shape = value.shape[1:] if size > 1 else value.shape
     try:
         return torch.broadcast_shapes(shape, (b, h, 1, 1)) == (b, h, 1, 1)
     except RuntimeError:
         return False
 
 
-def _validate(normalizer: str, params: dict, inp: AttentionInputs) -> None:
+def _validate(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> None:
     """Let the reference check the parameter values on one row of scores per (batch, head).
 
     Tensors that vary per query or key are checked by the dense reference that uses them."""
     b, h, _, lk = inp.shape
     dummy = torch.zeros(b, h, 1, max(lk, 2), dtype=inp.q.dtype, device=inp.q.device)
     checked = {n: val for n, val in params.items()
-               if not isinstance(val, torch.Tensor) or (n != "n" and _per_head(val, n, inp))}
-    registry.normalize(dummy, normalizer, dim=-1, **checked)
+               if not isinstance(val, torch.Tensor) or (n != COUNT and _per_head(val, spec.param(n).size, inp))}
+    spec.fn(dummy, dim=-1, mask=None, **checked)
 
 
-def _sdpa_fits(normalizer: str, params: dict, inp: AttentionInputs) -> bool:
-    if normalizer != "softmax" or any(n != "temperature" for n in params):
-        return False
-    t = params.get("temperature", 1.0)
-    if isinstance(t, torch.Tensor) or t != 1.0:
-        return False
+def _sdpa_factor(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> float | None:
+    """The factor ``a`` when the normalizer is ``softmax(a x)`` for a number ``a`` (SDPA can run it
+    with its scale times ``a``), else ``None``."""
+    if not isinstance(spec.form, SoftmaxOf) or spec.form.linear_factor is None or spec.stream is not None:
+        return None
+    factor = spec.form.linear_factor(spec.with_defaults(params))
+    if factor is None:
+        return None
     _, _, lq, lk = inp.shape
-    return not (inp.is_causal and (inp.has_user_mask or (lq != lk and lq != 1)))
+    if inp.is_causal and (inp.has_user_mask or (lq != lk and lq != 1)):
+        return None
+    return factor
 
 
-def _sdpa(q, k, v, inp: AttentionInputs) -> torch.Tensor:
+def _sdpa(q, k, v, inp: AttentionInputs, factor: float = 1.0) -> torch.Tensor:
     _, _, lq, _ = inp.shape
     mask = inp.bool_mask if inp.bool_mask is not None else inp.additive_mask
     if mask is not None and mask.is_floating_point():
-        mask = mask.to(q.dtype)
+        mask = mask.to(q.dtype) * factor
     return torch_f.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, scale=inp.scale, is_causal=inp.is_causal and lq > 1,
+        q, k, v, attn_mask=mask, scale=inp.scale * factor, is_causal=inp.is_causal and lq > 1,
         enable_gqa=inp.kv_groups > 1)
 
 
@@ -79,9 +86,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     ``(B, H, Lq, D)``, ``k`` and ``v`` are ``(B, Hkv, Lk, D)`` and ``(B, Hkv, Lk, Dv)`` with
     ``Hkv`` dividing ``H`` (grouped-query attention). Every streamable normalizer is
     computed over key blocks without building the ``Lq x Lk`` matrix, in the forward and
-    the backward pass (``method="streaming"``); plain softmax goes to torch SDPA; the
-    rest (``sparse_softmax``, whose top-k needs whole rows, ``as_entmax``, entmax with a
-    tensor alpha, and parameters that vary per query or key) use the dense reference, as
+    the backward pass (``method="streaming"``); a normalizer that is ``softmax(a x)`` for a
+    number ``a`` (softmax with a number temperature) goes to torch SDPA; the rest
+    (``sparse_softmax``, whose top-k needs whole rows, the threshold family with a tensor
+    alpha, and parameters that vary per query or key) use the dense reference, as
     does ``method="auto"`` for short inputs (``Lq * Lk <= 128 * 128``), where it is faster.
 
     Visibility: ``attn_mask`` is bool (True = visible) or float (added to the scores;
@@ -94,7 +102,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     Args:
         normalizer: a registered name (``softmaxkit list``).
         scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
-        method: ``"auto"``, ``"sdpa"`` (softmax only), ``"streaming"`` or ``"dense"``.
+        method: ``"auto"``, ``"sdpa"`` (``softmax(a x)`` normalizers only), ``"streaming"`` or ``"dense"``.
         block_size: ``block`` or ``(block_q, block_k)`` for the streaming path.
         **params: the normalizer's parameters (``q``, ``k``, ``v`` are positional-only, so
             ``k=8`` is sparse_softmax's ``k``); tensors broadcastable to ``(B, H, 1, 1)``
@@ -105,24 +113,21 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         >>> out = attention(q, k, v, "softpick", is_causal=True)
     """
     spec = registry.get(normalizer)
-    unknown = sorted(set(params) - set(spec.params))
-    if unknown:
-        raise TypeError(f"normalizer {normalizer!r} got unexpected parameter(s) {unknown}; "
-                        f"accepted: {', '.join(spec.params) or 'none'}")
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    merged = spec.with_defaults(params)
+    check_choice(method, "method", METHODS)
     block_q, block_k = _blocks(block_size)
     inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
-    _validate(normalizer, params, inp)
-    if method == "sdpa" or (method == "auto" and _sdpa_fits(normalizer, params, inp)):
-        if not _sdpa_fits(normalizer, params, inp):
-            raise ValueError("method='sdpa' needs normalizer='softmax' with temperature 1 and no causal mask "
-                             "combined with attn_mask or with Lq != Lk (Lq > 1)")
-        return _sdpa(q, k, v, inp)
-    merged = {**spec.params, **params}
-    rule = rule_for(normalizer, merged)
+    _validate(spec, params, inp)
+    factor = _sdpa_factor(spec, params, inp)
+    if method == "sdpa" or (method == "auto" and factor is not None):
+        if factor is None:
+            raise ValueError("method='sdpa' needs a normalizer that is softmax(a x) for a number a (softmax "
+                             "with a number temperature) and no causal mask combined with attn_mask or with "
+                             "Lq != Lk (Lq > 1)")
+        return _sdpa(q, k, v, inp, factor)
+    rule = spec.stream_rule(merged)
     streams = rule is not None and all(
-        _per_head(val, n, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))
+        _per_head(val, spec.param(n).size, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))
     if method == "streaming" and not streams:
         raise ValueError(f"normalizer {normalizer!r} with these parameters has no streaming path; "
                          "use method='auto' or 'dense'")

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .._rows import check_floating, compute_dtype
+from .._checks import check_floating
+from .._rows import compute_dtype
 
 
 @dataclass

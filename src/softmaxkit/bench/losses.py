@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 
 from .._table import Table
+from ..kernels.dispatch import softmax_topk
 from ..losses import linear_cross_entropy
 from ..losses.linear_cross_entropy import default_chunk_size, default_vocab_block
-from ..kernels.dispatch import softmax_topk
 from ..sampling import _blocked_topk, sample
 from ._measure import machine_header, median_time, peak_memory_bytes
 

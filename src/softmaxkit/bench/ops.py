@@ -5,7 +5,6 @@ measured in the same run (medians over repeated runs, :mod:`softmaxkit.bench._me
 
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 import torch.nn.functional as F

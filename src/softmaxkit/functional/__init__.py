@@ -1,32 +1,29 @@
-"""The reference definitions of every normalizer, in plain differentiable PyTorch.
+"""Every normalizer as a function, in the style of ``torch.nn.functional``.
 
-Kernels in :mod:`softmaxkit.kernels` are faster implementations of these same
-definitions and are tested against them.
+The definitions live one per module in :mod:`softmaxkit.normalizers`; this namespace gathers
+the public functions (they are also ``softmaxkit.<name>``).
 """
 
-from .rectified import relu, relu_l1, sigmoid, softpick, softplus_l1
-from .softmax import (
-    ADAPTIVE_POLY,
-    MULTIMAX_R_INIT,
-    MULTIMAX_T_INIT,
-    SSMAX_S_INIT,
-    adaptive_softmax,
-    clipped_softmax,
-    log_softmax,
-    logsumexp,
-    multimax,
-    multimax_modulator,
-    sa_softmax,
-    softmax,
-    sparse_softmax,
-    ssmax,
-    stablemax,
-)
-from .sparse import as_entmax, entmax, entmax15, sparsemax
+from ..normalizers.adaptive_softmax import adaptive_softmax
+from ..normalizers.as_entmax import as_entmax
+from ..normalizers.clipped_softmax import clipped_softmax
+from ..normalizers.entmax import entmax
+from ..normalizers.entmax15 import entmax15
+from ..normalizers.multimax import multimax
+from ..normalizers.relu import relu
+from ..normalizers.relu_l1 import relu_l1
+from ..normalizers.sa_softmax import sa_softmax
+from ..normalizers.sigmoid import sigmoid
+from ..normalizers.softmax import log_softmax, logsumexp, softmax
+from ..normalizers.softpick import softpick
+from ..normalizers.softplus_l1 import softplus_l1
+from ..normalizers.sparse_softmax import sparse_softmax
+from ..normalizers.sparsemax import sparsemax
+from ..normalizers.ssmax import ssmax
+from ..normalizers.stablemax import stablemax
 
 __all__ = [
     "softmax", "log_softmax", "logsumexp", "adaptive_softmax", "ssmax", "sa_softmax", "multimax",
-    "multimax_modulator", "sparse_softmax", "stablemax", "clipped_softmax", "sparsemax", "entmax15",
-    "entmax", "as_entmax", "softpick", "sigmoid", "relu", "relu_l1", "softplus_l1",
-    "SSMAX_S_INIT", "MULTIMAX_R_INIT", "MULTIMAX_T_INIT", "ADAPTIVE_POLY",
+    "sparse_softmax", "sparsemax", "entmax15", "entmax", "as_entmax", "softpick", "stablemax",
+    "clipped_softmax", "sigmoid", "relu", "relu_l1", "softplus_l1",
 ]

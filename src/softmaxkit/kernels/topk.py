@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .._rows import check_dim, check_floating, check_int_in_range
+from .._checks import check_dim, check_floating, check_int_in_range
 from . import dispatch
 
 
@@ -17,7 +17,7 @@ def _check(x, k, dim):
 
 
 def _reference(x, k, dim, log):
-    from ..functional.softmax import log_softmax, softmax
+    from ..normalizers.softmax import log_softmax, softmax
     with dispatch.use_backend("reference"):
         p = (log_softmax if log else softmax)(x, dim=dim)
     return torch.topk(p, k, dim=dim)

@@ -25,7 +25,8 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from .._rows import check_dim, check_floating, compute_dtype
+from .._checks import check_dim, check_floating
+from .._rows import compute_dtype
 from ..functional import logsumexp
 from ._reduce import check_reduction, reduce_loss
 

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from .._rows import check_floating, check_int_in_range, compute_dtype
+from .._checks import check_floating, check_int_in_range
+from .._rows import compute_dtype
 from ..algorithms import OnlineSoftmaxState
 from ._reduce import check_reduction
 

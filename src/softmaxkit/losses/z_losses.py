@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._rows import check_dim, check_floating, check_nonnegative, check_positive, compute_dtype
+from .._checks import check_dim, check_floating, check_nonnegative, check_positive
+from .._rows import compute_dtype
 from ..functional import logsumexp
 from ._reduce import check_reduction, reduce_loss
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from .._rows import check_int_in_range, compute_dtype
+from .._checks import check_int_in_range
+from .._rows import compute_dtype
 
 #: Default bound on the similarity block of one chunk, in bytes.
 DEFAULT_BLOCK_BYTES = 32 * 2**20

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .._rows import check_int_in_range, compute_dtype
+from .._checks import check_int_in_range
+from .._rows import compute_dtype
 from ..functional import softmax
 
 

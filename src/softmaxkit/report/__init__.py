@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 
 from .._plugins import Outcome
+from . import progress as _progress
 from .figures import SavedFigure, ratio_figure, save_figures
 from .html import render_html
 from .progress import say
-from . import progress as _progress
 
 __all__ = ["build_report", "write_report", "DEFAULT_OUT"]
 

@@ -14,7 +14,14 @@ lower = more in-distribution, negate them before the metrics).
 * early exit: :class:`EarlyExitCascade`.
 """
 
-from .calibration import ReliabilityDiagram, classwise_ece, ece, fit_temperature, nll, reliability_diagram
+from .calibration import (
+    ReliabilityDiagram,
+    classwise_ece,
+    ece,
+    fit_temperature,
+    nll,
+    reliability_diagram,
+)
 from .cascade import CascadeOutput, EarlyExitCascade
 from .centroid import CentroidDistance, centroid_distance, fit_centroids
 from .confidence import energy, entropy, label_non_uniformity, max_logit, msp

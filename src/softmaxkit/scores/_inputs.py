@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._rows import check_floating
+from .._checks import check_floating
 
 
 def check_logits_2d(logits, name: str = "logits") -> torch.Tensor:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as F
-from .._rows import check_int_in_range
+from .._checks import check_int_in_range
 from ._inputs import check_labels, check_logits_2d, check_probs
 
 STRATEGIES = ("uniform", "quantile")

@@ -52,8 +52,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from .confidence import msp
 from ._inputs import check_labels, check_logits_2d
+from .confidence import msp
 
 SEARCHES = ("auto", "exact", "coordinate", "per_stage")
 _INF = math.inf

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from .. import functional as F
-from .._rows import check_positive, compute_dtype, prepare_rows
+from .._checks import check_positive
+from .._rows import compute_dtype, prepare_rows
 
 
 def _rows(logits, dim, mask):

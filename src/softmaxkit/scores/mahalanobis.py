@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._rows import check_at_least, check_floating
+from .._checks import check_at_least, check_floating
 from ._inputs import check_labels
 
 

@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from .._rows import check_floating, check_nonnegative, check_positive, compute_dtype
+from .._checks import check_floating, check_nonnegative, check_positive
+from .._rows import compute_dtype
 
 
 def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,

@@ -1,7 +1,7 @@
 """Autograd-aware entry points to the numba softmax kernels (last axis, CPU).
 
 Each function takes a CPU tensor, float32 or float64, contiguous, normalised along its
-last axis, and returns what the reference in :mod:`softmaxkit.functional.softmax`
+last axis, and returns what the reference in :mod:`softmaxkit.normalizers.softmax`
 returns, within floating-point tolerance. Gradients come from the backward kernels
 through :class:`torch.autograd.Function` (``gradcheck`` holds in float64); with
 ``create_graph=True`` the same formulas run as PyTorch ops, so higher derivatives work.

@@ -50,7 +50,7 @@ class _EntmaxFunction(torch.autograd.Function):
         _k.entmax_rows(x2.numpy(), out.numpy(), alpha.numpy(), special.numpy())
         bad = special.nonzero().flatten()
         if bad.numel():
-            from ...functional.sparse import _entmax_reference
+            from ...normalizers.entmax import entmax_reference as _entmax_reference
             from ..dispatch import use_backend
             a = alpha[bad].to(x.dtype).unsqueeze(-1) if alpha_tensor is not None else alpha_value
             with use_backend("reference"), torch.no_grad():

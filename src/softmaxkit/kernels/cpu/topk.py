@@ -162,7 +162,7 @@ def softmax_topk(x, k: int, log: bool = False):
     softmax_topk_rows(x2.numpy(), k, values.numpy(), indices.numpy(), special.numpy(), log)
     bad = special.nonzero().flatten()
     if bad.numel():
-        from ...functional.softmax import log_softmax, softmax
+        from ...normalizers.softmax import log_softmax, softmax
         from ..dispatch import use_backend
         with use_backend("reference"):
             p = (log_softmax if log else softmax)(x2[bad], dim=-1)

@@ -1,4 +1,5 @@
-r"""Sparse normalizers: sparsemax, 1.5-entmax, alpha-entmax and Adaptive-Scalable entmax.
+r"""The alpha-entmax solvers shared by the threshold family (sparsemax, 1.5-entmax, alpha-entmax,
+Adaptive-Scalable entmax, a user's threshold normalizer).
 
 All of them are alpha-entmax for some alpha (Peters, Niculae & Martins 2019):
 
@@ -26,13 +27,11 @@ entries gives equal weights on them (the limit), a NaN stays in its own row, and
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ..kernels import dispatch
-from .._rows import Rows, check_at_least, nonzero_or_one, prepare_rows
-from .softmax import _infinite_limit, softmax_rows
+from .._checks import check_at_least, check_finite
+from .._rows import Rows, nonzero_or_one
+from .softmax import infinite_limit, softmax_rows
 
 #: |t| below which M(t) (see :func:`_m_times_p`) is summed as a power series.
 _SERIES_CUTOFF = 0.05
@@ -285,31 +284,19 @@ def entmax_rows(z: torch.Tensor, visible: torch.Tensor, alpha) -> torch.Tensor:
         p = _EntmaxFunction.apply(safe, finite, u, method)
     if bool((finite != visible).any()):
         inf_rows = (visible & (z == float("inf"))).any(-1, keepdim=True)
-        p = torch.where(inf_rows, _infinite_limit(z.detach(), visible), p)
+        p = torch.where(inf_rows, infinite_limit(z.detach(), visible), p)
         nan_rows = (visible & torch.isnan(z)).any(-1, keepdim=True)
         p = torch.where(nan_rows, torch.full_like(p, float("nan")), p)
     return p
 
 
-def _check_real(value, name: str) -> None:
-    """A finite number or a floating tensor without NaN/inf."""
-    if isinstance(value, torch.Tensor):
-        if not value.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor or a number, got dtype {value.dtype}")
-        if not bool(torch.isfinite(value).all()):
-            raise ValueError(f"{name} must be finite (no NaN or inf)")
-    elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number or a floating-point tensor, got {type(value).__name__}")
-    elif not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-
-
-def _check_alpha(alpha) -> None:
-    _check_real(alpha, "alpha")
+def check_alpha(alpha) -> None:
+    """alpha: a finite number or tensor, >= 1 everywhere."""
+    check_finite(alpha, "alpha")
     check_at_least(alpha, 1.0, "alpha")
 
 
-def _per_row(rows: Rows, value: torch.Tensor, name: str) -> torch.Tensor:
+def per_row(rows: Rows, value: torch.Tensor, name: str) -> torch.Tensor:
     """A tensor parameter with one value per row, as shape ``(..., 1)`` in rows layout.
 
     It must broadcast to the input and have size 1 along ``dim`` (e.g. ``(..., 1)`` or
@@ -324,9 +311,9 @@ def _per_row(rows: Rows, value: torch.Tensor, name: str) -> torch.Tensor:
     return rows.align(value, name)[..., :1]
 
 
-def _entmax_from_rows(rows: Rows, z: torch.Tensor, alpha) -> torch.Tensor:
+def entmax_from_rows(rows: Rows, z: torch.Tensor, alpha) -> torch.Tensor:
     if isinstance(alpha, torch.Tensor):
-        alpha = _per_row(rows, alpha, "alpha")
+        alpha = per_row(rows, alpha, "alpha")
     else:
         alpha = float(alpha)
     if z.shape[-1] == 0:
@@ -334,143 +321,3 @@ def _entmax_from_rows(rows: Rows, z: torch.Tensor, alpha) -> torch.Tensor:
     return rows.restore(rows.zero_invisible(entmax_rows(z, rows.visible, alpha)))
 
 
-# ----------------------------------------------------------------------------------------
-# reference implementations (kernels are tested against these) and public functions
-# ----------------------------------------------------------------------------------------
-
-def _sparsemax_reference(x, dim=-1, mask=None):
-    rows = prepare_rows(x, dim, mask)
-    return _entmax_from_rows(rows, rows.x, 2.0)
-
-
-def _entmax15_reference(x, dim=-1, mask=None):
-    rows = prepare_rows(x, dim, mask)
-    return _entmax_from_rows(rows, rows.x, 1.5)
-
-
-def _entmax_reference(x, dim=-1, mask=None, alpha=1.5):
-    _check_alpha(alpha)
-    rows = prepare_rows(x, dim, mask)
-    return _entmax_from_rows(rows, rows.x, alpha)
-
-
-def sparsemax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
-    r"""Sparsemax: the Euclidean projection of ``x`` onto the probability simplex.
-
-    .. math:: \mathrm{sparsemax}(x) = \arg\min_{p \in \Delta} \|p - x\|^2 = [x - \tau]_+,
-              \quad \textstyle\sum_i [x_i - \tau]_+ = 1
-
-    Exact (sort-based). Shift invariant; can be sparse. The Jacobian is
-    ``diag(s) - s s^T / |S|`` with ``s`` the support indicator. alpha-entmax at alpha = 2.
-
-    Martins & Astudillo (2016), "From Softmax to Sparsemax: A Sparse Model of Attention
-    and Multi-Label Classification", arXiv 1602.02068.
-    """
-    fast = dispatch.select("sparsemax", x, dim, mask)
-    if fast is not None:
-        return fast()
-    return _sparsemax_reference(x, dim, mask)
-
-
-def entmax15(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
-    r"""1.5-entmax, exact (sort-based).
-
-    .. math:: \mathrm{entmax}_{1.5}(x)_i = [x_i/2 - \tau]_+^2, \quad \textstyle\sum_i p_i = 1
-
-    Shift invariant; can be sparse; the Jacobian is ``diag(g) - g g^T / sum(g)`` with
-    ``g = sqrt(p)``. Peters, Niculae & Martins (2019), "Sparse Sequence-to-Sequence
-    Models", arXiv 1905.05702.
-    """
-    fast = dispatch.select("entmax15", x, dim, mask)
-    if fast is not None:
-        return fast()
-    return _entmax15_reference(x, dim, mask)
-
-
-def entmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
-           alpha: float | torch.Tensor = 1.5) -> torch.Tensor:
-    r"""alpha-entmax.
-
-    .. math:: \alpha\text{-entmax}(x)_i = [(\alpha - 1)\, x_i - \tau]_+^{1/(\alpha-1)},
-              \quad \textstyle\sum_i p_i = 1
-
-    alpha = 1 is softmax (computed as softmax), alpha = 1.5 :func:`entmax15` and
-    alpha = 2 :func:`sparsemax` (both sort-based); any other alpha, and every tensor
-    alpha, is solved by bisection to full precision plus Newton steps. Shift invariant;
-    sparse for alpha > 1.
-
-    ``alpha`` is a number ``>= 1`` or a tensor with one value per row: broadcastable to
-    ``x`` with size 1 along ``dim`` (e.g. ``(..., 1)``, or ``(H, 1, 1)`` per head). A tensor
-    alpha is learnable: its gradient is the closed form of Correia, Niculae & Martins
-    (2019), "Adaptively Sparse Transformers", arXiv 1909.00015, computed so that it stays
-    exact as alpha -> 1 (entries equal to 1 are softmax rows).
-
-    Peters, Niculae & Martins (2019), "Sparse Sequence-to-Sequence Models", arXiv 1905.05702.
-    """
-    fast = dispatch.select("entmax", x, dim, mask, alpha=alpha)
-    if fast is not None:
-        return fast()
-    return _entmax_reference(x, dim, mask, alpha)
-
-
-#: ASEntmax defaults: alpha as the paper's main setting, the scale delta + beta (log n)^gamma
-#: with the offset delta = 1 of the authors' code and a plain log-n law (beta = gamma = 1).
-AS_ENTMAX_DEFAULTS = {"alpha": 1.5, "beta": 1.0, "gamma": 1.0, "delta": 1.0}
-
-
-def as_entmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
-              alpha: float | torch.Tensor = 1.5, beta: float | torch.Tensor = 1.0,
-              gamma: float | torch.Tensor = 1.0, delta: float | torch.Tensor = 1.0,
-              n: int | torch.Tensor | None = None) -> torch.Tensor:
-    r"""Adaptive-Scalable entmax (ASEntmax): alpha-entmax of length-scaled scores.
-
-    .. math:: \mathrm{ASEntmax}(x) = \alpha\text{-entmax}\big((\delta + \beta\,(\log n)^{\gamma})\, x\big)
-
-    ``n`` is the number of visible entries of the row by default (causal attention passes
-    ``n = i + 1`` for query ``i``); an int or a per-row tensor overrides it. At ``n = 1``
-    the length term ``(log n)^gamma`` is taken as 0 (its limit for gamma > 0), so the
-    scale is ``delta``. In the paper ``beta > 0`` and ``gamma`` are learned, per head or
-    computed from the query (``beta = softplus(w_b . h)``, ``gamma = a tanh(w_g . h)``);
-    here ``beta``, ``gamma`` and ``delta`` are numbers or tensors with one value per row
-    (broadcastable to ``x``, size 1 along ``dim``: per query, or ``(H, 1, 1)`` per head),
-    differentiable, and ``alpha`` is as in :func:`entmax`. ``delta = 0, gamma = 1`` gives
-    alpha-entmax of ``beta log(n) x``, the scalable-softmax law of Nakanishi (2025).
-    Shift invariant (the scale is constant along the row).
-
-    Vasylenko, Pitorro, Martins & Treviso (2025), "Long-Context Generalization with Sparse
-    Attention", arXiv 2506.16640 (ASEntmax, Sec. 4); ``delta = 1`` follows the authors' code
-    (github.com/deep-spin/asentmax), which offsets positions so that ``n >= 2``.
-    """
-    _check_alpha(alpha)
-    for name, value in (("beta", beta), ("gamma", gamma), ("delta", delta)):
-        _check_real(value, name)
-    rows = prepare_rows(x, dim, mask)
-    beta, gamma, delta = (_per_row(rows, v, name) if isinstance(v, torch.Tensor) else v
-                          for name, v in (("beta", beta), ("gamma", gamma), ("delta", delta)))
-    log_n = torch.log(_row_count(rows, n))
-    longer = log_n > 0
-    safe_log_n = torch.where(longer, log_n, torch.ones_like(log_n))
-    length_term = torch.where(longer, safe_log_n ** gamma, torch.zeros_like(safe_log_n))
-    scale = delta + beta * length_term
-    # The scale is constant along the row and entmax is shift invariant, so the row maximum
-    # is taken out before scaling: large scores keep their differences exactly.
-    finite = rows.visible & torch.isfinite(rows.x)
-    top = torch.where(finite, rows.x, torch.full_like(rows.x, float("-inf"))).amax(-1, keepdim=True) \
-        if rows.x.shape[-1] else rows.x.new_zeros(rows.x.shape[:-1] + (1,))
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
-    z = torch.where(finite, (torch.where(finite, rows.x, top) - top) * scale, rows.x)
-    return _entmax_from_rows(rows, z, alpha)
-
-
-def _row_count(rows: Rows, n) -> torch.Tensor:
-    """``n`` per row, shape ``(..., 1)`` in rows layout: the visible count by default."""
-    if n is None:
-        return rows.count.clamp_min(1)
-    if isinstance(n, torch.Tensor):
-        if bool((n < 1).any()):
-            raise ValueError("n must be >= 1 everywhere")
-        return _per_row(rows, n.to(rows.x.dtype), "n")
-    if isinstance(n, bool) or not isinstance(n, (int, float)):
-        raise TypeError(f"n must be an int, a tensor or None, got {type(n).__name__}")
-    check_at_least(n, 1, "n", allow_tensor=False)
-    return torch.full_like(rows.x[..., :1], float(n))

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .api import attention
+from ..attention import attention
+from .normalizer import Normalizer
 
 
 class Attention(nn.Module):
@@ -44,8 +45,6 @@ class Attention(nn.Module):
                  head_dim: int | None = None, bias: bool = True, is_causal: bool = False,
                  learnable: bool = True, **params):
         super().__init__()
-        from ..nn import Normalizer
-
         for name, value in (("dim", dim), ("heads", heads)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")

@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 import softmaxkit as sk
 from softmaxkit import registry
-from softmaxkit.functional import sparse as S
 
 F64 = torch.float64
 F32 = torch.float32
@@ -395,10 +394,3 @@ def test_bad_arguments():
         sk.as_entmax(x, beta=float("inf"))
     with pytest.raises(ValueError, match="mask"):
         sk.sparsemax(x, mask=torch.ones(2, 4, dtype=torch.bool))
-
-
-def test_reference_functions_are_exposed_for_kernels():
-    x = randn(3, 7, seed=28)
-    torch.testing.assert_close(S._sparsemax_reference(x), sk.sparsemax(x))
-    torch.testing.assert_close(S._entmax15_reference(x), sk.entmax15(x))
-    torch.testing.assert_close(S._entmax_reference(x, alpha=1.7), sk.entmax(x, alpha=1.7))

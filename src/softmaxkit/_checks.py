@@ -1,0 +1,145 @@
+"""The one place for argument validation.
+
+Every public function checks its arguments with these helpers, so that bad input raises
+the same kind of error everywhere: ``TypeError`` for the wrong kind of value,
+``ValueError`` for a value out of range, each naming the argument and what it accepts.
+Nothing is clipped or coerced silently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from numbers import Real
+
+import torch
+
+__all__ = [
+    "check_floating", "check_dim", "check_positive", "check_at_least", "check_nonnegative",
+    "check_int_in_range", "check_number", "check_finite", "check_bool", "check_known_params",
+    "check_choice", "check_count",
+]
+
+
+def check_floating(x: object, name: str = "x") -> None:
+    """Raise ``TypeError`` unless ``x`` is a floating-point tensor."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_floating_point():
+        raise TypeError(
+            f"{name} must be a floating-point tensor (float16, bfloat16, float32 or float64), "
+            f"got dtype {x.dtype}"
+        )
+
+
+def check_dim(x: torch.Tensor, dim: object, name: str = "dim") -> int:
+    """Return ``dim`` as a non-negative axis index of ``x`` (a scalar counts as 1-d)."""
+    if isinstance(dim, bool) or not isinstance(dim, int):
+        raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
+    ndim = max(x.dim(), 1)
+    if not -ndim <= dim < ndim:
+        raise ValueError(f"{name}={dim} is out of range for a tensor with {x.dim()} dimensions")
+    return dim % ndim
+
+
+def check_number(value: object, name: str, *, allow_tensor: bool = True) -> None:
+    """A real number (not a bool) or, if allowed, a floating tensor; NaN is refused."""
+    if isinstance(value, torch.Tensor):
+        if not allow_tensor:
+            raise TypeError(f"{name} must be a number, got a tensor")
+        if not value.is_floating_point():
+            raise TypeError(f"{name} must be a floating-point tensor or a number, got dtype {value.dtype}")
+        if bool(torch.isnan(value).any()):
+            raise ValueError(f"{name} must not contain NaN")
+    elif isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    elif math.isnan(value):
+        raise ValueError(f"{name} must not be NaN")
+
+
+def check_finite(value: object, name: str, *, allow_tensor: bool = True) -> None:
+    """A finite number or a floating tensor without NaN or inf."""
+    check_number(value, name, allow_tensor=allow_tensor)
+    if isinstance(value, torch.Tensor):
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{name} must be finite (no NaN or inf)")
+    elif not math.isfinite(value):  # type: ignore[arg-type]
+        raise ValueError(f"{name} must be finite, got {value}")
+
+
+def check_positive(value: object, name: str, *, allow_tensor: bool = True) -> None:
+    """Raise ``ValueError`` unless ``value`` (a number or a tensor) is > 0 everywhere."""
+    check_number(value, name, allow_tensor=allow_tensor)
+    if isinstance(value, torch.Tensor):
+        if not bool((value > 0).all()):
+            raise ValueError(f"{name} must be > 0, got a tensor with min {value.min().item()}")
+    elif not value > 0:  # type: ignore[operator]
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def check_at_least(value: object, minimum: float, name: str, *, allow_tensor: bool = True) -> None:
+    """Raise ``ValueError`` unless ``value`` >= ``minimum`` everywhere."""
+    check_number(value, name, allow_tensor=allow_tensor)
+    if isinstance(value, torch.Tensor):
+        if not bool((value >= minimum).all()):
+            raise ValueError(f"{name} must be >= {minimum}, got a tensor with min {value.min().item()}")
+    elif not value >= minimum:  # type: ignore[operator]
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def check_nonnegative(value: object, name: str) -> None:
+    """Raise ``ValueError`` unless ``value`` >= 0 everywhere."""
+    check_at_least(value, 0.0, name)
+
+
+def check_int_in_range(value: object, name: str, low: int, high: int | None = None) -> int:
+    """Return ``value`` as an int, raising unless it is an int with ``low <= value <= high``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
+                and value.dtype != torch.bool:
+            value = int(value.item())
+        else:
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < low or (high is not None and value > high):
+        bound = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return value
+
+
+def check_bool(value: object, name: str) -> bool:
+    """Return ``value`` if it is a bool; ``TypeError`` otherwise (no truthiness)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+    return value
+
+
+def check_choice(value: object, name: str, choices: Iterable[object]) -> None:
+    """``ValueError`` listing ``choices`` unless ``value`` is one of them."""
+    options = list(choices)
+    if value not in options:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, options))}, got {value!r}")
+
+
+def check_known_params(given: Mapping[str, object], accepted: Iterable[str], owner: str) -> None:
+    """``TypeError`` naming the unexpected keyword parameters of ``owner`` and the accepted ones."""
+    accepted = list(accepted)
+    unknown = sorted(set(given) - set(accepted))
+    if unknown:
+        raise TypeError(f"{owner} got unexpected parameter(s) {unknown}; accepted: {', '.join(accepted) or 'none'}")
+
+
+def check_count(n: object, name: str = "n") -> None:
+    """A row count override: ``None``, a number >= 1, or a tensor >= 1 everywhere (no NaN)."""
+    if n is None:
+        return
+    if isinstance(n, torch.Tensor):
+        if n.dtype == torch.bool or n.is_complex():
+            raise TypeError(f"{name} must be a real tensor, got dtype {n.dtype}")
+        if n.is_floating_point() and bool(torch.isnan(n).any()):
+            raise ValueError(f"{name} must not contain NaN")
+        if not bool((n >= 1).all()):
+            raise ValueError(f"{name} must be >= 1 everywhere")
+        return
+    if isinstance(n, bool) or not isinstance(n, Real):
+        raise TypeError(f"{name} must be an int, a tensor or None, got {type(n).__name__}")
+    check_at_least(n, 1, name, allow_tensor=False)

@@ -1,0 +1,415 @@
+r"""The forms a normalizer can take, and the streaming decomposition each form implies.
+
+Every normalizer declares one *form* next to its definition (``softmaxkit/normalizers/``).
+The other paths (streaming and fused attention, kernels, distributed merges, a user's
+own normalizer) read the form; none of them keeps a per-name switch.
+
+=================  ====================================================  ==================================
+family             output, row-wise over visible entries                 elementwise pieces
+=================  ====================================================  ==================================
+``softmax_of``     :math:`\mathrm{softmax}(g(x))`                         ``g``, ``dg`` (= dg/dx)
+``sum_normalized`` :math:`h(x) / (\sum h(x) + \varepsilon)`;              ``h``, ``dh``
+                   signed variant: :math:`[h]_+ / (\sum |h| + \varepsilon)`
+``elementwise``    :math:`h(x)` (no normalisation)                        ``h``, ``dh``
+``threshold``      :math:`\alpha\text{-entmax}(g(x))`                     ``g``, ``dg`` and ``alpha``
+=================  ====================================================  ==================================
+
+A *piece* (``g``, ``h`` and their derivatives) is a function of the scores ``x`` whose
+other arguments are the normalizer's parameters, by name, plus ``n``: the number of
+visible entries of the row (overridden by a parameter ``n`` when the normalizer has one).
+Pieces are written in plain tensor operations, so they run on dense rows, on key tiles
+of attention and inside a traced graph alike.
+
+Streaming (attention over key blocks without the ``Lq x Lk`` matrix): a
+:class:`StreamRule` describes a normalizer as a fixed number of passes over the keys of
+each query. Pass ``p`` maps the scores of a tile to ``z = rule.z(p, x, st)`` and to
+per-entry terms, which the engine sums over keys, as row sums or against the values. A
+``shifted`` pass keeps the running maximum ``m`` of ``z`` and evaluates its terms
+relative to ``c = rule.shift(m)``; when ``m`` grows the sums are rescaled by
+``e^{c_old - c_new}``: the online normalizer of Milakov & Gimelshein (2018), arXiv
+1805.02867. Partial sums of disjoint key sets merge the same way, which is what a
+distributed ring uses. ``rule.stats`` turns the sums of one pass into per-query
+statistics for the next; ``rule.output`` gives the attention output. Everything is a
+differentiable function of scores, values and parameters, so the engine's backward
+recomputes the tiles and differentiates the rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+
+Piece = Callable[..., torch.Tensor]
+
+FAMILIES = ("softmax_of", "sum_normalized", "elementwise", "threshold")
+
+#: The name a piece uses for the number of visible entries of its row.
+COUNT = "n"
+
+
+# ----------------------------------------------------------------------------------------
+# pieces
+# ----------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn: Piece) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...], bool]:
+    """Names after the first argument, their defaults, and whether ``fn`` takes ``**kwargs``."""
+    params = list(inspect.signature(fn).parameters.values())
+    if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
+                                            inspect.Parameter.POSITIONAL_OR_KEYWORD):
+        raise TypeError(f"a piece must take the scores x as its first argument, got {fn!r}")
+    names, defaults, var_kw = [], [], False
+    for p in params[1:]:
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            var_kw = True
+        elif p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY):
+            names.append(p.name)
+            if p.default is not inspect.Parameter.empty:
+                defaults.append((p.name, p.default))
+        else:
+            raise TypeError(f"a piece takes x, then named parameters; {fn!r} has *{p.name}")
+    return tuple(names), tuple(defaults), var_kw
+
+
+def piece_parameters(fn: Piece) -> dict[str, Any]:
+    """The parameters a piece declares, with their defaults (``None`` when it has none); ``n`` excluded."""
+    names, defaults, _ = _signature(fn)
+    given = dict(defaults)
+    return {name: given.get(name) for name in names if name != COUNT}
+
+
+def uses_count(fn: Piece | None) -> bool:
+    """Whether a piece needs ``n``, the number of visible entries of its row."""
+    return fn is not None and COUNT in _signature(fn)[0]
+
+
+def effective_count(params: Mapping[str, Any], count: torch.Tensor) -> torch.Tensor | float:
+    """``n`` for the pieces: the parameter ``n`` when given, else the visible count (at least 1)."""
+    n = params.get(COUNT)
+    if n is None:
+        return count.clamp_min(1.0)
+    return n.clamp_min(1.0) if isinstance(n, torch.Tensor) else float(n)
+
+
+def call(fn: Piece, x: torch.Tensor, params: Mapping[str, Any], count: torch.Tensor | None = None) -> torch.Tensor:
+    """``fn(x, **the parameters it names)``, with ``n`` from ``count`` when it asks for it."""
+    names, _, var_kw = _signature(fn)
+    kw = {k: v for k, v in params.items() if k != COUNT and (var_kw or k in names)}
+    if COUNT in names:
+        if count is None:
+            raise ValueError(f"{getattr(fn, '__name__', fn)!r} needs n, the number of visible entries")
+        kw[COUNT] = effective_count(params, count)
+    return fn(x, **kw)
+
+
+# ----------------------------------------------------------------------------------------
+# forms
+# ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SoftmaxOf:
+    r"""``softmax(g(x))``: ``g`` an elementwise map of the score (``passes=2`` when ``g``
+    needs a statistic of the whole row, as adaptive temperature does; the normalizer then
+    supplies its own stream rule)."""
+
+    g: Piece
+    dg: Piece
+    passes: int = 1
+    #: when ``g(x) = a x`` for a number ``a`` given by the parameters: ``a`` (else ``None``);
+    #: scaled dot-product attention then runs it with its scale times ``a``
+    linear_factor: Callable[[Mapping[str, Any]], float | None] | None = None
+    family = "softmax_of"
+
+    def pieces(self) -> tuple[Piece, ...]:
+        return (self.g, self.dg)
+
+
+@dataclass(frozen=True)
+class SumNormalized:
+    r"""``h(x) / (sum h(x) + eps)``, or with ``signed=True`` ``relu(h) / (sum |h| + eps)``
+    (softpick); ``eps`` is the normalizer's parameter ``eps`` (0 when it has none)."""
+
+    h: Piece
+    dh: Piece
+    signed: bool = False
+    family = "sum_normalized"
+
+    def pieces(self) -> tuple[Piece, ...]:
+        return (self.h, self.dh)
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """``h(x)`` entry by entry, no normalisation (sigmoid, ReLU attention)."""
+
+    h: Piece
+    dh: Piece
+    family = "elementwise"
+
+    def pieces(self) -> tuple[Piece, ...]:
+        return (self.h, self.dh)
+
+
+def identity(x: torch.Tensor) -> torch.Tensor:
+    """The piece ``g(x) = x``."""
+    return x
+
+
+def one(x: torch.Tensor) -> torch.Tensor:
+    """The piece ``dg(x) = 1``, the derivative of :func:`identity`."""
+    return torch.ones_like(x)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    r"""``alpha-entmax(g(x))``: ``[(alpha - 1) g(x) - tau]_+^{1/(alpha-1)}`` with ``tau`` the
+    threshold that makes the row sum to one. ``alpha(params)`` gives alpha (a number, or a
+    tensor with one value per row)."""
+
+    alpha: Callable[[Mapping[str, Any]], Any]
+    g: Piece = identity
+    dg: Piece = one
+    family = "threshold"
+
+    def pieces(self) -> tuple[Piece, ...]:
+        return (self.g, self.dg)
+
+
+Form = SoftmaxOf | SumNormalized | Elementwise | Threshold
+
+
+def form_parameters(form: Form) -> dict[str, Any]:
+    """The parameters named by a form's pieces, with their defaults."""
+    out: dict[str, Any] = {}
+    for piece in form.pieces():
+        for name, default in piece_parameters(piece).items():
+            if out.get(name) is None:
+                out[name] = default
+    return out
+
+
+def form_uses_count(form: Form) -> bool:
+    return any(uses_count(p) for p in form.pieces())
+
+
+# ----------------------------------------------------------------------------------------
+# streaming rules
+# ----------------------------------------------------------------------------------------
+
+def keep_visible(t: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    """``t`` with invisible entries set to 0 (``visible=None``: all visible)."""
+    return t if visible is None else torch.where(visible, t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
+def safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """``num / den`` where ``den > 0``; 0 for query rows with an empty denominator."""
+    return num / torch.where(den > 0, den, torch.ones_like(den))
+
+
+def shifted_exp(z: torch.Tensor, visible: torch.Tensor | None, c: torch.Tensor) -> torch.Tensor:
+    """``e^{z - c}`` at visible entries, 0 elsewhere."""
+    if visible is None:
+        return torch.exp(z - c)
+    return keep_visible(torch.exp(torch.where(visible, z, c) - c), visible)
+
+
+class StreamRule:
+    """One normalizer as passes of summed terms (see the module docstring).
+
+    ``st`` holds, per query row: the parameters (``st["params"]``), the visible-key count
+    ``n`` (when :attr:`needs_count`), the final shift ``c{p}`` and maximum ``m{p}`` of each
+    shifted pass (``mn{p}``: the minimum, for rules that track it) and the statistics of
+    earlier passes.
+    """
+
+    passes: int = 1
+    #: per pass: keep a running maximum of ``z`` and evaluate terms relative to ``shift(m)``
+    shifted: tuple[bool, ...] = (True,)
+    #: per pass: the terms summed against the values (the others are row sums)
+    value_terms: tuple[frozenset, ...] = (frozenset({"num"}),)
+    #: ``output`` uses the maximum ``m{p}`` of the last pass as a differentiable quantity
+    max_grad: bool = False
+    #: track the running minimum of ``z`` (differentiable ``mn{p}``) in the last pass
+    min_grad: bool = False
+    #: needs the number of visible keys of each query (``st["n"]``)
+    needs_count: bool = False
+
+    def z(self, p: int, x: torch.Tensor, st: dict) -> torch.Tensor:
+        return x
+
+    def shift(self, m: torch.Tensor) -> torch.Tensor:
+        return m
+
+    def terms(self, p: int, z: torch.Tensor, visible: torch.Tensor | None, st: dict) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def stats(self, p: int, sums: dict, st: dict) -> dict[str, torch.Tensor]:
+        return {}
+
+    def output(self, sums: dict, st: dict) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class SoftmaxOfRule(StreamRule):
+    """``softmax(g(x))``: output ``sum_j e^{z_j - c} v_j / sum_j e^{z_j - c}``, ``z = g(x)``."""
+
+    def __init__(self, form: SoftmaxOf):
+        self.form = form
+        self.needs_count = uses_count(form.g)
+
+    def z(self, p, x, st):
+        return call(self.form.g, x, st["params"], st.get("n"))
+
+    def terms(self, p, z, visible, st):
+        e = shifted_exp(z, visible, st[f"c{p}"])
+        return {"num": e, "den": e}
+
+    def output(self, sums, st):
+        return safe_div(sums["num"], sums["den"])
+
+
+class SumNormalizedRule(StreamRule):
+    """``sum_j h(x_j) v_j / (sum_j h(x_j) + eps)``: plain sums, no shift."""
+
+    shifted = (False,)
+
+    def __init__(self, form: SumNormalized):
+        if form.signed:
+            raise ValueError("a signed sum_normalized form streams through its normalizer's own rule")
+        self.form = form
+        self.needs_count = uses_count(form.h)
+
+    def terms(self, p, z, visible, st):
+        f = keep_visible(call(self.form.h, z, st["params"], st.get("n")), visible)
+        return {"num": f, "den": f}
+
+    def output(self, sums, st):
+        return sums["num"] / (sums["den"] + st["params"].get("eps", 0.0))
+
+
+class ElementwiseRule(StreamRule):
+    """``sum_j h(x_j) v_j``: one value sum, no shift."""
+
+    shifted = (False,)
+
+    def __init__(self, form: Elementwise):
+        self.form = form
+        self.needs_count = uses_count(form.h)
+
+    def terms(self, p, z, visible, st):
+        return {"num": keep_visible(call(self.form.h, z, st["params"], st.get("n")), visible)}
+
+    def output(self, sums, st):
+        return sums["num"]
+
+
+class ThresholdRule(StreamRule):
+    r"""alpha-entmax of ``z = g(x)`` for a number ``1 < alpha <= 2``: ``p_j = [u z_j - tau]_+^{1/u}``, ``u = alpha - 1``.
+
+    The threshold is searched first (:meth:`search`, no gradient): ``tau`` lies in
+    ``[u m - 1, u m - n^{-u}]`` (``m`` the row maximum of ``z``: the largest weight is
+    between ``1/n`` and 1), and each pass over the keys evaluates ``sum_j p_j(tau) - 1`` at
+    :attr:`CANDIDATES` points of the bracket at once, until the bracket is at machine
+    precision. Then pass 0 sums ``s_j = p_j^{2 - alpha}`` (the support's weights) and
+    ``s_j z_j``, and pass 1 sums ``p_j v_j``. For the gradient, ``tau`` enters pass 1 as
+    ``tau_0 + u (sum_j s_j z_j - \text{its value}) / sum_j s_j``, the implicit derivative
+    of ``sum_j p_j = 1``, which gives the entmax Jacobian of Peters, Niculae & Martins
+    (2019), arXiv 1905.05702.
+    """
+
+    passes = 2
+    shifted = (False, False)
+    value_terms = (frozenset(), frozenset({"num"}))
+    needs_count = True
+    CANDIDATES = 15
+    MAX_SEARCH_PASSES = 40
+
+    def __init__(self, form: Threshold, alpha: float):
+        self.form = form
+        self.u = float(alpha) - 1.0
+
+    def z(self, p, x, st):
+        return call(self.form.g, x, st["params"], st.get("n"))
+
+    def _weights(self, z, tau, visible):
+        base = (self.u * z - tau).clamp_min(0.0)
+        p = base if self.u == 1.0 else base ** (1.0 / self.u)
+        return keep_visible(p, visible), base
+
+    def search(self, reduce, st: dict) -> dict:
+        """``tau`` per query row, by bracketing over passes (``reduce(fn, how)`` runs ``fn`` over the key tiles)."""
+        top = reduce(lambda z, visible: z if visible is None else z.masked_fill(~visible, float("-inf")), "max")
+        n = st["n"].expand_as(top)
+        empty = n < 1
+        m = torch.where(empty, torch.zeros_like(top), top)
+        lo = self.u * m - 1.0
+        hi = self.u * m - n.clamp_min(1.0) ** (-self.u)
+        steps = torch.arange(1, self.CANDIDATES + 1, dtype=m.dtype, device=m.device) / (self.CANDIDATES + 1)
+        tiny = torch.finfo(m.dtype).eps
+        for _ in range(self.MAX_SEARCH_PASSES):
+            width = hi - lo
+            if bool((width <= 4 * tiny * (lo.abs() + hi.abs() + 1.0)).all()):
+                break
+            taus = lo + width * steps  # (..., r, K)
+
+            def total(z, visible, taus=taus):
+                p = (self.u * z.unsqueeze(-1) - taus.unsqueeze(-2)).clamp_min(0.0)
+                if self.u != 1.0:
+                    p = p ** (1.0 / self.u)
+                if visible is not None:
+                    p = p * visible.unsqueeze(-1)
+                return p.sum(-2)
+
+            mass = reduce(total, "sum")
+            above = mass >= 1.0  # tau_k at or below the threshold
+            below_count = above.sum(-1, keepdim=True)
+            lo_new = torch.where(below_count > 0, taus.gather(-1, (below_count - 1).clamp_min(0)), lo)
+            hi_new = torch.where(below_count < self.CANDIDATES,
+                                 taus.gather(-1, below_count.clamp_max(self.CANDIDATES - 1)), hi)
+            lo, hi = lo_new, hi_new
+        return {"tau0": torch.where(empty, torch.zeros_like(lo), (lo + hi) / 2)}
+
+    def terms(self, p, z, visible, st):
+        if p == 0:
+            _, base = self._weights(z, st["tau0"], visible)
+            support = base > 0
+            s = torch.where(support, base, torch.ones_like(base))
+            s = torch.ones_like(s) if self.u == 1.0 else s ** (1.0 / self.u - 1.0)
+            s = keep_visible(torch.where(support, s, torch.zeros_like(s)), visible)
+            return {"lin": s.detach() * z, "S": s.detach()}
+        weights, _ = self._weights(z, st["tau"], visible)
+        return {"num": weights}
+
+    def stats(self, p, sums, st):
+        lin, s_total = sums["lin"], sums["S"]
+        return {"tau": st["tau0"] + self.u * safe_div(lin - lin.detach(), s_total)}
+
+    def output(self, sums, st):
+        return sums["num"]
+
+
+def _plain_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def rule_from_form(form: Form, params: Mapping[str, Any]) -> StreamRule | None:
+    """The streaming rule a form implies with ``params``, or ``None`` when it does not stream.
+
+    ``threshold`` streams for a number ``1 < alpha <= 2`` (a tensor alpha, learnable and per
+    row, takes the dense path); a two-pass ``softmax_of`` and a signed ``sum_normalized``
+    need their normalizer's own rule.
+    """
+    if isinstance(form, SoftmaxOf):
+        return SoftmaxOfRule(form) if form.passes == 1 else None
+    if isinstance(form, SumNormalized):
+        return None if form.signed else SumNormalizedRule(form)
+    if isinstance(form, Elementwise):
+        return ElementwiseRule(form)
+    alpha = form.alpha(params)
+    if _plain_number(alpha) and 1.0 < alpha <= 2.0:
+        return ThresholdRule(form, alpha)
+    return None

@@ -1,0 +1,111 @@
+"""``softmaxkit.nn.Normalizer``: a registered normalizer as a module that owns its learnable parameters.
+
+Which parameters are learnable, their initial values and constraints are declared in
+each normalizer's spec (:class:`softmaxkit.registry.Learnable`), as the papers do them:
+SSMax ``s`` = 0.43 (Nakanishi 2025); MultiMax ``r``, ``t`` (4 values each), truncated
+normal of std 0.02 (official MultiMax code); entmax ``alpha`` = 1.5, kept in (1, 2) as
+``1 + sigmoid(raw)`` (Correia et al. 2019); the sigmoid bias offset 0, i.e. the paper's
+bias ``-log n`` (Ramapuram et al. 2024). A user's normalizer has none.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from .. import registry
+from .._checks import check_finite, check_known_params
+from ..registry import Learnable, Param
+
+__all__ = ["Normalizer"]
+
+
+def _initial(param: Param, learn: Learnable, value: Any, shape: tuple[int, ...]) -> torch.Tensor:
+    """The initial tensor of ``shape`` (values along a leading axis when ``param.size > 1``)."""
+    full = ((param.size,) if param.size > 1 else ()) + shape
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().clone().to(torch.get_default_dtype())
+        if param.size > 1 and (tensor.dim() == 0 or tensor.shape[0] != param.size):
+            raise ValueError(f"{param.name} must have {param.size} entries along its first axis, "
+                             f"got shape {tuple(tensor.shape)}")
+        return tensor.reshape(tensor.shape + (1,) * (len(full) - tensor.dim())).expand(full).clone() \
+            if tensor.dim() <= len(full) else tensor
+    values = [value] if param.size == 1 else list(value)
+    if len(values) != param.size:
+        raise ValueError(f"{param.name} must have {param.size} entries, got {len(values)}")
+    floats = [float(v) for v in values]
+    if learn.init_std is not None and not any(floats):
+        tensor = torch.empty(full)
+        nn.init.trunc_normal_(tensor, std=learn.init_std, a=-2 * learn.init_std, b=2 * learn.init_std)
+        return tensor
+    if param.size == 1:
+        return torch.full(full, floats[0])
+    return torch.tensor(floats).reshape((param.size,) + (1,) * len(shape)).expand(full).clone()
+
+
+class Normalizer(nn.Module):
+    """A registered normalizer as a module, owning its learnable parameters.
+
+    Args:
+        name: a registered normalizer name (``softmaxkit list``).
+        dim: the axis normalised (default -1).
+        param_shape: shape of each learnable scalar, broadcastable to the input: ``()``
+            for one shared value, ``(heads, 1, 1)`` for one value per attention head of
+            scores shaped ``(batch, heads, queries, keys)``.
+        learnable: register the parameters as ``nn.Parameter`` (True) or as buffers (False).
+        **params: initial values of learnable parameters, and fixed parameters
+            (e.g. ``temperature=0.5`` for softmax, ``k=8`` for sparse_softmax).
+
+    Example:
+        >>> norm = Normalizer("ssmax", param_shape=(4, 1, 1))   # one s per head
+        >>> p = norm(torch.randn(2, 4, 16, 16))
+    """
+
+    def __init__(self, name: str, dim: int = -1, param_shape: tuple[int, ...] = (), learnable: bool = True,
+                 **params: Any):
+        super().__init__()
+        self.spec = registry.get(name)
+        check_known_params(params, self.spec.params, f"normalizer {name!r}")
+        self.name = name
+        self.dim = dim
+        self.param_shape = tuple(param_shape)
+        self._learned: dict[str, str] = {}   # parameter name -> attribute holding it (raw when constrained)
+        for param in self.spec.param_specs:
+            if param.learnable is None:
+                continue
+            value = params.pop(param.name, param.learnable.init)
+            initial = _initial(param, param.learnable, value, self.param_shape)
+            check_finite(initial, param.name)
+            tensor = param.learnable.to_raw(initial, param.name)
+            attribute = f"{param.name}_raw" if param.learnable.constrained else param.name
+            if learnable:
+                self.register_parameter(attribute, nn.Parameter(tensor))
+            else:
+                self.register_buffer(attribute, tensor)
+            self._learned[param.name] = attribute
+        self.fixed = params
+
+    def learned_values(self) -> dict[str, torch.Tensor]:
+        """The learnable parameters in the form the functional normalizer takes."""
+        out = {}
+        for name, attribute in self._learned.items():
+            learn = self.spec.param(name).learnable
+            assert learn is not None
+            out[name] = learn.from_raw(getattr(self, attribute))
+        return out
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, dim: int | None = None,
+                **extra: Any) -> torch.Tensor:
+        """Normalise ``x`` along ``dim`` (default: the module's) with the current parameters.
+
+        ``extra`` passes per-call arguments such as ``n`` (ssmax, as_entmax).
+        """
+        params = {**self.fixed, **self.learned_values(), **extra}
+        return registry.normalize(x, self.name, dim=self.dim if dim is None else dim, mask=mask, **params)
+
+    def extra_repr(self) -> str:
+        fixed = ", ".join(f"{k}={v}" for k, v in self.fixed.items())
+        shape = f", param_shape={self.param_shape}" if self.param_shape else ""
+        return f"{self.name!r}, dim={self.dim}{shape}" + (f", {fixed}" if fixed else "")

@@ -1,0 +1,137 @@
+"""The reference computation of each form, on rows whose normalised axis is last.
+
+A normalizer that is exactly its form (SSMax, MultiMax, sigmoid, ReLU, the
+l1-normalised rectifiers, a user's own) uses these as its reference; the others write
+their own and declare the form for the fast paths. Conventions (see
+:mod:`softmaxkit._rows`): masked and ``-inf`` entries get exactly 0, a row with nothing
+visible gives zeros, a visible NaN makes its row NaN, a visible ``+inf`` gives the limit
+(equal weights on the ``+inf`` entries) in the normalised families.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import torch
+
+from .. import forms
+from .._checks import check_number
+from .._rows import Rows, prepare_rows
+from ._entmax import entmax_rows, per_row
+from .softmax import infinite_limit, softmax_rows
+
+
+def aligned(rows: Rows, params: Mapping[str, Any], sizes: Mapping[str, int]) -> dict[str, Any]:
+    """Tensor parameters in the rows' layout: broadcast to the input and moved like ``x``.
+
+    A parameter of ``size > 1`` values (MultiMax's ``r``, ``t``) becomes a list of them; a
+    tensor one carries them along its first axis. ``n`` is one value per row.
+    """
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        size = sizes.get(name, 1)
+        if size > 1:
+            out[name] = _values(rows, value, name, size)
+        elif name == forms.COUNT and isinstance(value, torch.Tensor):
+            out[name] = per_row(rows, value.to(rows.x.dtype), name)
+        elif isinstance(value, torch.Tensor):
+            out[name] = rows.align(value, name)
+        else:
+            out[name] = value
+    return out
+
+
+def _values(rows: Rows, value: Any, name: str, size: int) -> list[Any]:
+    if isinstance(value, torch.Tensor):
+        if value.dim() == 0 or value.shape[0] != size:
+            raise ValueError(f"{name} must have {size} entries along its first axis, got shape {tuple(value.shape)}")
+        return [rows.align(value[i], f"{name}[{i}]") for i in range(size)]
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
+        raise TypeError(f"{name} must be a sequence of {size} numbers or a tensor, got {type(value).__name__}")
+    values = list(value)
+    if len(values) != size:
+        raise ValueError(f"{name} must have {size} entries, got {len(values)}")
+    for i, v in enumerate(values):
+        check_number(v, f"{name}[{i}]", allow_tensor=False)
+    return [float(v) for v in values]
+
+
+def finish(rows: Rows, p: torch.Tensor) -> torch.Tensor:
+    """Invisible entries to exactly 0, back to the caller's layout and dtype."""
+    return rows.restore(rows.zero_invisible(p))
+
+
+def _finite(rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Visible entries that are not infinite (a NaN stays, so its row becomes NaN), and ``x``
+    with every other entry replaced by 0."""
+    finite = rows.visible & ~torch.isinf(rows.x)
+    return finite, torch.where(finite, rows.x, torch.zeros_like(rows.x))
+
+
+def _positive_infinite_rows(rows: Rows) -> torch.Tensor:
+    return (rows.visible & (rows.x == float("inf"))).any(-1, keepdim=True)
+
+
+def softmax_of_rows(rows: Rows, form: forms.SoftmaxOf, params: Mapping[str, Any]) -> torch.Tensor:
+    """``softmax(g(x))`` over visible entries; ``+inf`` stays ``+inf`` (``g`` is increasing)."""
+    finite, xs = _finite(rows)
+    z = torch.where(finite, forms.call(form.g, xs, params, rows.count), rows.x)
+    return softmax_rows(z, rows.visible)
+
+
+def sum_normalized_rows(rows: Rows, form: forms.SumNormalized, params: Mapping[str, Any]) -> torch.Tensor:
+    """``h / (sum h + eps)`` over visible entries (signed: ``relu(h) / (sum |h| + eps)``)."""
+    finite, xs = _finite(rows)
+    f = torch.where(finite, forms.call(form.h, xs, params, rows.count), torch.zeros_like(xs))
+    num, den = (torch.relu(f), f.abs()) if form.signed else (f, f)
+    p = num / (den.sum(-1, keepdim=True) + params.get("eps", 0.0))
+    return torch.where(_positive_infinite_rows(rows), infinite_limit(rows.x.detach(), rows.visible), p)
+
+
+def elementwise_rows(rows: Rows, form: forms.Elementwise, params: Mapping[str, Any]) -> torch.Tensor:
+    """``h(x)`` at visible entries."""
+    visible_x = torch.where(rows.visible, rows.x, torch.zeros_like(rows.x))
+    return forms.call(form.h, visible_x, params, rows.count)
+
+
+def threshold_rows(rows: Rows, form: forms.Threshold, params: Mapping[str, Any]) -> torch.Tensor:
+    """``alpha-entmax(g(x))`` over visible entries."""
+    finite, xs = _finite(rows)
+    z = torch.where(finite, forms.call(form.g, xs, params, rows.count), rows.x)
+    alpha = form.alpha(params)
+    if isinstance(alpha, torch.Tensor):
+        alpha = per_row(rows, alpha, "alpha")
+    return entmax_rows(z, rows.visible, alpha)
+
+
+_ROWS: dict[type, Callable[..., torch.Tensor]] = {
+    forms.SoftmaxOf: softmax_of_rows, forms.SumNormalized: sum_normalized_rows,
+    forms.Elementwise: elementwise_rows, forms.Threshold: threshold_rows,
+}
+
+
+def from_form(form: forms.Form, x: torch.Tensor, dim: int, mask: torch.Tensor | None,
+              params: Mapping[str, Any], sizes: Mapping[str, int] | None = None) -> torch.Tensor:
+    """The normalizer that ``form`` defines, applied to ``x`` along ``dim``."""
+    rows = prepare_rows(x, dim, mask)
+    if rows.x.shape[-1] == 0:
+        return rows.restore(rows.x.clone())
+    p = _ROWS[type(form)](rows, form, aligned(rows, params, sizes or {}))
+    return finish(rows, p)
+
+
+def reference_for(name: str, form: forms.Form, defaults: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
+    """A reference function ``fn(x, dim=-1, mask=None, **params)`` for a user's normalizer."""
+
+    def reference(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None, **params: Any) -> torch.Tensor:
+        merged = {**defaults, **params}
+        for pname, value in merged.items():
+            if value is not None and not (pname == forms.COUNT and isinstance(value, int)):
+                check_number(value, pname)
+        return from_form(form, x, dim, mask, merged)
+
+    reference.__name__ = name
+    reference.__qualname__ = name
+    reference.__doc__ = f"The user-registered normalizer {name!r} ({form.family} form)."
+    return reference

@@ -1,0 +1,89 @@
+r"""MultiMax: softmax of a learnable piecewise-quadratic modulator.
+
+Zhou, Fritz & Keuper (2024), "MultiMax: Sparse and Multi-Modal Attention Learning", ICML
+2024, arXiv 2406.01189 (official code: the "SeLU" modulator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from ..forms import SoftmaxOf
+from ..registry import Example, Learnable, builtin
+from ._generic import from_form
+
+#: The functional defaults (all zeros) make MultiMax equal softmax; :class:`softmaxkit.nn.Normalizer`
+#: initialises r and t as the official code does (truncated normal, std 0.02).
+R_INIT = (0.0, 0.0, 0.0, 0.0)
+T_INIT = (0.0, 0.0, 0.0, 0.0)
+
+
+def _term(t: Any, base: torch.Tensor, square: bool) -> torch.Tensor | float:
+    """``t * relu(base)`` (squared when ``square``); exactly 0 where ``t`` is 0, so that a huge
+    ``base`` cannot turn ``0 * inf`` into NaN."""
+    value = torch.relu(base)
+    if square:
+        value = value * value
+    if isinstance(t, torch.Tensor):
+        return torch.where(t == 0, torch.zeros((), dtype=value.dtype, device=value.device), t * value)
+    return 0.0 if t == 0 else t * value
+
+
+def modulator(x: torch.Tensor, r: Sequence[Any], t: Sequence[Any]) -> torch.Tensor:
+    r"""The MultiMax modulator σ (the official code's "SeLU"), elementwise.
+
+    .. math:: \sigma(x) = x + t_1 [r_1 - x]_+ + t_2 [x - r_2]_+ + t_3 [r_3 - x]_+^2 + t_4 [x - r_4]_+^2
+    """
+    return (x + _term(t[0], r[0] - x, False) + _term(t[1], x - r[1], False)
+            + _term(t[2], r[2] - x, True) + _term(t[3], x - r[3], True))
+
+
+def d_modulator(x: torch.Tensor, r: Sequence[Any], t: Sequence[Any]) -> torch.Tensor:
+    r"""``dσ/dx = 1 - t_1 [x < r_1] + t_2 [x > r_2] - 2 t_3 [r_3 - x]_+ + 2 t_4 [x - r_4]_+``."""
+    one = torch.ones_like(x)
+    return (one - _term(t[0], (r[0] - x > 0).to(x.dtype), False) + _term(t[1], (x - r[1] > 0).to(x.dtype), False)
+            - 2 * _term(t[2], r[2] - x, False) + 2 * _term(t[3], x - r[3], False))
+
+
+FORM = SoftmaxOf(g=modulator, dg=d_modulator)
+
+
+def multimax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
+             r: Sequence[float] | torch.Tensor = R_INIT, t: Sequence[float] | torch.Tensor = T_INIT) -> torch.Tensor:
+    r"""MultiMax (Zhou, Fritz & Keuper, ICML 2024): softmax of a learnable piecewise modulator.
+
+    .. math::
+        \mathrm{MultiMax}(x) = \mathrm{softmax}(\sigma(x)),\quad
+        \sigma(x) = x + t_1 [r_1 - x]_+ + t_2 [x - r_2]_+ + t_3 [r_3 - x]_+^2 + t_4 [x - r_4]_+^2
+
+    ``r`` and ``t`` each hold 4 values: numbers, or a tensor whose first axis has 4 entries
+    and whose remaining axes broadcast to ``x`` (per-head parameters). The defaults (all
+    zeros) give plain softmax, exactly, whatever the size of ``x``;
+    :class:`softmaxkit.nn.Normalizer` initialises them as the official code does
+    (truncated normal, std 0.02). Zhou, Fritz & Keuper (2024), "MultiMax: Sparse and
+    Multi-Modal Attention Learning", arXiv 2406.01189.
+    """
+    from .._checks import check_number
+
+    for name, value in (("r", r), ("t", t)):
+        if isinstance(value, torch.Tensor):
+            check_number(value, name)
+    return from_form(FORM, x, dim, mask, {"r": r, "t": t}, sizes={"r": 4, "t": 4})
+
+
+SPEC = builtin(
+    multimax, form=FORM, formula="softmax(sigma(x)), piecewise-quadratic modulator sigma",
+    reference="Zhou, Fritz & Keuper, ICML 2024, arXiv 2406.01189",
+    sums_to_one=True, can_be_sparse=False, shift_invariant=False,
+    sizes={"r": 4, "t": 4},
+    learnable={"r": Learnable(R_INIT, init_std=0.02), "t": Learnable(T_INIT, init_std=0.02)},
+    examples=(
+        Example(x=(0.0, 1.0986122886681098), expected=(0.25, 0.75), note="r = t = 0: softmax"),
+        Example(x=(0.0, 1.0), expected=(0.25, 0.75), params={"r": (0.0, 0.0, 0.0, 0.0),
+                                                             "t": (0.0, 0.0986122886681098, 0.0, 0.0)},
+                note="t2 stretches the scores above r2"),
+    ),
+)

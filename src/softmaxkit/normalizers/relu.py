@@ -1,0 +1,47 @@
+r"""ReLU attention weights: ``relu(x) / n``.
+
+Wortsman, Lee, Gilmer & Kornblith (2023), "Replacing softmax with ReLU in Vision
+Transformers", arXiv 2309.08586.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..forms import Elementwise
+from ..registry import Example, builtin
+from ._generic import from_form
+
+
+def relu_over_count(x: torch.Tensor, n: Any) -> torch.Tensor:
+    """``h(x) = relu(x) / n``."""
+    return torch.relu(x) / n
+
+
+def d_relu_over_count(x: torch.Tensor, n: Any) -> torch.Tensor:
+    """``dh/dx = [x > 0] / n``."""
+    return (x > 0).to(x.dtype) / n
+
+
+FORM = Elementwise(h=relu_over_count, dh=d_relu_over_count)
+
+
+def relu(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
+    r"""ReLU attention weights (Wortsman et al. 2023): ``relu(x) / n``.
+
+    .. math:: p_i = \frac{\mathrm{relu}(x_i)}{n}
+
+    with ``n`` the number of visible entries of the row (query ``i`` of causal attention
+    divides by ``i + 1``). Wortsman, Lee, Gilmer & Kornblith (2023), "Replacing softmax
+    with ReLU in Vision Transformers", arXiv 2309.08586.
+    """
+    return from_form(FORM, x, dim, mask, {})
+
+
+SPEC = builtin(
+    relu, form=FORM, formula="relu(x) / n", reference="Wortsman et al. 2023, arXiv 2309.08586",
+    sums_to_one=False, can_be_sparse=True, shift_invariant=False,
+    examples=(Example(x=(2.0, -1.0), expected=(1.0, 0.0)),),
+)

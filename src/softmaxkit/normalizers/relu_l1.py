@@ -1,0 +1,50 @@
+r"""l1-normalised ReLU: ``relu(x) / (sum relu(x) + eps)``.
+
+ReLU in place of softmax: Wortsman, Lee, Gilmer & Kornblith (2023), arXiv 2309.08586.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_positive
+from ..forms import SumNormalized
+from ..registry import Example, builtin
+from ._generic import from_form
+
+
+def rectified(x: torch.Tensor) -> torch.Tensor:
+    """``h(x) = relu(x)``."""
+    return torch.relu(x)
+
+
+def d_rectified(x: torch.Tensor) -> torch.Tensor:
+    """``dh/dx = [x > 0]``."""
+    return (x > 0).to(x.dtype)
+
+
+FORM = SumNormalized(h=rectified, dh=d_rectified)
+
+
+def relu_l1(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    r"""l1-normalised ReLU.
+
+    .. math:: p_i = \frac{\mathrm{relu}(x_i)}{\sum_j \mathrm{relu}(x_j) + \varepsilon}
+
+    Exact zeros wherever ``x <= 0``; a row with no positive entry is all zeros. A
+    ``+inf`` score gives the limit: equal weights on the ``+inf`` entries. See Wortsman
+    et al. (2023), arXiv 2309.08586, for ReLU in place of softmax.
+    """
+    check_positive(eps, "eps", allow_tensor=False)
+    return from_form(FORM, x, dim, mask, {"eps": eps})
+
+
+SPEC = builtin(
+    relu_l1, form=FORM, formula="relu(x) / (sum relu(x) + eps)",
+    reference="l1-normalised ReLU (Wortsman et al. 2023, arXiv 2309.08586)",
+    sums_to_one=False, can_be_sparse=True, shift_invariant=False,
+    examples=(
+        Example(x=(3.0, 1.0, -2.0), expected=(0.75, 0.25, 0.0), params={"eps": 1e-300}),
+        Example(x=(-3.0, -1.0), expected=(0.0, 0.0), note="no positive score: zeros"),
+    ),
+)

@@ -1,0 +1,81 @@
+r"""Self-Adjust Softmax (SA-Softmax): ``x ⊙ softmax(x)``, or its range-normalised form.
+
+Zheng et al. (2025), "Self-Adjust Softmax", arXiv 2502.18277.
+
+Not one of the four forms (the softmax weights are multiplied by a function of the score
+and, when normalized, of the row's range): it streams through its own rule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_bool, check_positive
+from .._rows import prepare_rows
+from ..forms import StreamRule, safe_div, shifted_exp
+from ..registry import Example, builtin
+from ._generic import finish
+from .softmax import softmax_rows
+
+
+def sa_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
+               normalized: bool = False, eps: float = 1e-6) -> torch.Tensor:
+    r"""Self-Adjust Softmax (SA-Softmax).
+
+    .. math::
+        \text{plain: } x \odot \mathrm{softmax}(x) \qquad
+        \text{normalized: } \frac{x - \min(x_{\min}, 0)}{\max(0, x_{\max}) - \min(x_{\min}, 0) + \varepsilon}
+        \odot \mathrm{softmax}(x)
+
+    with ``x_min``, ``x_max`` over the visible entries of the row. The output does not
+    sum to one (plain SA-Softmax can be negative). Zheng et al. (2025), "Self-Adjust
+    Softmax", arXiv 2502.18277.
+    """
+    check_bool(normalized, "normalized")
+    check_positive(eps, "eps", allow_tensor=False)
+    rows = prepare_rows(x, dim, mask)
+    xs = rows.safe_x
+    p = softmax_rows(torch.where(rows.visible, rows.x, xs), rows.visible)
+    if not normalized:
+        return finish(rows, xs * p)
+    low = rows.masked_min().clamp_max(0.0)
+    high = rows.masked_max().clamp_min(0.0)
+    return finish(rows, (xs - low) / (high - low + eps) * p)
+
+
+class SASoftmaxRule(StreamRule):
+    """Plain: ``sum x e^{x-c} v / sum e^{x-c}``. Normalized: the rescaling
+    ``(x - low) / (high - low + eps)`` is affine in ``x``, so it splits into two value sums."""
+
+    def __init__(self, normalized: bool = False):
+        self.normalized = normalized
+        self.value_terms = (frozenset({"num", "num0"}),) if normalized else (frozenset({"num"}),)
+        self.max_grad = self.min_grad = normalized
+
+    def terms(self, p, z, visible, st):
+        e = shifted_exp(z, visible, st["c0"])
+        out = {"num": e * z, "den": e}
+        if self.normalized:
+            out["num0"] = e
+        return out
+
+    def output(self, sums, st):
+        plain = safe_div(sums["num"], sums["den"])
+        if not self.normalized:
+            return plain
+        low = st["mn0"].clamp_max(0.0)
+        high = st["m0"].clamp_min(0.0)
+        return (plain - low * safe_div(sums["num0"], sums["den"])) / (high - low + st["params"]["eps"])
+
+
+SPEC = builtin(
+    sa_softmax, form=None,
+    formula="x * softmax(x)  (normalized: rescaled x * softmax(x))",
+    reference="Self-Adjust Softmax, Zheng et al. 2025, arXiv 2502.18277",
+    sums_to_one=False, can_be_sparse=False, shift_invariant=False,
+    stream=lambda params: SASoftmaxRule(bool(params["normalized"])), stream_passes=1,
+    examples=(
+        Example(x=(0.0, 1.0986122886681098), expected=(0.0, 0.8239592165010823)),
+        Example(x=(-1.0, 1.0), expected=(0.0, 0.8807970779778823 / (2 + 1e-6) * 2), params={"normalized": True}),
+    ),
+)

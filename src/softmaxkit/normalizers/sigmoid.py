@@ -1,0 +1,69 @@
+r"""Sigmoid attention weights: ``sigmoid(x + b)`` entry by entry, ``b = -log n`` by default.
+
+Ramapuram et al. (2024), "Theory, Analysis, and Best Practices for Sigmoid
+Self-Attention" (FlashSigmoid), arXiv 2409.04431.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._checks import check_number
+from ..forms import Elementwise
+from ..registry import Example, Learnable, builtin
+from ._generic import from_form
+
+
+def _bias(bias: Any, bias_offset: Any, n: Any) -> Any:
+    b = -(torch.log(n) if isinstance(n, torch.Tensor) else torch.log(torch.tensor(float(n)))) \
+        if bias is None else bias
+    return b + bias_offset
+
+
+def biased_sigmoid(x: torch.Tensor, bias: Any, bias_offset: Any, n: Any) -> torch.Tensor:
+    """``h(x) = sigmoid(x + b + delta)``, ``b = -log n`` unless ``bias`` is given."""
+    return torch.sigmoid(x + _bias(bias, bias_offset, n))
+
+
+def d_biased_sigmoid(x: torch.Tensor, bias: Any, bias_offset: Any, n: Any) -> torch.Tensor:
+    """``dh/dx = h (1 - h)``."""
+    h = biased_sigmoid(x, bias, bias_offset, n)
+    return h * (1 - h)
+
+
+FORM = Elementwise(h=biased_sigmoid, dh=d_biased_sigmoid)
+
+
+def sigmoid(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
+            bias: float | torch.Tensor | None = None,
+            bias_offset: float | torch.Tensor = 0.0) -> torch.Tensor:
+    r"""Sigmoid attention weights (Ramapuram et al. 2024), elementwise.
+
+    .. math:: p_i = \sigma(x_i + b + \delta), \quad b = -\log n \text{ by default}
+
+    ``n`` is the number of visible entries of the row, so for causal attention query
+    ``i`` uses ``b = -log(i + 1)``. ``bias`` overrides ``b`` (a number or a tensor
+    broadcastable to ``x``); ``bias_offset`` ``δ`` is added to either and is what
+    :class:`softmaxkit.nn.Normalizer` learns (initialised to 0, i.e. the paper's bias).
+
+    Ramapuram et al. (2024), "Theory, Analysis, and Best Practices for Sigmoid
+    Self-Attention" (FlashSigmoid), arXiv 2409.04431.
+    """
+    if bias is not None:
+        check_number(bias, "bias")
+    check_number(bias_offset, "bias_offset")
+    return from_form(FORM, x, dim, mask, {"bias": bias, "bias_offset": bias_offset})
+
+
+SPEC = builtin(
+    sigmoid, form=FORM, formula="sigmoid(x + b), b = -log n by default",
+    reference="Ramapuram et al. 2024, arXiv 2409.04431",
+    sums_to_one=False, can_be_sparse=False, shift_invariant=False,
+    learnable={"bias_offset": Learnable(0.0)},
+    examples=(
+        Example(x=(0.6931471805599453, 0.0), expected=(0.5, 1 / 3), note="b = -log 2"),
+        Example(x=(0.0,), expected=(0.5,), params={"bias": 0.0}),
+    ),
+)

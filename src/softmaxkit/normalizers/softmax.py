@@ -1,0 +1,179 @@
+r"""Softmax with temperature, its logarithm and log-sum-exp, and the softmax core on rows.
+
+.. math:: \mathrm{softmax}(x)_i = \frac{e^{x_i/T - m}}{\sum_j e^{x_j/T - m}}, \quad m = \max_j x_j / T
+
+Bridle (1990); temperature as in Hinton, Vinyals & Dean (2015), arXiv 1503.02531. The
+row functions here (:func:`softmax_rows`, :func:`log_softmax_rows`, :func:`logsumexp_rows`)
+are the building block of every ``softmax_of`` normalizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._checks import check_positive
+from .._rows import Rows, nonzero_or_one, prepare_rows
+from ..forms import SoftmaxOf
+from ..kernels import dispatch
+from ..registry import Example, builtin
+
+# ----------------------------------------------------------------------------------------
+# the softmax core, on rows whose normalised axis is last
+# ----------------------------------------------------------------------------------------
+
+
+def _exp_terms(z: torch.Tensor, visible: torch.Tensor):
+    """``exp(z - m)`` over visible entries (0 elsewhere), its row sum, ``m`` and the ``+inf`` rows.
+
+    ``m`` is the visible row maximum, detached (softmax is shift invariant, so this is
+    exact). A row whose maximum is ``+inf`` is returned with ``inf_rows`` True; its
+    limit is uniform over its ``+inf`` entries.
+    """
+    filled = z.detach().masked_fill(~visible, float("-inf"))
+    if z.shape[-1] == 0:
+        m = filled.new_full(z.shape[:-1] + (1,), float("-inf"))
+    else:
+        m = filled.amax(-1, keepdim=True)
+    finite_m = torch.isfinite(m)
+    inf_rows = m == float("inf")
+    m = torch.where(finite_m, m, torch.zeros_like(m))
+    z_safe = torch.where(visible & ~(z == float("inf")), z, m)
+    e = torch.where(visible, torch.exp(z_safe - m), torch.zeros_like(z))
+    return e, e.sum(-1, keepdim=True), m, inf_rows
+
+
+def infinite_limit(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Uniform weights over the visible ``+inf`` entries of each row (the limit of a
+    normalised row whose maximum grows to ``+inf``)."""
+    top = (visible & (z == float("inf"))).to(z.dtype)
+    return top / top.sum(-1, keepdim=True).clamp_min(1)
+
+
+def softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Softmax along the last axis over visible entries (building block, no checks)."""
+    e, d, _, inf_rows = _exp_terms(z, visible)
+    p = e / nonzero_or_one(d)
+    return torch.where(inf_rows, infinite_limit(z.detach(), visible), p)
+
+
+def log_softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Log-softmax along the last axis; ``-inf`` at invisible entries."""
+    e, d, m, inf_rows = _exp_terms(z, visible)
+    z_safe = torch.where(visible & ~torch.isinf(z), z, m)
+    out = z_safe - m - torch.log(nonzero_or_one(d))
+    out = torch.where(inf_rows, torch.log(infinite_limit(z.detach(), visible)), out)
+    return torch.where(visible, out, torch.full_like(out, float("-inf")))
+
+
+def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """log-sum-exp along the last axis (keepdim); ``-inf`` for an empty row."""
+    e, d, m, inf_rows = _exp_terms(z, visible)
+    any_visible = visible.any(-1, keepdim=True)
+    out = m + torch.log(nonzero_or_one(d))
+    out = torch.where(any_visible, out, torch.full_like(out, float("-inf")))
+    return torch.where(inf_rows, torch.full_like(out, float("inf")), out)
+
+
+def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Tensor:
+    scale = temperature.reciprocal() if isinstance(temperature, torch.Tensor) else 1.0 / temperature
+    return rows.safe_x * rows.align(scale, "temperature")
+
+
+# ----------------------------------------------------------------------------------------
+# public functions
+# ----------------------------------------------------------------------------------------
+
+
+def softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
+            temperature: float | torch.Tensor = 1.0) -> torch.Tensor:
+    r"""Softmax with temperature.
+
+    .. math:: \mathrm{softmax}(x)_i = \frac{e^{x_i/T - m}}{\sum_j e^{x_j/T - m}},
+              \quad m = \max_j x_j / T
+
+    A row whose maximum is ``+inf`` gives its limit: equal weights on its ``+inf``
+    entries. Shift invariant. Bridle (1990); temperature as in Hinton, Vinyals & Dean
+    (2015), "Distilling the knowledge in a neural network", arXiv 1503.02531.
+
+    Args:
+        x: scores, any shape.
+        dim: the axis normalised.
+        mask: bool, broadcastable to ``x``, True = visible.
+        temperature: ``T > 0``, a number or a tensor broadcastable to ``x``.
+    """
+    check_positive(temperature, "temperature")
+    fast = dispatch.select("softmax", x, dim, mask, temperature=temperature)
+    if fast is not None:
+        return fast()
+    rows = prepare_rows(x, dim, mask)
+    p = softmax_rows(_over_temperature(rows, temperature), rows.visible)
+    return rows.restore(rows.zero_invisible(p))
+
+
+def log_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
+                temperature: float | torch.Tensor = 1.0) -> torch.Tensor:
+    r"""Logarithm of :func:`softmax`, computed stably.
+
+    .. math:: \log \mathrm{softmax}(x)_i = x_i/T - m - \log \sum_j e^{x_j/T - m}
+
+    Masked entries (and every entry of a row with nothing visible) are ``-inf``, the
+    logarithm of their probability 0, with zero gradient.
+    """
+    check_positive(temperature, "temperature")
+    fast = dispatch.select("log_softmax", x, dim, mask, temperature=temperature)
+    if fast is not None:
+        return fast()
+    rows = prepare_rows(x, dim, mask)
+    return rows.restore(log_softmax_rows(_over_temperature(rows, temperature), rows.visible))
+
+
+def logsumexp(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
+              keepdim: bool = False) -> torch.Tensor:
+    r"""Log-sum-exp over the visible entries of ``dim``.
+
+    .. math:: \mathrm{LSE}(x) = m + \log \sum_j e^{x_j - m}, \quad m = \max_j x_j
+
+    A row with nothing visible gives ``-inf`` (the log of an empty sum), with zero gradient.
+    """
+    fast = dispatch.select("logsumexp", x, dim, mask, keepdim=keepdim)
+    if fast is not None:
+        return fast()
+    rows = prepare_rows(x, dim, mask)
+    z = torch.where(rows.visible, rows.x, rows.safe_x)
+    return rows.restore(logsumexp_rows(z, rows.visible), reduced=True, keepdim=keepdim)
+
+
+def scale_by_temperature(x: torch.Tensor, temperature: Any) -> torch.Tensor:
+    """``g(x) = x / T``."""
+    return x / temperature
+
+
+def d_scale_by_temperature(x: torch.Tensor, temperature: Any) -> torch.Tensor:
+    """``dg/dx = 1 / T``."""
+    return torch.ones_like(x) / temperature
+
+
+def _is_plain_softmax(params: Any) -> Any:
+    t = params.get("temperature", 1.0)
+    return 1.0 if not isinstance(t, torch.Tensor) and t == 1.0 else None
+
+
+def _inverse_temperature(params: Any) -> float | None:
+    t = params.get("temperature", 1.0)
+    return None if isinstance(t, torch.Tensor) else 1.0 / float(t)
+
+
+SPEC = builtin(
+    softmax, form=SoftmaxOf(g=scale_by_temperature, dg=d_scale_by_temperature, linear_factor=_inverse_temperature),
+    formula="exp(x/T - m) / sum exp(x/T - m)",
+    reference="Bridle 1990; temperature: Hinton et al. 2015, arXiv 1503.02531",
+    sums_to_one=True, can_be_sparse=False, shift_invariant=True, tsallis_alpha=_is_plain_softmax,
+    examples=(
+        Example(x=(0.0, 1.0986122886681098), expected=(0.25, 0.75)),
+        Example(x=(2.0, 0.0), expected=(0.8807970779778823, 0.11920292202211755), params={"temperature": 0.5}),
+        Example(x=(float("inf"), 1.0, float("inf")), expected=(0.5, 0.0, 0.5), note="+inf entries share the mass"),
+        Example(x=(float("-inf"), float("-inf")), expected=(0.0, 0.0), note="nothing visible: zeros"),
+    ),
+)

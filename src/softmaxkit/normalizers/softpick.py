@@ -1,0 +1,88 @@
+r"""Softpick: a rectified, not-sum-to-one softmax, ``relu(e^x - 1) / (sum |e^x - 1| + eps)``.
+
+Zuhri, Fuadi & Aji (2025), "Softpick: No Attention Sink, No Massive Activations with
+Rectified Softmax", arXiv 2504.20966.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._checks import check_positive
+from .._rows import prepare_rows
+from ..forms import StreamRule, SumNormalized, keep_visible
+from ..registry import Example, builtin
+from ._generic import finish
+from .softmax import infinite_limit
+
+
+def shifted_gain(x: torch.Tensor, c: torch.Tensor | float = 0.0) -> torch.Tensor:
+    """``e^{x - c} - e^{-c}``: the signed term ``e^x - 1`` scaled by ``e^{-c}`` (``c`` a row shift)."""
+    c = torch.as_tensor(c, dtype=x.dtype, device=x.device)
+    return torch.exp(x - c) - torch.exp(-c)
+
+
+def d_shifted_gain(x: torch.Tensor, c: torch.Tensor | float = 0.0) -> torch.Tensor:
+    """``d/dx (e^{x-c} - e^{-c}) = e^{x-c}``."""
+    return torch.exp(x - torch.as_tensor(c, dtype=x.dtype, device=x.device))
+
+
+def softpick(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    r"""Softpick (Zuhri et al. 2025): rectified, not-sum-to-one softmax.
+
+    .. math::
+        \mathrm{softpick}(x)_i = \frac{\mathrm{relu}(e^{x_i} - 1)}{\sum_j |e^{x_j} - 1| + \varepsilon}
+        = \frac{\mathrm{relu}(e^{x_i - m} - e^{-m})}{\sum_j |e^{x_j - m} - e^{-m}| + \varepsilon}
+
+    (``m`` = visible row maximum). The two forms differ only in where ``ε`` enters; we
+    compute the second, the paper's stable form, which as a function of ``x`` is
+    ``relu(e^x - 1) / (Σ|e^x - 1| + ε e^m)``: within a relative ``ε`` of the first.
+    Internally it is evaluated with the shift ``c = max(m, 0)`` (numerator and
+    denominator times ``e^{m-c}``), so very negative rows do not overflow ``e^{-m}``.
+    Entries with ``x <= 0`` get exactly 0, so a row can be all zeros: no attention
+    sink is needed. Only visible entries enter the sum; ``-inf`` is masked.
+
+    Zuhri, Fuadi & Aji (2025), "Softpick: No Attention Sink, No Massive Activations with
+    Rectified Softmax", arXiv 2504.20966.
+    """
+    check_positive(eps, "eps", allow_tensor=False)
+    rows = prepare_rows(x, dim, mask)
+    finite = rows.visible & ~torch.isinf(rows.x)
+    xs = torch.where(finite, rows.x, torch.zeros_like(rows.x))
+    m = xs.masked_fill(~finite, float("-inf")).amax(-1, keepdim=True) if xs.shape[-1] else xs[..., :1]
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    c = m.detach().clamp_min(0.0)
+    gain = torch.where(finite, shifted_gain(xs, c), torch.zeros_like(xs))
+    p = torch.relu(gain) / (gain.abs().sum(-1, keepdim=True) + eps * torch.exp(m - c))
+    p = torch.where((rows.visible & (rows.x == float("inf"))).any(-1, keepdim=True),
+                    infinite_limit(rows.x.detach(), rows.visible), p)
+    return finish(rows, p)
+
+
+class SoftpickRule(StreamRule):
+    """``sum relu(e^{x-c} - e^{-c}) v / (sum |e^{x-c} - e^{-c}| + eps e^{m-c})``, ``c = max(m, 0)``."""
+
+    max_grad = True
+
+    def shift(self, m):
+        return m.clamp_min(0.0)
+
+    def terms(self, p, z, visible, st):
+        a = keep_visible(shifted_gain(z, st["c0"]), visible)
+        return {"num": torch.relu(a), "den": a.abs()}
+
+    def output(self, sums, st):
+        return sums["num"] / (sums["den"] + st["params"]["eps"] * torch.exp(st["m0"] - st["c0"]))
+
+
+SPEC = builtin(
+    softpick, form=SumNormalized(h=shifted_gain, dh=d_shifted_gain, signed=True),
+    formula="relu(e^x - 1) / (sum |e^x - 1| + eps)", reference="Zuhri et al. 2025, arXiv 2504.20966",
+    sums_to_one=False, can_be_sparse=True, shift_invariant=False,
+    stream=lambda params: SoftpickRule(), stream_passes=1,
+    examples=(
+        Example(x=(0.6931471805599453, -0.6931471805599453), expected=(1 / 1.5, 0.0), params={"eps": 1e-300},
+                note="e^x - 1 = 1 and -1/2: the negative entry is 0 but counts in the sum"),
+        Example(x=(-1.0, -2.0), expected=(0.0, 0.0), note="no positive score: an all-zero row"),
+    ),
+)

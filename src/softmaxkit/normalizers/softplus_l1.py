@@ -1,0 +1,46 @@
+r"""l1-normalised softplus: ``softplus(x) / (sum softplus(x) + eps)``: positive weights that grow
+linearly, not exponentially, in the score."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as torch_f
+
+from .._checks import check_positive
+from ..forms import SumNormalized
+from ..registry import Example, builtin
+from ._generic import from_form
+
+
+def softplus(x: torch.Tensor) -> torch.Tensor:
+    """``h(x) = log(1 + e^x)``."""
+    return torch_f.softplus(x)
+
+
+def d_softplus(x: torch.Tensor) -> torch.Tensor:
+    """``dh/dx = sigmoid(x)``."""
+    return torch.sigmoid(x)
+
+
+FORM = SumNormalized(h=softplus, dh=d_softplus)
+
+
+def softplus_l1(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None, eps: float = 1e-6) -> torch.Tensor:
+    r"""l1-normalised softplus.
+
+    .. math:: p_i = \frac{\log(1 + e^{x_i})}{\sum_j \log(1 + e^{x_j}) + \varepsilon}
+
+    Strictly positive weights that grow linearly (not exponentially) in the score.
+    A ``+inf`` score gives the limit: equal weights on the ``+inf`` entries. The
+    l1-normalised rectifier family of ReLU attention (Wortsman et al. 2023, arXiv 2309.08586).
+    """
+    check_positive(eps, "eps", allow_tensor=False)
+    return from_form(FORM, x, dim, mask, {"eps": eps})
+
+
+SPEC = builtin(
+    softplus_l1, form=FORM, formula="softplus(x) / (sum softplus(x) + eps)",
+    reference="l1-normalised softplus (rectifier family of Wortsman et al. 2023, arXiv 2309.08586)",
+    sums_to_one=False, can_be_sparse=False, shift_invariant=False,
+    examples=(Example(x=(0.0, 0.0), expected=(0.5, 0.5), params={"eps": 1e-300}),),
+)

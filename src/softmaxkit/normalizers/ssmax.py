@@ -1,0 +1,65 @@
+r"""Scalable-Softmax (SSMax): ``softmax(s log(n) x)``, which keeps attention focused as n grows.
+
+Nakanishi (2025), "Scalable-Softmax Is Superior for Attention", arXiv 2501.19399.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .._checks import check_count, check_finite
+from ..forms import SoftmaxOf
+from ..registry import Example, Learnable, builtin
+from ._generic import from_form
+
+#: Initial SSMax scale: Nakanishi (2025) reports s ~ 0.43 as the value used for SSMax.
+S_INIT = 0.43
+
+
+def _log_n(n: Any) -> Any:
+    return torch.log(n) if isinstance(n, torch.Tensor) else torch.log(torch.tensor(float(n)))
+
+
+def length_scaled(x: torch.Tensor, s: Any, n: Any) -> torch.Tensor:
+    """``g(x) = s log(n) x``."""
+    return x * (_log_n(n) * s)
+
+
+def d_length_scaled(x: torch.Tensor, s: Any, n: Any) -> torch.Tensor:
+    """``dg/dx = s log(n)``."""
+    return torch.ones_like(x) * (_log_n(n) * s)
+
+
+FORM = SoftmaxOf(g=length_scaled, dg=d_length_scaled)
+
+
+def ssmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
+          s: float | torch.Tensor = S_INIT, n: int | torch.Tensor | None = None) -> torch.Tensor:
+    r"""Scalable-Softmax (Nakanishi 2025).
+
+    .. math:: \mathrm{SSMax}(x)_i = \frac{n^{s x_i}}{\sum_j n^{s x_j}} = \mathrm{softmax}(s \log(n)\, x)_i
+
+    ``n`` is the number of visible entries of the row by default (for causal attention,
+    query ``i`` sees ``n = i + 1`` keys); pass ``n`` to override it. With ``n = 1`` the
+    single visible entry gets weight 1. ``s`` is learnable (a number or a tensor
+    broadcastable to ``x``, e.g. one per head); the paper reports ``s ≈ 0.43``.
+
+    Nakanishi (2025), "Scalable-Softmax Is Superior for Attention", arXiv 2501.19399.
+    """
+    check_finite(s, "s")
+    check_count(n)
+    return from_form(FORM, x, dim, mask, {"s": s, "n": n})
+
+
+SPEC = builtin(
+    ssmax, form=FORM, formula="softmax(s log(n) x)", reference="Nakanishi 2025, arXiv 2501.19399",
+    sums_to_one=True, can_be_sparse=False, shift_invariant=True,
+    learnable={"s": Learnable(S_INIT)},
+    examples=(
+        Example(x=(1.0, 0.0), expected=(2 / 3, 1 / 3), params={"s": 1.0}, note="n = 2: weights 2^x"),
+        Example(x=(1.0, 0.0, 0.0, 0.0), expected=(0.5714285714285714, 1 / 7, 1 / 7, 1 / 7), params={"s": 1.0}),
+        Example(x=(3.0,), expected=(1.0,), note="n = 1"),
+    ),
+)

@@ -1,0 +1,63 @@
+r"""StableMax: a softmax whose exponential is replaced by a rational map that never underflows.
+
+Prieto, Barsbey, Mediano & Birdal (2025), "Grokking at the Edge of Numerical Stability",
+arXiv 2501.04697.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .._rows import nonzero_or_one, prepare_rows
+from ..forms import SoftmaxOf
+from ..registry import Example, builtin
+from ._generic import finish
+from .softmax import infinite_limit
+
+
+def s(x: torch.Tensor) -> torch.Tensor:
+    r"""``s(x) = x + 1`` for ``x >= 0``, ``1 / (1 - x)`` below: positive, continuous, ``C^1``."""
+    return torch.where(x >= 0, x.clamp_min(0) + 1.0, 1.0 / (1.0 - x.clamp_max(0)))
+
+
+def log_s(x: torch.Tensor) -> torch.Tensor:
+    """``g(x) = log s(x)``: StableMax as ``softmax(log s(x))``."""
+    return torch.where(x >= 0, torch.log1p(x.clamp_min(0)), -torch.log1p(-x.clamp_max(0)))
+
+
+def d_log_s(x: torch.Tensor) -> torch.Tensor:
+    """``dg/dx = 1 / (1 + |x|)``."""
+    return 1.0 / (1.0 + x.abs())
+
+
+def stablemax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
+    r"""StableMax (Prieto et al. 2025): a softmax whose exponential is replaced by a rational map.
+
+    .. math:: \mathrm{StableMax}(x)_i = \frac{s(x_i)}{\sum_j s(x_j)},\quad
+              s(x) = \begin{cases} x + 1 & x \ge 0 \\ \frac{1}{1 - x} & x < 0 \end{cases}
+
+    ``s`` grows linearly, so the weights never underflow (the paper's cure for softmax
+    collapse). Not shift invariant. A ``-inf`` entry has ``s = 0``; a row with ``+inf``
+    entries gives its limit, equal weights on them. Prieto, Barsbey, Mediano & Birdal
+    (2025), "Grokking at the Edge of Numerical Stability", arXiv 2501.04697.
+    """
+    rows = prepare_rows(x, dim, mask)
+    finite = rows.visible & ~torch.isinf(rows.x)  # a NaN stays and makes its row NaN
+    xs = torch.where(finite, rows.x, torch.zeros_like(rows.x))
+    weights = torch.where(finite, s(xs), torch.zeros_like(xs))
+    p = weights / nonzero_or_one(weights.sum(-1, keepdim=True))
+    inf_rows = (rows.visible & (rows.x == float("inf"))).any(-1, keepdim=True)
+    p = torch.where(inf_rows, infinite_limit(rows.x.detach(), rows.visible), p)
+    return finish(rows, p)
+
+
+SPEC = builtin(
+    stablemax, form=SoftmaxOf(g=log_s, dg=d_log_s),
+    formula="s(x) / sum s(x), s(x) = x+1 (x>=0), 1/(1-x) (x<0)",
+    reference="Prieto et al. 2025, arXiv 2501.04697",
+    sums_to_one=True, can_be_sparse=False, shift_invariant=False,
+    examples=(
+        Example(x=(1.0, -1.0), expected=(0.8, 0.2), note="s = 2 and 1/2"),
+        Example(x=(0.0, 0.0, 2.0), expected=(0.2, 0.2, 0.6)),
+    ),
+)
