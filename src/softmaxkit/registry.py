@@ -124,6 +124,7 @@ class NormalizerSpec:
         sums_to_one: every row with a visible entry sums to one.
         can_be_sparse: outputs can contain exact zeros at visible entries.
         shift_invariant: ``fn(x + c) == fn(x)`` for a constant ``c`` per row.
+        can_be_negative: outputs can be negative (plain SA-softmax).
         param_specs: the keyword parameters, in signature order.
         stream: builds the normalizer's own :class:`~softmaxkit.forms.StreamRule` from the
             parameters when its form alone does not say how it streams.
@@ -142,6 +143,7 @@ class NormalizerSpec:
     sums_to_one: bool
     can_be_sparse: bool
     shift_invariant: bool
+    can_be_negative: bool = False
     param_specs: tuple[Param, ...] = ()
     stream: Callable[[Mapping[str, Any]], StreamRule | None] | None = None
     stream_passes: int | None = None
@@ -243,7 +245,7 @@ def signature_params(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 def builtin(fn: Callable[..., torch.Tensor], *, form: Form | None, formula: str, reference: str,
-            sums_to_one: bool, can_be_sparse: bool, shift_invariant: bool,
+            sums_to_one: bool, can_be_sparse: bool, shift_invariant: bool, can_be_negative: bool = False,
             learnable: Mapping[str, Learnable] | None = None, sizes: Mapping[str, int] | None = None,
             for_length: Mapping[str, Callable[[Any, int], Any]] | None = None,
             stream: Callable[[Mapping[str, Any]], StreamRule | None] | None = None,
@@ -260,7 +262,7 @@ def builtin(fn: Callable[..., torch.Tensor], *, form: Form | None, formula: str,
                   for name, default in defaults.items())
     spec = NormalizerSpec(name=fn.__name__, fn=fn, formula=formula, reference=reference, form=form,
                           sums_to_one=sums_to_one, can_be_sparse=can_be_sparse, shift_invariant=shift_invariant,
-                          param_specs=specs, stream=stream, stream_passes=stream_passes, examples=examples,
+                          can_be_negative=can_be_negative, param_specs=specs, stream=stream, stream_passes=stream_passes, examples=examples,
                           tsallis_alpha=tsallis_alpha)
     _add(spec)
     return spec

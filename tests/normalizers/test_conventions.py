@@ -1,27 +1,20 @@
 """Every registered normalizer follows the package conventions: mask, -inf, dtype, dim, NaN,
 extreme and degenerate inputs, and passes gradcheck in float64 (learnable parameters included)."""
 
-import math
 
 import pytest
 import torch
 
 import softmaxkit as sk
 from softmaxkit import registry
-from tests.conftest import params_for
+from tests.conftest import learnable_tensors, names_with_user, params_for
 
-NAMES = [spec.name for spec in registry.normalizers()]
-ELEMENTWISE = {"sigmoid", "relu"}  # each weight depends on its own score (and the count) only
+NAMES = names_with_user()
 
-#: Learnable parameters as float64 tensors, to gradcheck them with the input.
-TENSOR_PARAMS = {
-    "softmax": {"temperature": torch.tensor(0.8)},
-    "ssmax": {"s": torch.tensor(0.6)},
-    "multimax": {"r": torch.tensor([-0.8, 0.7, -0.4, 0.9]), "t": torch.tensor([0.3, 0.2, 0.15, 0.1])},
-    "sigmoid": {"bias_offset": torch.tensor(0.3)},
-    "entmax": {"alpha": torch.tensor(1.3)},
-    "as_entmax": {"alpha": torch.tensor(1.4), "beta": torch.tensor(0.8)},
-}
+
+def elementwise(name):
+    """Each weight depends on its own score (and the count) only."""
+    return registry.get(name).family == "elementwise"
 
 
 def call(name, x, **kw):
@@ -44,7 +37,7 @@ def row_mask(shape, seed=1):
 def test_gradcheck(name, masked):
     x = scores(4, 6).requires_grad_()
     mask = row_mask((4, 6)) if masked else None
-    params = {k: v.clone().double().requires_grad_() for k, v in TENSOR_PARAMS.get(name, {}).items()}
+    params = {k: v.clone().requires_grad_() for k, v in learnable_tensors(name).items()}
     keys = list(params)
 
     def f(x, *values):
@@ -118,7 +111,7 @@ def test_nan_stays_in_its_row(name):
     out = call(name, x)
     assert torch.isfinite(out[0]).all() and torch.isfinite(out[2]).all()
     torch.testing.assert_close(out[[0, 2]], call(name, x[[0, 2]]))
-    if name in ELEMENTWISE:
+    if elementwise(name):
         assert torch.isnan(out[1, 2]) and torch.isfinite(out[1, [0, 1, 3, 4, 5]]).all()
     else:
         assert torch.isnan(out[1]).all(), "a NaN must not be silently dropped from its row"
@@ -150,15 +143,14 @@ def test_positive_infinity_gives_the_limit_or_stays_in_its_row(name):
 @pytest.mark.parametrize("name", NAMES)
 def test_rows_of_length_one_and_empty_dims(name):
     one = scores(4, 1)
-    out = call(name, one, **({"k": 1} if name == "sparse_softmax" else {}))
+    out = call(name, one, **params_for(name, 1))
     assert out.shape == one.shape and torch.isfinite(out).all()
     if registry.get(name).sums_to_one:
         torch.testing.assert_close(out, torch.ones_like(one))
     empty_rows = scores(0, 5)
     assert call(name, empty_rows).shape == (0, 5)
-    if name != "sparse_softmax":
-        empty_dim = scores(3, 0)
-        assert call(name, empty_dim).shape == (3, 0)
+    empty_dim = scores(3, 0)
+    assert call(name, empty_dim, **params_for(name, 0)).shape == (3, 0)
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -25,13 +25,16 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from .._checks import check_dim, check_floating
+from .._checks import check_dim, check_floating, check_number
 from .._rows import compute_dtype
 from ..functional import logsumexp
 from ._reduce import check_reduction, reduce_loss
 
-#: The normalizers with a Fenchel-Young loss here, and their Tsallis alpha.
-FY_NORMALIZERS = {"softmax": 1.0, "entmax15": 1.5, "sparsemax": 2.0, "entmax": None}
+
+def fenchel_young_normalizers() -> list[str]:
+    """The registered normalizers with a Fenchel-Young loss here: those that are alpha-entmax of
+    the raw scores (``NormalizerSpec.entmax_alpha``), softmax (alpha = 1) included."""
+    return [spec.name for spec in registry.normalizers() if spec.entmax_alpha({}) is not None]
 
 
 def tsallis_regularizer(p: torch.Tensor, alpha: float) -> torch.Tensor:
@@ -42,21 +45,23 @@ def tsallis_regularizer(p: torch.Tensor, alpha: float) -> torch.Tensor:
     return ((p ** alpha).sum(-1) - 1) / (alpha * (alpha - 1))
 
 
-def _resolve_alpha(normalizer, alpha) -> float:
-    if normalizer not in FY_NORMALIZERS:
-        raise ValueError(f"normalizer must be one of {', '.join(map(repr, FY_NORMALIZERS))}, got {normalizer!r}")
-    if normalizer != "entmax":
-        if alpha is not None:
-            raise ValueError(f"alpha is only accepted with normalizer='entmax', got alpha={alpha!r} "
+def _resolve_alpha(normalizer, alpha) -> tuple[float, dict]:
+    """Tsallis alpha of ``normalizer`` and the parameters to call it with."""
+    spec = registry.get(normalizer)
+    params = {}
+    if alpha is not None:
+        if "alpha" not in spec.params:
+            raise ValueError(f"alpha is only accepted with a normalizer that takes it, got alpha={alpha!r} "
                              f"with normalizer={normalizer!r}")
-        return FY_NORMALIZERS[normalizer]
-    if alpha is None:
-        alpha = registry.get("entmax").params["alpha"]
-    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
-        raise TypeError(f"alpha must be a number >= 1, got {type(alpha).__name__}")
-    if not alpha >= 1:
-        raise ValueError(f"alpha must be >= 1, got {alpha}")
-    return float(alpha)
+        check_number(alpha, "alpha", allow_tensor=False)
+        if not alpha >= 1:
+            raise ValueError(f"alpha must be >= 1, got {alpha}")
+        params["alpha"] = float(alpha)
+    resolved = spec.entmax_alpha(params)
+    if resolved is None or isinstance(resolved, torch.Tensor):
+        raise ValueError(f"normalizer must be one of {', '.join(map(repr, fenchel_young_normalizers()))} "
+                         f"(alpha-entmax of the scores), got {normalizer!r}")
+    return float(resolved), params
 
 
 def _target_terms(z: torch.Tensor, target: torch.Tensor, alpha: float):
@@ -101,8 +106,10 @@ def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: s
         logits: scores ``theta``, classes along ``dim``.
         target: integer class indices (the shape of ``logits`` without ``dim``) or a
             distribution (the shape of ``logits``, non-negative, summing to 1).
-        normalizer: ``"softmax"``, ``"sparsemax"``, ``"entmax15"`` or ``"entmax"``.
-        alpha: the entmax alpha (a number ``>= 1``), only with ``normalizer="entmax"``
+        normalizer: ``"softmax"``, ``"sparsemax"``, ``"entmax15"``, ``"entmax"``, or any
+            registered normalizer that is alpha-entmax of the scores
+            (:func:`fenchel_young_normalizers`).
+        alpha: the entmax alpha (a number ``>= 1``), only with a normalizer that takes it
             (default: the registry's 1.5).
         dim: the class axis.
         reduction: ``"mean"`` (over rows), ``"sum"`` or ``"none"``.
@@ -110,7 +117,7 @@ def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: s
     check_floating(logits, "logits")
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
-    alpha = _resolve_alpha(normalizer, alpha)
+    alpha, params = _resolve_alpha(normalizer, alpha)
     reduction = check_reduction(reduction)
     dim = check_dim(logits, dim)
     if logits.dim() == 0:
@@ -122,7 +129,6 @@ def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: s
     if alpha == 1.0:
         conjugate = logsumexp(z, dim=-1)
     else:
-        params = {"alpha": alpha} if normalizer == "entmax" else {}
         p = registry.normalize(z.detach(), normalizer, dim=-1, **params)
         conjugate = (z * p).sum(-1) - tsallis_regularizer(p, alpha)
     loss = conjugate - theta_y + omega_y

@@ -100,8 +100,8 @@ def threshold_rows(rows: Rows, form: forms.Threshold, params: Mapping[str, Any])
     finite, xs = _finite(rows)
     z = torch.where(finite, forms.call(form.g, xs, params, rows.count), rows.x)
     alpha = form.alpha(params)
-    if isinstance(alpha, torch.Tensor):
-        alpha = per_row(rows, alpha, "alpha")
+    if isinstance(alpha, torch.Tensor):  # already in the rows' layout: one value per row
+        alpha = alpha[..., :1]
     return entmax_rows(z, rows.visible, alpha)
 
 

@@ -172,7 +172,7 @@ SPEC = builtin(
     sums_to_one=True, can_be_sparse=False, shift_invariant=True, tsallis_alpha=_is_plain_softmax,
     examples=(
         Example(x=(0.0, 1.0986122886681098), expected=(0.25, 0.75)),
-        Example(x=(2.0, 0.0), expected=(0.8807970779778823, 0.11920292202211755), params={"temperature": 0.5}),
+        Example(x=(2.0, 0.0), expected=(0.7310585786300049, 0.2689414213699951), params={"temperature": 2.0}),
         Example(x=(float("inf"), 1.0, float("inf")), expected=(0.5, 0.0, 0.5), note="+inf entries share the mass"),
         Example(x=(float("-inf"), float("-inf")), expected=(0.0, 0.0), note="nothing visible: zeros"),
     ),

@@ -1,0 +1,10 @@
+"""sparsemax: the examples its spec carries, its pieces, and the definition written naively."""
+
+
+from tests.normalizers._spec_checks import check_spec
+
+NAME = "sparsemax"
+
+
+def test_spec():
+    check_spec(NAME)

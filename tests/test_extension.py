@@ -1,0 +1,153 @@
+"""A user's own normalizer, registered from a script, works everywhere a built-in one does:
+the reference, dense and streaming attention (outputs and gradients), the modules, the
+Hugging Face names; registering a taken name or an unknown family is refused."""
+
+import pytest
+import torch
+
+import softmaxkit as sk
+
+
+def cube(x):
+    return torch.relu(x) ** 3
+
+
+def dcube(x):
+    return 3 * torch.relu(x) ** 2
+
+
+def tilt(x, slope=0.7):
+    """softmax_of piece with a parameter of its own."""
+    return slope * x + 0.1 * torch.tanh(x)
+
+
+def dtilt(x, slope=0.7):
+    return slope + 0.1 * (1 - torch.tanh(x) ** 2)
+
+
+def gate(x, n):
+    """elementwise piece that uses the row count."""
+    return torch.sigmoid(x - torch.log(n))
+
+
+def dgate(x, n):
+    s = gate(x, n)
+    return s * (1 - s)
+
+
+FAMILIES = {
+    "user_relu3_l1": dict(family="sum_normalized", h=cube, dh=dcube, eps=1e-6),
+    "user_tilt": dict(family="softmax_of", g=tilt, dg=dtilt),
+    "user_gate": dict(family="elementwise", h=gate, dh=dgate),
+    "user_entmax13": dict(family="threshold", alpha=1.3),
+}
+
+
+@pytest.fixture(params=list(FAMILIES))
+def registered(request):
+    name = request.param
+    sk.register_normalizer(name, **FAMILIES[name])
+    yield name
+    sk.unregister_normalizer(name)
+
+
+def test_reference_follows_the_form(registered):
+    x = torch.randn(8, 50, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    p = sk.normalize(x, registered)
+    spec = sk.registry.get(registered)
+    if registered == "user_relu3_l1":
+        torch.testing.assert_close(p, cube(x) / (cube(x).sum(-1, keepdim=True) + 1e-6))
+    elif registered == "user_tilt":
+        torch.testing.assert_close(p, torch.softmax(tilt(x), -1))
+    elif registered == "user_gate":
+        torch.testing.assert_close(p, gate(x, torch.tensor(50.0, dtype=torch.float64)))
+    else:
+        import entmax
+
+        torch.testing.assert_close(p, entmax.entmax_bisect(x, alpha=1.3, dim=-1), atol=1e-9, rtol=0)
+    assert spec.user and spec.streamable
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_streaming_attention_equals_dense_with_gradients(registered, causal):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, 37, 8, dtype=torch.float64, generator=gen).requires_grad_() for _ in range(3))
+    mask = torch.rand(2, 1, 1, 37, generator=gen) > 0.2
+    runs = []
+    for method in ("dense", "streaming"):
+        out = sk.attention(q, k, v, registered, is_causal=causal, attn_mask=mask, method=method, block_size=(8, 16))
+        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).reshape(out.shape))
+                                    .sum(), (q, k, v))
+        runs.append((out, grads))
+    torch.testing.assert_close(runs[1][0], runs[0][0], rtol=0, atol=1e-10)
+    for gs, gd in zip(runs[1][1], runs[0][1]):
+        torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)
+
+
+def test_the_issue_example_runs_as_written():
+    sk.register_normalizer("relu3_l1", family="sum_normalized", h=cube, dh=dcube, eps=1e-6)
+    try:
+        p = sk.normalize(torch.randn(8, 50), "relu3_l1")
+        assert p.shape == (8, 50)
+        q = torch.randn(2, 4, 300, 32)
+        o = sk.attention(q, q, q, "relu3_l1", is_causal=True, method="streaming")
+        d = sk.attention(q, q, q, "relu3_l1", is_causal=True, method="dense")
+        torch.testing.assert_close(o, d, rtol=1e-5, atol=1e-6)
+        layer = sk.nn.Attention(128, heads=4, normalizer="relu3_l1")
+        y = layer(torch.randn(2, 10, 128))
+        y.sum().backward()
+        assert y.shape == (2, 10, 128)
+        assert sk.nn.Normalizer("relu3_l1")(torch.randn(3, 5)).shape == (3, 5)
+        assert "relu3_l1" in [row[0] for row in sk.registry.table().rows]
+    finally:
+        sk.unregister_normalizer("relu3_l1")
+
+
+def test_piece_parameters_become_normalizer_parameters():
+    sk.register_normalizer("user_tilt2", family="softmax_of", g=tilt, dg=dtilt)
+    try:
+        assert sk.registry.get("user_tilt2").params == {"slope": 0.7}
+        x = torch.randn(3, 6, dtype=torch.float64)
+        torch.testing.assert_close(sk.normalize(x, "user_tilt2", slope=2.0), torch.softmax(tilt(x, 2.0), -1))
+        with pytest.raises(TypeError, match="slop"):
+            sk.normalize(x, "user_tilt2", slop=2.0)
+        with pytest.raises(ValueError, match="slope"):
+            sk.normalize(x, "user_tilt2", slope=float("nan"))
+    finally:
+        sk.unregister_normalizer("user_tilt2")
+
+
+def test_hugging_face_names_include_a_registered_normalizer():
+    transformers = pytest.importorskip("transformers")
+    sk.register_normalizer("user_hf_cube", family="sum_normalized", h=cube, dh=dcube, eps=1e-6)
+    try:
+        assert "softmaxkit_user_hf_cube" in sk.hf.register()
+        cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+        model = transformers.LlamaForCausalLM._from_config(cfg, attn_implementation="softmaxkit_user_hf_cube")
+        ids = torch.randint(0, 32, (2, 9))
+        out = model(ids, labels=ids)
+        out.loss.backward()
+        assert torch.isfinite(out.loss)
+    finally:
+        sk.unregister_normalizer("user_hf_cube")
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(name="softmax", family="elementwise", h=cube, dh=dcube), "already registered"),
+    (dict(name="user_x", family="softmax_off", g=tilt, dg=dtilt), "family must be one of"),
+    (dict(name="user_x", family="softmax_of", g=tilt), "needs dg"),
+    (dict(name="user_x", family="elementwise", h=cube, dh=dcube, alpha=1.5), "does not take alpha"),
+    (dict(name="user_x", family="threshold", alpha=0.5), "alpha must be >= 1"),
+    (dict(name="user x", family="elementwise", h=cube, dh=dcube), "identifier"),
+])
+def test_bad_registrations_are_refused(kwargs, match):
+    name = kwargs.pop("name")
+    with pytest.raises(ValueError, match=match):
+        sk.register_normalizer(name, **kwargs)
+    assert name == "softmax" or name not in sk.registry.names()
+
+
+def test_unregister_unknown_name():
+    with pytest.raises(ValueError, match="unknown normalizer"):
+        sk.unregister_normalizer("never_registered")
