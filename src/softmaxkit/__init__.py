@@ -44,13 +44,9 @@ from .functional import (
     stablemax,
 )
 from .kernels.dispatch import log_softmax_topk, softmax_topk, use_backend
-from .registry import (
-    NormalizerSpec,
-    normalize,
-    normalizers,
-    register_normalizer,
-    unregister_normalizer,
-)
+from .registry import NormalizerSpec, normalize, register_normalizer, unregister_normalizer
+# ``sk.normalizers()`` is the registry's list; the package softmaxkit.normalizers holds the modules.
+from .registry import normalizers  # type: ignore[no-redef]  # noqa: I001
 from .sampling import soften
 
 try:  # the version lives in pyproject.toml only

@@ -363,14 +363,16 @@ def register_normalizer(name: str, family: str, *, h: Callable | None = None, dh
         raise ValueError(f"normalizer {name!r} is already registered; unregister_normalizer({name!r}) first")
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(map(repr, FAMILIES))}, got {family!r}")
-    needs = {"softmax_of": {"g": g, "dg": dg}, "sum_normalized": {"h": h, "dh": dh},
-             "elementwise": {"h": h, "dh": dh}, "threshold": {"alpha": alpha}}[family]
+    pieces: dict[str, dict[str, Any]] = {
+        "softmax_of": {"g": g, "dg": dg}, "sum_normalized": {"h": h, "dh": dh},
+        "elementwise": {"h": h, "dh": dh},
+        "threshold": {"alpha": alpha, **({"g": g, "dg": dg} if g is not None or dg is not None else {})}}
+    needs = pieces[family]
     missing = [k for k, v in needs.items() if v is None]
     if missing:
         raise ValueError(f"family {family!r} needs {', '.join(missing)}")
     unused = [k for k, v in {"h": h, "dh": dh, "g": g, "dg": dg, "alpha": alpha, "eps": eps}.items()
-              if v is not None and k not in needs and not (family == "threshold" and k in ("g", "dg"))
-              and not (family == "sum_normalized" and k == "eps")]
+              if v is not None and k not in needs and not (family == "sum_normalized" and k == "eps")]
     if unused:
         raise ValueError(f"family {family!r} does not take {', '.join(unused)}")
     form: Form
@@ -385,7 +387,10 @@ def register_normalizer(name: str, family: str, *, h: Callable | None = None, dh
         if not alpha >= 1:  # type: ignore[operator]
             raise ValueError(f"alpha must be >= 1, got {alpha}")
         fixed_alpha = float(alpha)  # type: ignore[arg-type]
-        form = Threshold(alpha=lambda params: fixed_alpha, **({"g": g, "dg": dg} if g is not None else {}))
+        if g is None:
+            form = Threshold(alpha=lambda params: fixed_alpha)
+        else:
+            form = Threshold(alpha=lambda params: fixed_alpha, g=g, dg=dg)  # type: ignore[arg-type]
     defaults = form_parameters(form)
     if family == "sum_normalized":
         eps = 0.0 if eps is None else eps

@@ -132,6 +132,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         raise ValueError(f"normalizer {normalizer!r} with these parameters has no streaming path; "
                          "use method='auto' or 'dense'")
     _, _, lq, lk = inp.shape
-    if method == "dense" or not streams or (method == "auto" and lq * lk <= SMALL_SCORES):
+    if method == "dense" or rule is None or not streams or (method == "auto" and lq * lk <= SMALL_SCORES):
         return dense_attention(inp, normalizer, params)
     return streaming_attention(rule, inp, merged, block_q, block_k)
