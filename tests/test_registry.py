@@ -14,9 +14,9 @@ DESIGN_NAMES = ["softmax", "adaptive_softmax", "ssmax", "sa_softmax", "multimax"
                 "clipped_softmax", "sigmoid", "relu", "relu_l1", "softplus_l1"]
 
 
-def test_every_design_name_is_registered():
-    assert registry.names() == DESIGN_NAMES
-    assert [s.name for s in sk.normalizers()] == DESIGN_NAMES
+def test_every_design_name_is_registered_in_the_design_order():
+    assert registry.names()[: len(DESIGN_NAMES)] == DESIGN_NAMES
+    assert [s.name for s in sk.normalizers()] == registry.names()
 
 
 def test_specs_are_complete():
@@ -26,7 +26,7 @@ def test_specs_are_complete():
         assert spec.streaming in ("one pass", "2 passes", "threshold search", "dense")
         assert set(spec.learnable) <= set(spec.params)
     streamable = {s.name for s in sk.normalizers() if s.streamable}
-    assert streamable == set(DESIGN_NAMES) - {"sparse_softmax"}  # DESIGN.md's streamable list
+    assert set(DESIGN_NAMES) - streamable == {"sparse_softmax"}  # DESIGN.md's streamable list
 
 
 def test_normalize_dispatches_to_the_registered_function():

@@ -131,12 +131,17 @@ class SoftmaxOf:
 @dataclass(frozen=True)
 class SumNormalized:
     r"""``h(x) / (sum h(x) + eps)``, or with ``signed=True`` ``relu(h) / (sum |h| + eps)``
-    (softpick); ``eps`` is the normalizer's parameter ``eps`` (0 when it has none)."""
+    (softpick); ``eps`` is the constant given here, else the normalizer's parameter ``eps``
+    (0 when it has none)."""
 
     h: Piece
     dh: Piece
     signed: bool = False
+    eps: float | None = None
     family = "sum_normalized"
+
+    def epsilon(self, params: Mapping[str, Any]) -> Any:
+        return self.eps if self.eps is not None else params.get("eps", 0.0)
 
     def pieces(self) -> tuple[Piece, ...]:
         return (self.h, self.dh)
@@ -288,7 +293,7 @@ class SumNormalizedRule(StreamRule):
         return {"num": f, "den": f}
 
     def output(self, sums, st):
-        return sums["num"] / (sums["den"] + st["params"].get("eps", 0.0))
+        return sums["num"] / (sums["den"] + self.form.epsilon(st["params"]))
 
 
 class ElementwiseRule(StreamRule):

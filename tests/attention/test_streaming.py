@@ -6,6 +6,7 @@ import torch
 import softmaxkit as sk
 from softmaxkit.attention import streaming
 from softmaxkit.attention.rules import rule_for
+from tests.conftest import learnable_tensors
 
 D = 5
 BLOCKS = (3, 4)  # several query and key tiles even at these small lengths
@@ -15,32 +16,45 @@ def _per_head(h, value, gen):
     return (value + 0.3 * torch.randn(h, 1, 1, generator=gen, dtype=torch.float64)).requires_grad_()
 
 
+def _per_head_values(name, h, gen):
+    """Each learnable parameter of ``name``, one value per head near its initial value, learnable."""
+    out = {}
+    for key, value in learnable_tensors(name).items():
+        lead = value.shape  # (4,) for MultiMax's r and t
+        noise = 0.1 * torch.randn(*lead, h, 1, 1, generator=gen, dtype=torch.float64)
+        spec = sk.registry.get(name).param(key)
+        raw = spec.learnable.to_raw(value.reshape(*lead, 1, 1, 1), key) + noise
+        out[key] = spec.learnable.from_raw(raw).detach().requires_grad_()
+    return out
+
+
+#: Variants beyond each normalizer's learnable parameters: options that change its rule.
+VARIANTS = [
+    ("softmax", {"temperature": 0.7}),
+    ("adaptive_softmax", {"detach_beta": True}),
+    ("sa_softmax", {"normalized": True}),
+    ("clipped_softmax", {"gamma": -0.1, "zeta": 1.05}),
+    ("sigmoid", {"bias": -1.5}),
+    ("entmax", {"alpha": 1.3}),
+]
+
+
 def _configs(h, gen):
-    """(name, params) for every streaming rule, tensor parameters per head and learnable."""
-    multimax = {"r": (0.5 * torch.randn(4, h, 1, 1, generator=gen, dtype=torch.float64)).requires_grad_(),
-                "t": (0.5 * torch.randn(4, h, 1, 1, generator=gen, dtype=torch.float64)).requires_grad_()}
-    return [
-        ("softmax", {"temperature": 0.7}),
-        ("softmax", {"temperature": _per_head(h, 1.0, gen).detach().abs().requires_grad_()}),
-        ("ssmax", {"s": _per_head(h, 0.43, gen)}),
-        ("multimax", multimax),
-        ("adaptive_softmax", {}),
-        ("adaptive_softmax", {"detach_beta": True}),
-        ("sa_softmax", {}),
-        ("sa_softmax", {"normalized": True}),
-        ("softpick", {}),
-        ("stablemax", {}),
-        ("clipped_softmax", {"gamma": -0.1, "zeta": 1.05}),
-        ("sigmoid", {"bias_offset": _per_head(h, 0.0, gen)}),
-        ("sigmoid", {"bias": -1.5}),
-        ("relu", {}),
-        ("relu_l1", {}),
-        ("softplus_l1", {}),
-        ("sparsemax", {}),
-        ("entmax15", {}),
-        ("entmax", {"alpha": 1.3}),
-        ("as_entmax", {"alpha": 1.5, "beta": _per_head(h, 1.0, gen), "gamma": _per_head(h, 1.0, gen)}),
-    ]
+    """(name, params) for every streamable built-in normalizer (learnable parameters per head)
+    and the variants."""
+    configs = []
+    for spec in sk.normalizers():
+        if not spec.streamable or spec.user:
+            continue
+        params = _per_head_values(spec.name, h, gen)
+        for key in list(params):  # a parameter that does not stream per head (a learnable alpha) keeps its default
+            if spec.stream_rule(params) is None:
+                trial = {k: v for k, v in params.items() if k != key}
+                params = trial if spec.stream_rule(trial) is not None else params
+        configs.append((spec.name, params))
+    configs += [(name, dict(params)) for name, params in VARIANTS]
+    configs.append(("softmax", {"temperature": _per_head(h, 1.0, gen).detach().abs().requires_grad_()}))
+    return configs
 
 
 N_CONFIGS = len(_configs(1, torch.Generator().manual_seed(0)))

@@ -85,7 +85,7 @@ def sum_normalized_rows(rows: Rows, form: forms.SumNormalized, params: Mapping[s
     finite, xs = _finite(rows)
     f = torch.where(finite, forms.call(form.h, xs, params, rows.count), torch.zeros_like(xs))
     num, den = (torch.relu(f), f.abs()) if form.signed else (f, f)
-    p = num / (den.sum(-1, keepdim=True) + params.get("eps", 0.0))
+    p = num / (den.sum(-1, keepdim=True) + form.epsilon(params))
     return torch.where(_positive_infinite_rows(rows), infinite_limit(rows.x.detach(), rows.visible), p)
 
 
