@@ -61,3 +61,8 @@ __all__ = [
     "clipped_softmax", "sigmoid", "relu", "relu_l1", "softplus_l1", "softmax_topk", "log_softmax_topk",
     "soften", "algorithms", "functional", "hf", "losses", "nn", "ops", "sampling", "scores",
 ]
+
+for _name in functional.__all__:  # normalizer modules added after the list above
+    if _name not in globals():
+        globals()[_name] = getattr(functional, _name)
+        __all__.append(_name)

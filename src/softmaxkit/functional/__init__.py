@@ -27,3 +27,11 @@ __all__ = [
     "sparse_softmax", "sparsemax", "entmax15", "entmax", "as_entmax", "softpick", "stablemax",
     "clipped_softmax", "sigmoid", "relu", "relu_l1", "softplus_l1",
 ]
+
+# A normalizer module added to softmaxkit/normalizers/ is public here without another edit.
+from ..registry import normalizers as _normalizers  # noqa: E402
+
+for _spec in _normalizers():
+    if _spec.name not in globals():
+        globals()[_spec.name] = _spec.fn
+        __all__.append(_spec.name)
