@@ -38,7 +38,7 @@ def _initial(param: Param, learn: Learnable, value: Any, shape: tuple[int, ...])
     floats = [float(v) for v in values]
     if learn.init_std is not None and not any(floats):
         tensor = torch.empty(full)
-        nn.init.trunc_normal_(tensor, std=learn.init_std, a=-2 * learn.init_std, b=2 * learn.init_std)
+        nn.init.trunc_normal_(tensor, std=learn.init_std)  # bounds [-2, 2], as timm and the official code
         return tensor
     if param.size == 1:
         return torch.full(full, floats[0])
