@@ -88,6 +88,23 @@ def check_int_in_range(value, name: str, low: int, high: int | None = None) -> i
     return value
 
 
+def check_real(value, name: str, *, allow_tensor: bool = True, finite: bool = True) -> None:
+    """Raise unless ``value`` is a real number or a floating tensor, without NaN.
+
+    ``TypeError`` naming ``name`` for anything else (bool included); ``ValueError`` naming
+    ``name`` for a NaN, and, with ``finite=True`` (the default), for ``±inf``. The one check
+    for real-valued parameters (scales, offsets, biases, coefficients).
+    """
+    _check_number(value, name, allow_tensor)
+    if isinstance(value, torch.Tensor):
+        if finite and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{name} must be finite (no NaN or inf)")
+    elif finite and not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    elif math.isnan(value):
+        raise ValueError(f"{name} must not be NaN")
+
+
 def _check_number(value, name: str, allow_tensor: bool) -> None:
     if isinstance(value, torch.Tensor):
         if not allow_tensor:

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from . import registry
+from ._rows import check_real
 
 __all__ = ["Normalizer", "Attention"]
 
@@ -72,11 +73,12 @@ class Normalizer(nn.Module):
 
     def _add(self, pname: str, value, learnable: bool) -> None:
         if pname in ("r", "t"):
-            tensor = self._multimax_init(value)
+            tensor = self._multimax_init(value, pname)
         elif pname == "alpha":
             tensor = torch.full(self.param_shape, _alpha_to_raw(float(value)))
             pname = "alpha_raw"
         else:
+            check_real(value, pname)
             tensor = torch.full(self.param_shape, float(value))
         if learnable:
             self.register_parameter(pname, nn.Parameter(tensor))
@@ -84,11 +86,19 @@ class Normalizer(nn.Module):
             self.register_buffer(pname, tensor)
         self._learned.append(pname)
 
-    def _multimax_init(self, value) -> torch.Tensor:
+    def _multimax_init(self, value, name: str) -> torch.Tensor:
         shape = (4,) + self.param_shape
         if isinstance(value, torch.Tensor):
+            check_real(value, name)
+            if value.dim() == 0 or value.shape[0] != 4:
+                raise ValueError(f"{name} must have 4 entries along its first axis, got shape {tuple(value.shape)}")
             return value.detach().clone().to(torch.get_default_dtype()).expand(shape).clone()
-        values = [float(v) for v in value]
+        values = list(value)
+        if len(values) != 4:
+            raise ValueError(f"{name} must have 4 entries, got {len(values)}")
+        for i, v in enumerate(values):
+            check_real(v, f"{name}[{i}]", allow_tensor=False)
+        values = [float(v) for v in values]
         if any(values):
             return torch.tensor(values).reshape((4,) + (1,) * len(self.param_shape)).expand(shape).clone()
         tensor = torch.empty(shape)

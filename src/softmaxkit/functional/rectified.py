@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as torch_f
 
-from .._rows import Rows, check_positive, prepare_rows
+from .._rows import Rows, check_positive, check_real, prepare_rows
 from .softmax import _infinite_limit
 
 
@@ -81,6 +81,9 @@ def sigmoid(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     Ramapuram et al. (2024), "Theory, Analysis, and Best Practices for Sigmoid
     Self-Attention" (FlashSigmoid), arXiv 2409.04431.
     """
+    if bias is not None:
+        check_real(bias, "bias")
+    check_real(bias_offset, "bias_offset")
     rows = prepare_rows(x, dim, mask)
     if bias is None:
         b = -torch.log(rows.count.clamp_min(1.0))

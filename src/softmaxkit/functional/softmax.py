@@ -19,6 +19,7 @@ from .._rows import (
     check_at_least,
     check_int_in_range,
     check_positive,
+    check_real,
     nonzero_or_one,
     prepare_rows,
 )
@@ -223,6 +224,7 @@ def ssmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
 
     Nakanishi (2025), "Scalable-Softmax Is Superior for Attention", arXiv 2501.19399.
     """
+    check_real(s, "s")
     rows = prepare_rows(x, dim, mask)
     count = rows.count if n is None else _check_n(rows, n)
     log_n = torch.log(count.clamp_min(1.0))
@@ -233,8 +235,8 @@ def ssmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
 
 def _check_n(rows: Rows, n) -> torch.Tensor:
     if isinstance(n, torch.Tensor):
-        if bool((n < 1).any()):
-            raise ValueError("n must be >= 1 everywhere")
+        if not bool((n >= 1).all()):
+            raise ValueError("n must be >= 1 everywhere (no NaN)")
         return rows.align(n.to(rows.x.dtype), "n")
     check_at_least(n, 1, "n", allow_tensor=False)
     return torch.full_like(rows.x[..., :1], float(n))
@@ -268,12 +270,15 @@ def sa_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
 
 def _multimax_coefficients(rows: Rows, value, name: str) -> list:
     if isinstance(value, torch.Tensor):
+        check_real(value, name)
         if value.dim() == 0 or value.shape[0] != 4:
             raise ValueError(f"{name} must have 4 entries along its first axis, got shape {tuple(value.shape)}")
         return [rows.align(value[i], f"{name}[{i}]") for i in range(4)]
     values = list(value)
     if len(values) != 4:
         raise ValueError(f"{name} must have 4 entries, got {len(values)}")
+    for i, v in enumerate(values):
+        check_real(v, f"{name}[{i}]", allow_tensor=False)
     return [float(v) for v in values]
 
 
@@ -281,10 +286,16 @@ def multimax_modulator(x: torch.Tensor, r, t) -> torch.Tensor:
     r"""The MultiMax modulator σ (the official code's "SeLU"), elementwise.
 
     .. math:: \sigma(x) = x + t_1 [r_1 - x]_+ + t_2 [x - r_2]_+ + t_3 [r_3 - x]_+^2 + t_4 [x - r_4]_+^2
+
+    Each quadratic term is evaluated as ``(t u) u``, never as ``t (u^2)``: a ``u^2`` that
+    overflows (``|x|`` above about ``1.8e19`` in float32) would make ``t = 0`` give
+    ``0 * inf = NaN``; this way ``t = 0`` gives exactly 0 (value and gradient) for every
+    finite ``x``, and a nonzero ``t`` overflows only when ``t u^2`` itself does.
     """
     relu = torch.relu
+    u3, u4 = relu(r[2] - x), relu(x - r[3])
     return (x + t[0] * relu(r[0] - x) + t[1] * relu(x - r[1])
-            + t[2] * relu(r[2] - x) ** 2 + t[3] * relu(x - r[3]) ** 2)
+            + (t[2] * u3) * u3 + (t[3] * u4) * u4)
 
 
 def multimax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,

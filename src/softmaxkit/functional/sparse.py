@@ -26,12 +26,10 @@ entries gives equal weights on them (the limit), a NaN stays in its own row, and
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from .._rows import Rows, check_at_least, check_real, nonzero_or_one, prepare_rows
 from ..kernels import dispatch
-from .._rows import Rows, check_at_least, nonzero_or_one, prepare_rows
 from .softmax import _infinite_limit, softmax_rows
 
 #: |t| below which M(t) (see :func:`_m_times_p`) is summed as a power series.
@@ -291,21 +289,8 @@ def entmax_rows(z: torch.Tensor, visible: torch.Tensor, alpha) -> torch.Tensor:
     return p
 
 
-def _check_real(value, name: str) -> None:
-    """A finite number or a floating tensor without NaN/inf."""
-    if isinstance(value, torch.Tensor):
-        if not value.is_floating_point():
-            raise TypeError(f"{name} must be a floating-point tensor or a number, got dtype {value.dtype}")
-        if not bool(torch.isfinite(value).all()):
-            raise ValueError(f"{name} must be finite (no NaN or inf)")
-    elif isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number or a floating-point tensor, got {type(value).__name__}")
-    elif not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value}")
-
-
 def _check_alpha(alpha) -> None:
-    _check_real(alpha, "alpha")
+    check_real(alpha, "alpha")
     check_at_least(alpha, 1.0, "alpha")
 
 
@@ -443,7 +428,7 @@ def as_entmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     """
     _check_alpha(alpha)
     for name, value in (("beta", beta), ("gamma", gamma), ("delta", delta)):
-        _check_real(value, name)
+        check_real(value, name)
     rows = prepare_rows(x, dim, mask)
     beta, gamma, delta = (_per_row(rows, v, name) if isinstance(v, torch.Tensor) else v
                           for name, v in (("beta", beta), ("gamma", gamma), ("delta", delta)))
@@ -467,8 +452,8 @@ def _row_count(rows: Rows, n) -> torch.Tensor:
     if n is None:
         return rows.count.clamp_min(1)
     if isinstance(n, torch.Tensor):
-        if bool((n < 1).any()):
-            raise ValueError("n must be >= 1 everywhere")
+        if not bool((n >= 1).all()):
+            raise ValueError("n must be >= 1 everywhere (no NaN)")
         return _per_row(rows, n.to(rows.x.dtype), "n")
     if isinstance(n, bool) or not isinstance(n, (int, float)):
         raise TypeError(f"n must be an int, a tensor or None, got {type(n).__name__}")
