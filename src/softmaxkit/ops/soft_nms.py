@@ -37,7 +37,11 @@ def soft_nms(boxes: torch.Tensor, scores: torch.Tensor, method: str = "gaussian"
     ``ensemble_boxes``: IoU is ``area(b ∩ i) / area(b ∪ i)`` on continuous coordinates
     (no "+1"), the linear rule applies for IoU strictly above ``N_t``, gaussian decay
     applies to every box, and a box is kept if its score at selection is
-    ``> score_threshold``. Ties in score go to the lower index.
+    ``> score_threshold``. Ties in score go to the lower index: among boxes whose current
+    (decayed) scores are exactly equal, the one first in ``boxes`` is selected. With
+    distinct scores the selection equals ``ensemble_boxes``' loop; with ties it may not,
+    since that loop swaps boxes into place and can then take a higher index first (e.g.
+    scores ``(0.5, 0.5, 0.9)`` on disjoint boxes: ``[2, 0, 1]`` here, ``[2, 1, 0]`` there).
 
     Runs a numba kernel on the CPU in float64 (inputs on another device are copied to the
     CPU and the result copied back). Not differentiable: the outputs are detached.
