@@ -116,3 +116,19 @@ def test_multimax_modulator_keeps_its_value_and_gradient():
     torch.testing.assert_close(sk.functional.multimax_modulator(x, r, t), expected)
     assert torch.autograd.gradcheck(lambda a, b, c: sk.multimax(a, r=b, t=c), (x, r, t))
     assert math.isinf(sk.functional.multimax_modulator(torch.tensor([1e20]), [0.0] * 4, [0.0, 0.0, 0.0, 1.0]).item())
+
+
+def test_nan_clipped_softmax_and_attention_scale_are_value_errors():
+    """NaN is a bad value of the right type: ValueError (they used to raise TypeError)."""
+    for kwargs in ({"gamma": NAN}, {"zeta": NAN}, {"zeta": INF}):
+        name = next(iter(kwargs))
+        with pytest.raises(ValueError, match=rf"^{name} must be finite"):
+            sk.clipped_softmax(_x(), **kwargs)
+    with pytest.raises(TypeError, match="gamma"):
+        sk.clipped_softmax(_x(), gamma="0.1")
+    q = torch.randn(1, 1, 4, 8)
+    for bad in (NAN, INF):
+        with pytest.raises(ValueError, match="^scale must be finite"):
+            sk.attention(q, q, q, scale=bad)
+    with pytest.raises(TypeError, match="scale"):
+        sk.attention(q, q, q, scale="big")

@@ -8,7 +8,6 @@ bfloat16 in float32, and is differentiable (``torch.autograd.gradcheck`` holds i
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import torch
@@ -387,8 +386,7 @@ def clipped_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = 
         zeta: upper stretch, ``zeta >= 1`` in the paper.
     """
     for name, value in (("gamma", gamma), ("zeta", zeta)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
-            raise TypeError(f"{name} must be a number, got {value!r}")
+        check_real(value, name, allow_tensor=False)
     if not zeta > gamma:
         raise ValueError(f"zeta must be > gamma, got zeta={zeta}, gamma={gamma}")
     rows = prepare_rows(x, dim, mask)
