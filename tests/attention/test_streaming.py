@@ -211,3 +211,21 @@ def test_double_backward_raises_for_tensor_parameters_and_auto():
     assert torch.isfinite(gs)
     with pytest.raises(RuntimeError, match="use method='dense'"):
         torch.autograd.grad(out.sum(), [s], create_graph=True)
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_activation_checkpointing_still_works(reentrant):
+    """Checkpointing recomputes inside backward but asks for no graph of the gradient:
+    the double-backward guard must not fire."""
+    from torch.utils.checkpoint import checkpoint
+
+    q, k, v = _qkv(2, lq=9, lk=11)
+
+    def attend(q, k, v):
+        return sk.attention(q, k, v, "softpick", method="streaming", block_size=4)
+
+    checkpoint(attend, q, k, v, use_reentrant=reentrant).square().sum().backward()
+    got = [t.grad for t in (q, k, v)]
+    expected = torch.autograd.grad(attend(q, k, v).square().sum(), (q, k, v))
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
