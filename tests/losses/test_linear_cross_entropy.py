@@ -238,7 +238,7 @@ def test_every_integer_target_dtype(dtype, reduction):
 
 
 def test_target_dtype_errors_name_target():
-    h, w, b, t = _problem(ignore_every=0)
+    h, w, _, t = _problem(ignore_every=0)
     for bad in (t.bool(), t.double(), t.half(), t.to(torch.complex64)):
         with pytest.raises(TypeError, match="target"):
             linear_cross_entropy(h, w, bad)
