@@ -84,7 +84,7 @@ def logit_z_penalty(logits: torch.Tensor, weight: float = 1e-4, dim: int = -1,
         weight: ``w >= 0``.
         dim: the class axis.
         mask: bool, broadcastable to ``logits``, True = visible; a row with nothing
-            visible contributes 0.
+            visible (or all ``-inf``) contributes 0. A NaN logit makes its row NaN.
         reduction: ``"mean"`` (over rows), ``"sum"`` or ``"none"``.
     """
     check_floating(logits, "logits")
