@@ -69,3 +69,78 @@ def test_report_without_bench(monkeypatch, tmp_path):
     assert main(["report", "--out", str(tmp_path), "--bench", "--arena", "fakeok"]) == 0
     results = json.loads((tmp_path / "results.json").read_text())
     assert [o["name"] for o in results["outcomes"]] == ["fakeok"]
+
+
+def _no_run(monkeypatch):
+    """Fail the test if the report starts running any benchmark or arena task."""
+    from softmaxkit import arena, bench
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the report ran work before checking it could be written")
+
+    monkeypatch.setattr(bench, "run_suite", refuse)
+    monkeypatch.setattr(arena, "run_task", refuse)
+
+
+def test_report_without_matplotlib_stops_before_running(monkeypatch, tmp_path, capsys):
+    """A core install (no matplotlib): one line naming the pip command, exit 2, nothing run."""
+    import sys
+
+    fakes.install(monkeypatch)
+    _no_run(monkeypatch)
+    for name in [m for m in sys.modules if m == "matplotlib" or m.startswith("matplotlib.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # `import matplotlib` raises ImportError
+    out = tmp_path / "rep"
+    assert main(["report", "--quick", "--out", str(out), "--arena", "fakeok"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "matplotlib" in err and "pip install 'softmaxkit[report]'" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("where", ["file", "under_a_file"])
+def test_report_out_that_cannot_be_written_is_a_one_line_error(where, monkeypatch, tmp_path, capsys):
+    fakes.install(monkeypatch)
+    _no_run(monkeypatch)
+    regular = tmp_path / "results.txt"
+    regular.write_text("keep me\n")
+    out = regular if where == "file" else regular / "sub" / "dir"
+    assert main(["report", "--quick", "--out", str(out), "--arena", "fakeok"]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: --out")
+    assert str(out) in err and "Traceback" not in captured.err
+    assert regular.read_text() == "keep me\n"
+
+
+def test_report_out_in_a_read_only_directory(monkeypatch, tmp_path, capsys):
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("root can write into a read-only directory; the path-under-a-file case covers this")
+    fakes.install(monkeypatch)
+    _no_run(monkeypatch)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        assert main(["report", "--out", str(locked / "rep"), "--arena", "fakeok"]) == 2
+        assert capsys.readouterr().err.strip().startswith("error: --out")
+    finally:
+        locked.chmod(0o700)
+
+
+def test_report_out_without_write_permission_simulated(monkeypatch, tmp_path, capsys):
+    """The read-only case as root sees it: the write probe is refused (EACCES)."""
+    from softmaxkit.report import preflight
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    fakes.install(monkeypatch)
+    _no_run(monkeypatch)
+    monkeypatch.setattr(preflight.tempfile, "TemporaryFile", refuse)
+    assert main(["report", "--out", str(tmp_path), "--arena", "fakeok"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: --out {str(tmp_path)!r} cannot be written: Permission denied"

@@ -42,24 +42,29 @@ def check_dim(x: torch.Tensor, dim: object, name: str = "dim") -> int:
     return dim % ndim
 
 
-def check_number(value: object, name: str, *, allow_tensor: bool = True) -> None:
-    """A real number (not a bool) or, if allowed, a floating tensor; NaN is refused."""
+def _check_kind(value: object, name: str, allow_tensor: bool) -> None:
     if isinstance(value, torch.Tensor):
         if not allow_tensor:
             raise TypeError(f"{name} must be a number, got a tensor")
         if not value.is_floating_point():
             raise TypeError(f"{name} must be a floating-point tensor or a number, got dtype {value.dtype}")
-        if bool(torch.isnan(value).any()):
-            raise ValueError(f"{name} must not contain NaN")
     elif isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    elif math.isnan(value):
+
+
+def check_number(value: object, name: str, *, allow_tensor: bool = True) -> None:
+    """A real number (not a bool) or, if allowed, a floating tensor; NaN is refused, inf allowed."""
+    _check_kind(value, name, allow_tensor)
+    if isinstance(value, torch.Tensor):
+        if bool(torch.isnan(value).any()):
+            raise ValueError(f"{name} must not contain NaN")
+    elif math.isnan(value):  # type: ignore[arg-type]
         raise ValueError(f"{name} must not be NaN")
 
 
 def check_finite(value: object, name: str, *, allow_tensor: bool = True) -> None:
     """A finite number or a floating tensor without NaN or inf."""
-    check_number(value, name, allow_tensor=allow_tensor)
+    _check_kind(value, name, allow_tensor)
     if isinstance(value, torch.Tensor):
         if not bool(torch.isfinite(value).all()):
             raise ValueError(f"{name} must be finite (no NaN or inf)")

@@ -119,9 +119,24 @@ def _cmd_arena(args) -> int:
     return _exit_code(outcomes)
 
 
+def _report_preflight(out) -> int | None:
+    """Exit status 2, with a one-line error, when the report could not be written (missing
+    optional dependencies, an unusable ``--out``), before any benchmark runs."""
+    from .report.preflight import preflight
+
+    problem = preflight(out)
+    if problem is None:
+        return None
+    print(f"error: {problem}", file=sys.stderr)
+    return 2
+
+
 def _cmd_report(args) -> int:
     from .report import build_report
 
+    failed = _report_preflight(args.out)
+    if failed is not None:
+        return failed
     start = time.perf_counter()
     suites = args.bench if args.bench else []
     tasks = args.arena if args.arena else None

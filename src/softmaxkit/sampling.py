@@ -46,9 +46,19 @@ def _check_tau(tau) -> None:
     check_positive(tau, "tau", allow_tensor=False)
 
 
-def _one_hot_argmax(y: torch.Tensor, dim: int) -> torch.Tensor:
+def _one_hot_argmax(y: torch.Tensor, dim: int, drawable: torch.Tensor) -> torch.Tensor:
+    """One-hot of ``argmax y`` along ``dim``; all zeros where ``drawable`` (keepdim) is False,
+    i.e. a row with no finite-or-+inf logit (all ``-inf``), as every normalizer returns zeros
+    for an all-masked row."""
+    if y.shape[dim] == 0:
+        return torch.zeros_like(y)
     index = y.argmax(dim, keepdim=True)
-    return torch.zeros_like(y).scatter_(dim, index, 1.0)
+    return torch.zeros_like(y).scatter_(dim, index, drawable.to(y.dtype))
+
+
+def _drawable(logits: torch.Tensor, dim: int) -> torch.Tensor:
+    """keepdim bool: the row has an entry that is not ``-inf``."""
+    return (logits.detach() != float("-inf")).any(dim, keepdim=True)
 
 
 def gumbel_softmax(logits: torch.Tensor, tau: float = 1.0, hard: bool = False, dim: int = -1,
@@ -59,7 +69,8 @@ def gumbel_softmax(logits: torch.Tensor, tau: float = 1.0, hard: bool = False, d
 
     (``g`` is standard Gumbel noise). ``hard=True`` returns the one-hot ``argmax y`` in
     the forward pass with the gradient of ``y`` (straight-through). ``-inf`` logits are
-    never drawn. Jang, Gu & Poole (2016), "Categorical Reparameterization with
+    never drawn; a row of all ``-inf`` has nothing to draw and gives zeros (``hard`` or
+    not) with zero gradient, the all-masked-row rule of every normalizer. Jang, Gu & Poole (2016), "Categorical Reparameterization with
     Gumbel-Softmax", arXiv 1611.01144; Maddison, Mnih & Teh (2016), "The Concrete
     Distribution", arXiv 1611.00712.
 
@@ -80,7 +91,7 @@ def gumbel_softmax(logits: torch.Tensor, tau: float = 1.0, hard: bool = False, d
     gumbel = -torch.log(exponential.clamp_min(torch.finfo(z.dtype).tiny))
     y = F.softmax(z + gumbel, dim=dim, temperature=tau)
     if hard:
-        y = _one_hot_argmax(y.detach(), dim) - y.detach() + y
+        y = _one_hot_argmax(y.detach(), dim, _drawable(z, dim)) - y.detach() + y
     return y.to(logits.dtype)
 
 
@@ -91,13 +102,14 @@ def straight_through(logits: torch.Tensor, tau: float = 1.0, dim: int = -1) -> t
 
     (``sg`` = stop-gradient). Deterministic: the straight-through estimator of Bengio,
     Léonard & Courville (2013), "Estimating or Propagating Gradients Through Stochastic
-    Neurons", arXiv 1308.3432, with the softmax surrogate gradient.
+    Neurons", arXiv 1308.3432, with the softmax surrogate gradient. A row of all ``-inf``
+    gives zeros with zero gradient (the all-masked-row rule of every normalizer).
     """
     check_floating(logits, "logits")
     _check_tau(tau)
     dim = check_dim(logits, dim)
     soft = F.softmax(logits, dim=dim, temperature=tau)
-    hard = _one_hot_argmax(logits.detach(), dim).to(soft.dtype)
+    hard = _one_hot_argmax(logits.detach(), dim, _drawable(logits, dim)).to(soft.dtype)
     return hard - soft.detach() + soft
 
 
@@ -246,6 +258,10 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
 
     Returns:
         int64 token indices of shape ``logits.shape[:-1]``.
+
+    Raises:
+        ValueError: a row has nothing to draw (all ``-inf``: unlike :func:`gumbel_softmax`,
+            which returns zeros there, a token index cannot be "none"), or holds NaN or ``+inf``.
     """
     check_floating(logits, "logits")
     if logits.dim() == 0 or logits.shape[-1] == 0:

@@ -104,3 +104,74 @@ def test_bad_input():
         fenchel_young_loss(x, torch.full((8, 7), 0.5, dtype=torch.float64))
     with pytest.raises(ValueError, match="reduction"):
         fenchel_young_loss(x, t, reduction="avg")
+
+
+# ---- -inf logits are masked classes (issue 12) ------------------------------------------
+
+def _params(alpha):
+    return {"alpha": alpha} if alpha is not None else {}
+
+
+@pytest.mark.parametrize("name,alpha", NORMALIZERS)
+def test_minus_inf_logit_is_a_masked_class(name, alpha):
+    """A -inf logit gives the loss of the row without that class, and zero gradient there."""
+    full = _logits()
+    x = full.detach().clone()
+    x[:, 2] = float("-inf")
+    x.requires_grad_()
+    kept = torch.tensor([0, 1, 3, 4, 5, 6])
+    t = torch.tensor([0, 1, 3, 4, 5, 6, 0, 1])
+    y = torch.softmax(_logits(seed=3).detach()[:, kept], -1)
+    y_full = torch.zeros(8, 7, dtype=torch.float64)
+    y_full[:, kept] = y
+    for target, target_kept in ((t, torch.searchsorted(kept, t)), (y_full, y)):
+        loss = fenchel_young_loss(x, target, name, alpha=alpha, reduction="none")
+        expected = fenchel_young_loss(full.detach()[:, kept], target_kept, name, alpha=alpha, reduction="none")
+        assert torch.isfinite(loss).all()
+        torch.testing.assert_close(loss, expected)
+        grad, = torch.autograd.grad(loss.sum(), x)
+        p = _probs(x, name, alpha)
+        y_dense = F.one_hot(target, 7).double() if target.dtype == torch.int64 else target
+        torch.testing.assert_close(grad, p - y_dense)
+        assert (grad[:, 2] == 0).all()
+
+
+@pytest.mark.parametrize("name,alpha", NORMALIZERS)
+def test_target_on_a_minus_inf_logit_has_infinite_loss(name, alpha):
+    """Mass on a masked class: loss +inf (as F.cross_entropy for softmax), finite gradient,
+    other rows untouched."""
+    x = _logits().detach().clone()
+    x[0, 2] = float("-inf")
+    x[1] = float("-inf")
+    x.requires_grad_()
+    t = torch.arange(8) % 7
+    t[0] = 2
+    y = torch.softmax(_logits(seed=4).detach(), -1)
+    y[0, 2] = 0.0
+    y[0] = y[0] / y[0].sum()
+    y_bad = y.clone()
+    y_bad[0] = 0.0
+    y_bad[0, 2], y_bad[0, 3] = 0.5, 0.5
+    for target in (t, y_bad):
+        loss = fenchel_young_loss(x, target, name, alpha=alpha, reduction="none")
+        assert loss[0] == float("inf") and loss[1] == float("inf")
+        assert torch.isfinite(loss[2:]).all()
+        assert fenchel_young_loss(x, target, name, alpha=alpha) == float("inf")
+        grad, = torch.autograd.grad(loss.sum(), x)
+        assert torch.isfinite(grad).all()
+        assert grad[0, 2] == 0 and (grad[1] == 0).all()
+    if name == "softmax":
+        assert F.cross_entropy(x.detach()[:1], t[:1]) == float("inf")
+
+
+def test_minus_inf_in_half_precision():
+    x = torch.tensor([[1.0, float("-inf"), 0.5, -2.0]], dtype=torch.float16)
+    for name, alpha in NORMALIZERS:
+        loss = fenchel_young_loss(x, torch.tensor([0]), name, alpha=alpha)
+        assert loss.dtype == torch.float16 and torch.isfinite(loss)
+
+
+def test_nan_logit_gives_nan():
+    x = torch.tensor([[1.0, float("nan"), 0.5]], dtype=torch.float64)
+    for name, alpha in NORMALIZERS:
+        assert torch.isnan(fenchel_young_loss(x, torch.tensor([0]), name, alpha=alpha))

@@ -218,3 +218,29 @@ def test_never_allocates_the_full_logits():
     assert _largest_allocation(lambda: _reference(h, w, b, t).backward()) >= full
     biggest = _largest_allocation(lambda: linear_cross_entropy(h, w, t, bias=b, chunk_size=64, vocab_block=1024).backward())
     assert 0 < biggest <= full / 4
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.uint8])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_every_integer_target_dtype(dtype, reduction):
+    """int8/int16/uint8 targets used to fail inside gather: every integer dtype equals int64."""
+    h, w, b, t = _problem(v=100, ignore_every=0)
+    ignore_index = 7 if dtype == torch.uint8 else -100
+    t = t.clone()
+    t[::4] = ignore_index
+    expected = linear_cross_entropy(h, w, t, bias=b, reduction=reduction, ignore_index=ignore_index)
+    g_expected = torch.autograd.grad(expected.sum(), (h, w, b))
+    got = linear_cross_entropy(h, w, t.to(dtype), bias=b, reduction=reduction, ignore_index=ignore_index)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    for g, e in zip(torch.autograd.grad(got.sum(), (h, w, b)), g_expected):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    torch.testing.assert_close(got, _reference(h, w, b, t, reduction=reduction, ignore_index=ignore_index))
+
+
+def test_target_dtype_errors_name_target():
+    h, w, _, t = _problem(ignore_every=0)
+    for bad in (t.bool(), t.double(), t.half(), t.to(torch.complex64)):
+        with pytest.raises(TypeError, match="target"):
+            linear_cross_entropy(h, w, bad)
+    with pytest.raises(ValueError, match="target"):
+        linear_cross_entropy(h, w, torch.full_like(t, 200).to(torch.uint8))

@@ -69,3 +69,15 @@ def test_bad_input():
         logit_z_penalty(z, weight=-1.0)
     with pytest.raises(ValueError, match="reduction"):
         logit_z_penalty(z, reduction="avg")
+
+
+def test_logit_z_penalty_propagates_nan():
+    """A NaN logit gives a NaN penalty (it used to become 0); an all-masked row still gives 0."""
+    x = torch.tensor([[float("nan"), 1.0, 2.0], [0.0, 1.0, 2.0], [float("-inf")] * 3], dtype=torch.float64)
+    out = logit_z_penalty(x, reduction="none")
+    assert torch.isnan(out[0])
+    assert torch.isfinite(out[1]) and out[1] > 0
+    assert out[2] == 0
+    assert torch.isnan(logit_z_penalty(x))
+    inf_row = torch.tensor([[float("inf"), 0.0]])
+    assert logit_z_penalty(inf_row) == float("inf")

@@ -246,3 +246,18 @@ def test_matches_textbook_loop_on_adversarial_scenes(scene, method, iou_threshol
     ref_keep, ref_kept = textbook_soft_nms(boxes, scores, labels, method, iou_threshold, 0.5, 0.001)
     np.testing.assert_array_equal(keep.numpy(), ref_keep)
     np.testing.assert_allclose(kept.numpy(), ref_kept, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("method", ["gaussian", "linear", "hard"])
+def test_ties_follow_the_documented_rule_not_ensemble_boxes_swaps(method):
+    """With distinct scores the order equals ensemble-boxes'; with ties softmaxkit takes the
+    lower index (the documented rule, README and docstring) where ensemble-boxes' swap loop
+    takes a higher one."""
+    boxes = np.array([[0.0, 0, 0.1, 0.1], [0.3, 0.3, 0.4, 0.4], [0.6, 0.6, 0.7, 0.7]])
+    tied = np.array([0.5, 0.5, 0.9])
+    keep, _ = soft_nms(torch.tensor(boxes), torch.tensor(tied), method=method)
+    assert keep.tolist() == [2, 0, 1]
+    assert ensemble_soft_nms(boxes, tied, method, 0.3, 0.5, 0.001)[0].tolist() == [2, 1, 0]
+    distinct = np.array([0.5, 0.4, 0.9])
+    keep, _ = soft_nms(torch.tensor(boxes), torch.tensor(distinct), method=method)
+    assert keep.tolist() == ensemble_soft_nms(boxes, distinct, method, 0.3, 0.5, 0.001)[0].tolist() == [2, 0, 1]

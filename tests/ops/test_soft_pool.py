@@ -74,3 +74,38 @@ def test_bad_input():
         soft_pool2d(torch.randn(4, 4), 2)
     with pytest.raises(TypeError, match="x"):
         soft_pool2d(torch.ones(1, 1, 4, 4, dtype=torch.int64), 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16])
+def test_minus_inf_activations_have_weight_zero(dtype):
+    """A -inf activation is left out of its window (not NaN); an all -inf window gives -inf,
+    as max_pool2d does; gradients stay finite and are 0 at -inf entries."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 2, 4, 4, generator=g, dtype=torch.float64)
+    x[0, 0, 0, 0] = float("-inf")                    # one -inf in the top-left window
+    x[0, 1, 2:, 2:] = float("-inf")                  # a window of only -inf
+    x = x.to(dtype).requires_grad_()
+    out = soft_pool2d(x, 2)
+    assert out.dtype == dtype and not torch.isnan(out).any()
+    window = x.detach()[0, 0, :2, :2].flatten()[1:].double()
+    expected = (torch.softmax(window, 0) * window).sum()
+    torch.testing.assert_close(out[0, 0, 0, 0].double(), expected, rtol=1e-3 if dtype == torch.float16 else 1e-6,
+                               atol=1e-3 if dtype == torch.float16 else 1e-6)
+    assert out[0, 1, 1, 1] == float("-inf")
+    assert out[0, 1, 1, 1] == F.max_pool2d(x.detach().float(), 2)[0, 1, 1, 1]
+    assert torch.isfinite(out[0, 1, :1]).all()
+    grad, = torch.autograd.grad(out.masked_fill(torch.isinf(out), 0).sum(), x)
+    assert torch.isfinite(grad).all()
+    assert grad[0, 0, 0, 0] == 0 and (grad[0, 1, 2:, 2:] == 0).all()
+
+
+def test_minus_inf_gradcheck_and_nan_propagates():
+    x = torch.randn(1, 1, 4, 4, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    mask = torch.zeros_like(x, dtype=torch.bool)
+    mask[0, 0, 0, 1] = mask[0, 0, 3, 3] = True
+    torch.autograd.gradcheck(lambda a: soft_pool2d(a.masked_fill(mask, float("-inf")), 2),
+                             (x.requires_grad_(),))
+    y = x.detach().clone()
+    y[0, 0, 0, 0] = float("nan")
+    out = soft_pool2d(y, 2)
+    assert torch.isnan(out[0, 0, 0, 0]) and not torch.isnan(out[0, 0, 1]).any()

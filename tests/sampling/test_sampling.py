@@ -264,3 +264,35 @@ def test_rows_without_a_finite_entry_or_with_nan():
         sample(bad)
     with pytest.raises(ValueError, match="NaN"):
         sample(bad, top_k=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_all_minus_inf_rows_give_zeros_with_zero_gradient(dtype):
+    """gumbel_softmax (soft and hard) and straight_through follow the all-masked-row rule:
+    zeros, not a one-hot at index 0; the other rows are unchanged."""
+    logits = torch.randn(3, 5, generator=_gen(), dtype=dtype)
+    logits[1] = float("-inf")
+    logits[2, :3] = float("-inf")
+    logits.requires_grad_()
+    w = torch.randn(3, 5, generator=_gen(3), dtype=dtype)
+    outs = [gumbel_softmax(logits, hard=hard, generator=_gen(1)) for hard in (False, True)]
+    outs.append(straight_through(logits, tau=0.7))
+    outs.append(gumbel_softmax(logits.detach().t(), hard=True, dim=0, generator=_gen(1)).t())
+    for y in outs:
+        assert y.dtype == dtype
+        assert (y[1] == 0).all()
+        torch.testing.assert_close(y[[0, 2]].sum(-1).float(), torch.ones(2))
+        assert (y[2, :3] == 0).all()
+        if y.requires_grad:
+            g, = torch.autograd.grad((y * w).sum(), logits)
+            assert (g[1] == 0).all() and torch.isfinite(g).all()
+    for hard in outs[1:3]:
+        assert bool(((hard == 0) | (hard == 1)).all())
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"top_k": 2}, {"top_p": 0.9}, {"min_p": 0.1}, {"top_k": 3, "top_p": 0.5}])
+def test_sample_refuses_a_row_with_nothing_to_draw(kwargs):
+    logits = torch.randn(3, 300, generator=_gen())
+    logits[1] = float("-inf")
+    with pytest.raises(ValueError, match="every row needs at least one finite entry"):
+        sample(logits, generator=_gen(1), **kwargs)

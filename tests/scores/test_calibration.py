@@ -1,6 +1,8 @@
 """Temperature scaling, ECE, classwise ECE and reliability diagrams."""
 
+import contextlib
 import math
+import signal
 
 import numpy as np
 import pytest
@@ -37,6 +39,43 @@ def test_fit_temperature_separable_warns_and_returns_bound():
     logits = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
     with pytest.warns(RuntimeWarning, match="lower bound"):
         assert fit_temperature(logits, torch.tensor([0, 1])) == 1e-3
+
+
+@contextlib.contextmanager
+def _deadline(seconds):
+    """Fail (instead of hanging) if the block runs longer than ``seconds``."""
+    def expire(signum, frame):
+        raise TimeoutError(f"did not return within {seconds} s")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("tol", [0.0, -1e-3, math.nan, math.inf, -math.inf])
+def test_fit_temperature_rejects_a_bad_tol(tol):
+    logits = torch.tensor([[1.0, 0.0]] * 4, dtype=torch.float64)
+    with _deadline(20), pytest.raises(ValueError, match=r"\btol\b"):
+        fit_temperature(logits, torch.tensor([0, 0, 0, 1]), tol=tol)
+    with pytest.raises(TypeError, match=r"\btol\b"):
+        fit_temperature(logits, torch.tensor([0, 0, 0, 1]), tol="1e-6")
+
+
+def test_fit_temperature_stops_at_the_float_resolution():
+    """A tol finer than float64 can resolve returns (the best bracket) instead of looping;
+    so do huge and bad bounds."""
+    logits = torch.tensor([[1.0, 0.0]] * 4, dtype=torch.float64)
+    labels = torch.tensor([0, 0, 0, 1])
+    with _deadline(20):
+        assert fit_temperature(logits, labels, tol=1e-300) == pytest.approx(1 / math.log(3.0), rel=1e-12)
+        assert fit_temperature(logits, labels, bounds=(1e-300, 1e300), tol=1e-300) == \
+            pytest.approx(1 / math.log(3.0), rel=1e-12)
+        for bounds in ((1e-3, math.inf), (math.nan, 1.0), (2.0, 1.0)):
+            with pytest.raises(ValueError, match="bounds"):
+                fit_temperature(logits, labels, bounds=bounds)
 
 
 def test_ece_by_hand():

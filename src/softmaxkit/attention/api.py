@@ -103,6 +103,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         normalizer: a registered name (``softmaxkit list``).
         scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
         method: ``"auto"``, ``"sdpa"`` (``softmax(a x)`` normalizers only), ``"streaming"`` or ``"dense"``.
+            The streaming path has first derivatives only: a double backward
+            (``create_graph=True``) through it raises ``RuntimeError``; use ``"dense"``.
         block_size: ``block`` or ``(block_q, block_k)`` for the streaming path.
         **params: the normalizer's parameters (``q``, ``k``, ``v`` are positional-only, so
             ``k=8`` is sparse_softmax's ``k``); tensors broadcastable to ``(B, H, 1, 1)``

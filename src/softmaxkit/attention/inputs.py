@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._checks import check_floating
+from .._checks import check_finite, check_floating
 from .._rows import compute_dtype
 
 
@@ -152,8 +152,8 @@ def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
         raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d else 1.0
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise TypeError(f"scale must be a finite number or None, got {scale!r}")
+    else:
+        check_finite(scale, "scale", allow_tensor=False)
     groups = h // hk
     dtype = compute_dtype(q.dtype)
     q_, k_, v_ = q.to(dtype), k.to(dtype), v.to(dtype)

@@ -13,6 +13,10 @@ reverse, feeding the gradients of earlier statistics back to the sums they came 
 A maximum that the output uses as a value (softpick's ``eps e^{m-c}``, the range of
 normalized SA-softmax) sends its gradient to the keys attaining it, split evenly between
 ties as ``torch.amax`` does.
+
+First derivatives only: a backward that must build a graph of the gradient
+(``create_graph=True``, double backward) raises ``RuntimeError`` naming
+``method='dense'``, whose gradients are ordinary autograd graphs.
 """
 
 from __future__ import annotations
@@ -26,6 +30,10 @@ from .rules import StreamRule
 
 DEFAULT_BLOCK_Q = 128
 DEFAULT_BLOCK_K = 512
+
+DOUBLE_BACKWARD_ERROR = ("double backward is not supported by the streaming path; use method='dense' "
+                         "(the gradient was requested with create_graph=True, e.g. for a gradient "
+                         "penalty or a Hessian-vector product)")
 
 
 @dataclass
@@ -279,6 +287,11 @@ class _StreamingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        if torch.is_grad_enabled():
+            # backward runs with grad mode on exactly when a graph of the gradient is wanted
+            # (create_graph=True); the tiles below are differentiated on detached leaves, so
+            # the gradient it returns has no graph and its derivatives would be silently wrong.
+            raise RuntimeError(DOUBLE_BACKWARD_ERROR)
         plan = ctx.plan
         q, k, v, *tensors = ctx.saved_tensors
         needs = ctx.needs_input_grad

@@ -9,6 +9,7 @@ from ..normalizers.as_entmax import as_entmax
 from ..normalizers.clipped_softmax import clipped_softmax
 from ..normalizers.entmax import entmax
 from ..normalizers.entmax15 import entmax15
+from ..normalizers.multimax import modulator as multimax_modulator
 from ..normalizers.multimax import multimax
 from ..normalizers.relu import relu
 from ..normalizers.relu_l1 import relu_l1
@@ -25,7 +26,7 @@ from ..normalizers.stablemax import stablemax
 __all__ = [
     "softmax", "log_softmax", "logsumexp", "adaptive_softmax", "ssmax", "sa_softmax", "multimax",
     "sparse_softmax", "sparsemax", "entmax15", "entmax", "as_entmax", "softpick", "stablemax",
-    "clipped_softmax", "sigmoid", "relu", "relu_l1", "softplus_l1",
+    "clipped_softmax", "sigmoid", "relu", "relu_l1", "softplus_l1", "multimax_modulator",
 ]
 
 # A normalizer module added to softmaxkit/normalizers/ is public here without another edit.

@@ -65,8 +65,15 @@ def _resolve_alpha(normalizer, alpha) -> tuple[float, dict]:
 
 
 def _target_terms(z: torch.Tensor, target: torch.Tensor, alpha: float):
-    """``<theta, y>`` and ``Omega(y)`` per row, for class indices or distributions."""
+    """``<theta, y>`` and ``Omega(y)`` per row, for class indices or distributions, and
+    whether the target puts mass on a ``-inf`` (masked) logit.
+
+    ``z`` has its ``-inf`` entries replaced by 0 (they are masked); ``impossible`` says
+    where that replacement touched the target, whose loss is then ``+inf``.
+    """
     classes = z.shape[-1]
+    masked = z == float("-inf")
+    z = torch.where(masked, torch.zeros((), dtype=z.dtype, device=z.device), z)
     if target.is_floating_point():
         if target.shape != z.shape:
             raise ValueError(f"a distribution target must have the shape of logits {tuple(z.shape)} "
@@ -75,7 +82,8 @@ def _target_terms(z: torch.Tensor, target: torch.Tensor, alpha: float):
         tol = 1e-3 if target.dtype in (torch.float16, torch.bfloat16) else 1e-5
         if bool((y < 0).any()) or bool(((y.sum(-1) - 1).abs() > tol).any()):
             raise ValueError("target must be non-negative and sum to 1 along the class axis when it is a distribution")
-        return (z * y).sum(-1), tsallis_regularizer(y, alpha)
+        impossible = ((y > 0) & masked).any(-1)
+        return (z * y).sum(-1), tsallis_regularizer(y, alpha), impossible
     if target.is_complex() or target.dtype == torch.bool:
         raise TypeError(f"target must be integer class indices or a floating distribution, got {target.dtype}")
     if target.shape != z.shape[:-1]:
@@ -84,8 +92,9 @@ def _target_terms(z: torch.Tensor, target: torch.Tensor, alpha: float):
     if bool(((target < 0) | (target >= classes)).any()):
         raise ValueError(f"target class indices must be in [0, {classes}), got min {int(target.min())}, "
                          f"max {int(target.max())}")
-    picked = z.gather(-1, target.unsqueeze(-1).long()).squeeze(-1)
-    return picked, torch.zeros_like(picked)
+    index = target.unsqueeze(-1).long()
+    picked = z.gather(-1, index).squeeze(-1)
+    return picked, torch.zeros_like(picked), masked.gather(-1, index).squeeze(-1)
 
 
 def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: str = "softmax",
@@ -113,6 +122,14 @@ def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: s
             (default: the registry's 1.5).
         dim: the class axis.
         reduction: ``"mean"`` (over rows), ``"sum"`` or ``"none"``.
+
+    ``-inf`` logits are masked classes, for every normalizer: they get ``p_hat = 0`` and
+    add nothing to the loss. A target that puts mass on a ``-inf`` logit (a class index
+    pointing at one, a distribution with ``y_j > 0`` there, or any target on a row of all
+    ``-inf``) has loss ``+inf``, as ``F.cross_entropy`` gives for softmax. The gradient
+    stays finite: ``p_hat - y`` on the visible classes and 0 on the ``-inf`` logits, as for
+    every masked entry in softmaxkit (``F.cross_entropy`` gives ``-y`` there). A NaN logit
+    gives NaN.
     """
     check_floating(logits, "logits")
     if not isinstance(target, torch.Tensor):
@@ -125,11 +142,18 @@ def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: s
     z = logits.to(compute_dtype(logits.dtype)).movedim(dim, -1)
     if target.is_floating_point():
         target = target.movedim(dim, -1)
-    theta_y, omega_y = _target_terms(z, target, alpha)
+    theta_y, omega_y, impossible = _target_terms(z, target, alpha)
+    visible = z != float("-inf")
     if alpha == 1.0:
         conjugate = logsumexp(z, dim=-1)
+        # a row of all -inf has Omega*(theta) = -inf; its loss is +inf through `impossible`
+        conjugate = torch.where(visible.any(-1), conjugate, torch.zeros_like(conjugate))
     else:
         p = registry.normalize(z.detach(), normalizer, dim=-1, **params)
-        conjugate = (z * p).sum(-1) - tsallis_regularizer(p, alpha)
-    loss = conjugate - theta_y + omega_y
+        # -inf logits are masked: p = 0 there, and they must not enter <theta, p> as -inf * 0
+        safe_z = torch.where(visible, z, torch.zeros((), dtype=z.dtype, device=z.device))
+        conjugate = (safe_z * p).sum(-1) - tsallis_regularizer(p, alpha)
+    infinite = torch.where(impossible, torch.full((), float("inf"), dtype=z.dtype, device=z.device),
+                           torch.zeros((), dtype=z.dtype, device=z.device))
+    loss = conjugate - theta_y + omega_y + infinite
     return reduce_loss(loss, reduction).to(logits.dtype)

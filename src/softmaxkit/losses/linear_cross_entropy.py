@@ -306,7 +306,9 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     Args:
         hidden: ``(..., D)`` activations.
         weight: ``(V, D)`` output projection (same dtype as ``hidden``).
-        target: ``(...)`` integer class indices in ``[0, V)`` or ``ignore_index``.
+        target: ``(...)`` integer class indices in ``[0, V)`` or ``ignore_index``, of any
+            integer dtype (``int8`` to ``int64``, ``uint8``...); bool, floating and complex
+            targets raise ``TypeError``.
         bias: ``(V,)`` or None.
         ignore_index: the target value that marks a token to skip.
         label_smoothing: ``eps`` in ``[0, 1]``.
@@ -328,6 +330,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         supported.
     """
     _check_inputs(hidden, weight, target, bias)
+    target = target.long()      # every integer dtype (int8, uint8, ...) as int64 indices
     vocab = weight.shape[0]
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")

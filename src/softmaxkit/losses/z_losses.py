@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_dim, check_floating, check_nonnegative, check_positive
+from .._checks import check_dim, check_finite, check_floating, check_nonnegative, check_positive
 from .._rows import compute_dtype
 from ..functional import logsumexp
 from ._reduce import check_reduction, reduce_loss
@@ -38,14 +38,14 @@ def spherical_z_loss(logits: torch.Tensor, target: torch.Tensor, a: float = 1.0,
     Args:
         logits: scores ``o``, classes along ``dim``.
         target: integer class indices (the shape of ``logits`` without ``dim``).
-        a: ``> 0``. b: any real number.
+        a: ``> 0``, finite. b: any finite real number (NaN and inf raise ``ValueError``).
         dim: the class axis.
         reduction: ``"mean"``, ``"sum"`` or ``"none"``.
     """
     check_floating(logits, "logits")
+    check_finite(a, "a", allow_tensor=False)
     check_positive(a, "a", allow_tensor=False)
-    if isinstance(b, bool) or not isinstance(b, (int, float)):
-        raise TypeError(f"b must be a number, got {type(b).__name__}")
+    check_finite(b, "b", allow_tensor=False)
     reduction = check_reduction(reduction)
     dim = check_dim(logits, dim)
     if logits.dim() == 0:
@@ -85,12 +85,13 @@ def logit_z_penalty(logits: torch.Tensor, weight: float = 1e-4, dim: int = -1,
         weight: ``w >= 0``.
         dim: the class axis.
         mask: bool, broadcastable to ``logits``, True = visible; a row with nothing
-            visible contributes 0.
+            visible (or all ``-inf``) contributes 0. A NaN logit makes its row NaN.
         reduction: ``"mean"`` (over rows), ``"sum"`` or ``"none"``.
     """
     check_floating(logits, "logits")
     check_nonnegative(weight, "weight")
     reduction = check_reduction(reduction)
     lse = logsumexp(logits.to(compute_dtype(logits.dtype)), dim=dim, mask=mask)
-    lse = torch.where(torch.isfinite(lse) | (lse > 0), lse, torch.zeros_like(lse))
+    # A row with nothing visible (lse = -inf) contributes 0; NaN and +inf propagate.
+    lse = torch.where(lse == float("-inf"), torch.zeros_like(lse), lse)
     return reduce_loss(weight * lse.square(), reduction).to(logits.dtype)

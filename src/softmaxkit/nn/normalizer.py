@@ -35,6 +35,8 @@ def _initial(param: Param, learn: Learnable, value: Any, shape: tuple[int, ...])
     values = [value] if param.size == 1 else list(value)
     if len(values) != param.size:
         raise ValueError(f"{param.name} must have {param.size} entries, got {len(values)}")
+    for i, v in enumerate(values):
+        check_finite(v, param.name if param.size == 1 else f"{param.name}[{i}]", allow_tensor=False)
     floats = [float(v) for v in values]
     if learn.init_std is not None and not any(floats):
         tensor = torch.empty(full)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from .. import forms
-from .._checks import check_number
+from .._checks import check_finite, check_number
 from .._rows import Rows, prepare_rows
 from ._entmax import entmax_rows, per_row
 from .softmax import infinite_limit, softmax_rows
@@ -53,7 +53,7 @@ def _values(rows: Rows, value: Any, name: str, size: int) -> list[Any]:
     if len(values) != size:
         raise ValueError(f"{name} must have {size} entries, got {len(values)}")
     for i, v in enumerate(values):
-        check_number(v, f"{name}[{i}]", allow_tensor=False)
+        check_finite(v, f"{name}[{i}]", allow_tensor=False)
     return [float(v) for v in values]
 
 

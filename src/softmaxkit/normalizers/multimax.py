@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from .._checks import check_finite
 from ..forms import SoftmaxOf
 from ..registry import Example, Learnable, builtin
 from ._generic import from_form
@@ -21,15 +22,12 @@ R_INIT = (0.0, 0.0, 0.0, 0.0)
 T_INIT = (0.0, 0.0, 0.0, 0.0)
 
 
-def _term(t: Any, base: torch.Tensor, square: bool) -> torch.Tensor | float:
-    """``t * relu(base)`` (squared when ``square``); exactly 0 where ``t`` is 0, so that a huge
-    ``base`` cannot turn ``0 * inf`` into NaN."""
-    value = torch.relu(base)
-    if square:
-        value = value * value
-    if isinstance(t, torch.Tensor):
-        return torch.where(t == 0, torch.zeros((), dtype=value.dtype, device=value.device), t * value)
-    return 0.0 if t == 0 else t * value
+def _term(t: Any, base: torch.Tensor, square: bool) -> torch.Tensor:
+    """``t relu(base)``, or ``(t u) u`` with ``u = relu(base)`` when ``square``: never ``t u^2``,
+    whose ``u^2`` would overflow (``|x|`` above ~1.8e19 in float32) and make ``t = 0`` give
+    ``0 * inf = NaN``. So ``t = 0`` gives exactly 0, value and gradient, for every finite ``x``."""
+    u = torch.relu(base)
+    return (t * u) * u if square else t * u
 
 
 def modulator(x: torch.Tensor, r: Sequence[Any], t: Sequence[Any]) -> torch.Tensor:
@@ -66,11 +64,9 @@ def multimax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     (truncated normal, std 0.02). Zhou, Fritz & Keuper (2024), "MultiMax: Sparse and
     Multi-Modal Attention Learning", arXiv 2406.01189.
     """
-    from .._checks import check_number
-
     for name, value in (("r", r), ("t", t)):
         if isinstance(value, torch.Tensor):
-            check_number(value, name)
+            check_finite(value, name)
     return from_form(FORM, x, dim, mask, {"r": r, "t": t}, sizes={"r": 4, "t": 4})
 
 

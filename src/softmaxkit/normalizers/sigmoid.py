@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_number
+from .._checks import check_finite
 from ..forms import Elementwise
 from ..registry import Example, Learnable, builtin
 from ._generic import from_form
@@ -52,8 +52,8 @@ def sigmoid(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     Self-Attention" (FlashSigmoid), arXiv 2409.04431.
     """
     if bias is not None:
-        check_number(bias, "bias")
-    check_number(bias_offset, "bias_offset")
+        check_finite(bias, "bias")
+    check_finite(bias_offset, "bias_offset")
     return from_form(FORM, x, dim, mask, {"bias": bias, "bias_offset": bias_offset})
 
 

@@ -6,12 +6,10 @@ One Line of Code", arXiv 1704.04503.
 
 from __future__ import annotations
 
-import math
-from numbers import Real
-
 import numpy as np
 import torch
 
+from .._checks import check_number
 from ._soft_nms_kernel import GAUSSIAN, HARD, LINEAR, soft_nms_kernel
 
 METHODS = {"gaussian": GAUSSIAN, "linear": LINEAR, "hard": HARD}
@@ -37,7 +35,11 @@ def soft_nms(boxes: torch.Tensor, scores: torch.Tensor, method: str = "gaussian"
     ``ensemble_boxes``: IoU is ``area(b ∩ i) / area(b ∪ i)`` on continuous coordinates
     (no "+1"), the linear rule applies for IoU strictly above ``N_t``, gaussian decay
     applies to every box, and a box is kept if its score at selection is
-    ``> score_threshold``. Ties in score go to the lower index.
+    ``> score_threshold``. Ties in score go to the lower index: among boxes whose current
+    (decayed) scores are exactly equal, the one first in ``boxes`` is selected. With
+    distinct scores the selection equals ``ensemble_boxes``' loop; with ties it may not,
+    since that loop swaps boxes into place and can then take a higher index first (e.g.
+    scores ``(0.5, 0.5, 0.9)`` on disjoint boxes: ``[2, 0, 1]`` here, ``[2, 1, 0]`` there).
 
     Runs a numba kernel on the CPU in float64 (inputs on another device are copied to the
     CPU and the result copied back). Not differentiable: the outputs are detached.
@@ -77,13 +79,13 @@ def _run(boxes, scores, idxs, method, iou_threshold, sigma, score_threshold):
     _check_boxes(boxes)
     _check_scores(scores, boxes, code)
     labels = _check_idxs(idxs, boxes)
-    _check_real(iou_threshold, "iou_threshold")
+    check_number(iou_threshold, "iou_threshold")
     if not 0.0 <= iou_threshold <= 1.0:
         raise ValueError(f"iou_threshold must be in [0, 1], got {iou_threshold}")
-    _check_real(sigma, "sigma")
+    check_number(sigma, "sigma")
     if not sigma > 0:
         raise ValueError(f"sigma must be > 0, got {sigma}")
-    _check_real(score_threshold, "score_threshold")
+    check_number(score_threshold, "score_threshold")
 
     device = scores.device
     if boxes.shape[0] == 0:
@@ -149,9 +151,3 @@ def _check_idxs(idxs, boxes) -> np.ndarray:
         raise ValueError(f"idxs must have shape (N,) with N = {n} boxes, got {tuple(idxs.shape)}")
     return np.ascontiguousarray(idxs.detach().cpu().to(torch.int64).numpy())
 
-
-def _check_real(value, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if math.isnan(value):
-        raise ValueError(f"{name} must not be NaN")

@@ -24,6 +24,11 @@ def soft_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
     ``x``; the one copy made is the (…, kh * kw) window tensor. Differentiable;
     float16/bfloat16 computed in float32.
 
+    A ``-inf`` activation gets weight 0 (it is a masked entry of the window softmax) and
+    receives zero gradient. A window of only ``-inf`` gives ``-inf``, as
+    ``max_pool2d`` and ``avg_pool2d`` do (and the limit of the formula as every activation
+    of the window goes to ``-inf``), with zero gradient. NaN propagates to its window.
+
     Args:
         x: (N, C, H, W) or (C, H, W), floating point.
         kernel_size: int or (kh, kw), each >= 1 and no larger than the input.
@@ -44,7 +49,11 @@ def soft_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
     windows = a.unfold(-2, kh, sh).unfold(-2, kw, sw)          # (..., Ho, Wo, kh, kw)
     windows = windows.reshape(*windows.shape[:-2], kh * kw)
     weights = softmax(windows, dim=-1)
-    return (weights * windows).sum(-1).to(x.dtype)
+    # -inf activations have weight 0 and must not enter the sum as 0 * -inf = NaN
+    masked = windows == float("-inf")
+    pooled = (weights * torch.where(masked, torch.zeros_like(windows), windows)).sum(-1)
+    pooled = torch.where(masked.all(-1), torch.full_like(pooled, float("-inf")), pooled)
+    return pooled.to(x.dtype)
 
 
 def _pair(value, name: str) -> tuple[int, int]:

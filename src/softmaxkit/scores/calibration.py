@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import functional as F
-from .._checks import check_int_in_range
+from .._checks import check_finite, check_int_in_range, check_positive
 from ._inputs import check_labels, check_logits_2d, check_probs
 
 STRATEGIES = ("uniform", "quantile")
@@ -23,6 +23,11 @@ STRATEGIES = ("uniform", "quantile")
 # ----------------------------------------------------------------------------------------
 # temperature scaling
 # ----------------------------------------------------------------------------------------
+
+#: Bisection steps of :func:`fit_temperature`: enough to narrow the widest float64 bracket
+#: of ``log T`` (about 1420) to below its resolution.
+FIT_TEMPERATURE_MAX_STEPS = 200
+
 
 def fit_temperature(logits: torch.Tensor, labels: torch.Tensor,
                     bounds: tuple[float, float] = (1e-3, 1e3), tol: float = 1e-10) -> float:
@@ -34,7 +39,9 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor,
     \mathrm{LSE}(\beta z_i) - \beta z_{i,y_i}` is convex, with derivative
     :math:`L'(\beta) = \frac1N \sum_i \mathbb{E}_{p_\beta}[z_i] - z_{i,y_i}` increasing in
     :math:`\beta`; the minimiser is its root, found by bisection on :math:`\log\beta` to a
-    relative precision ``tol``. Computed in float64. When the root lies outside
+    relative precision ``tol`` (a finite number ``> 0``), in at most
+    :data:`FIT_TEMPERATURE_MAX_STEPS` halvings and never past the float64 resolution of
+    ``log T`` (a ``tol`` finer than that stops there). Computed in float64. When the root lies outside
     ``bounds`` (e.g. every training prediction is right, so the NLL keeps falling as
     ``T -> 0``), the nearest bound is returned with a ``RuntimeWarning``.
 
@@ -43,9 +50,11 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor,
     """
     check_logits_2d(logits)
     y = check_labels(labels, logits.shape[0], logits.shape[1]).to(logits.device)
+    check_finite(tol, "tol", allow_tensor=False)
+    check_positive(tol, "tol", allow_tensor=False)
     lo_t, hi_t = bounds
-    if not 0 < lo_t < hi_t:
-        raise ValueError(f"bounds must be (low, high) with 0 < low < high, got {bounds}")
+    if not 0 < lo_t < hi_t < math.inf:
+        raise ValueError(f"bounds must be (low, high) with 0 < low < high < inf, got {bounds}")
     z = logits.detach().to(torch.float64)
     if not bool(torch.isfinite(z).all()):
         raise ValueError("logits must be finite to fit a temperature")
@@ -62,8 +71,12 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor,
     if slope(lo) >= 0:
         warnings.warn(f"the NLL still decreases at T = {hi_t:g}; returning the upper bound", RuntimeWarning, stacklevel=2)
         return float(hi_t)
-    while hi - lo > tol:
+    for _ in range(FIT_TEMPERATURE_MAX_STEPS):
+        if not hi - lo > tol:
+            break
         mid = 0.5 * (lo + hi)
+        if not lo < mid < hi:       # the interval is down to adjacent floats
+            break
         if slope(mid) < 0:
             lo = mid
         else:
