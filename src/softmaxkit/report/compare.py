@@ -242,7 +242,7 @@ def render_text(c: Comparison) -> str:
         lines.insert(4, "note: the machines differ; speed figures are not comparable one to one.")
     for v in c.verdicts:
         mark = "REGRESSION " if v.regression else ""
-        lines.append(f"{mark}verdict {v.producer} / {v.table}: {v.old} -> {v.new}")
+        lines.append(f"{mark}verdict {v.kind} {v.producer} / {v.table}: {v.old} -> {v.new}")
     if c.verdicts:
         lines.append("")
     current = None
