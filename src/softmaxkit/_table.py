@@ -92,6 +92,18 @@ class Table:
         return self.to_markdown()
 
 
+def verdict_of(checks) -> str:
+    """The verdict on a claim made of parts, from one boolean per part measured:
+    ``"held"`` if all held, ``"did not hold"`` if none did, ``"partly"`` otherwise, and
+    ``"not testable"`` when there is nothing to judge (no parts)."""
+    checks = [bool(c) for c in checks]
+    if not checks:
+        return "not testable"
+    if all(checks):
+        return "held"
+    return "partly" if any(checks) else "did not hold"
+
+
 def format_value(v: Any) -> str:
     """Numbers to 4 significant digits, everything else as ``str``."""
     if isinstance(v, bool) or v is None:
