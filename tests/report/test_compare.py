@@ -7,7 +7,14 @@ import pytest
 
 from softmaxkit.cli import main
 from softmaxkit.report import build_report
-from softmaxkit.report.compare import K, compare, compare_files, direction, load_results, render_text
+from softmaxkit.report.compare import (
+    K,
+    compare,
+    compare_files,
+    direction,
+    load_results,
+    render_text,
+)
 
 from . import fakes
 
@@ -72,7 +79,7 @@ def test_compare_command_prints_the_moves(run_dir, tmp_path, capsys):
 
 
 def test_report_compare_adds_the_section(run_dir, tmp_path, monkeypatch):
-    suites, tasks = fakes.install(monkeypatch)
+    suites, _ = fakes.install(monkeypatch)
     index = build_report(tmp_path / "new", quick=True, suites=suites, tasks=["fakeok"], show_progress=False,
                          gpu=False, compare_with=run_dir / "results.json")
     html = index.read_text()

@@ -4,7 +4,14 @@ a log axis only where ratios span a decade, a reference line at 1, styles apart 
 import pytest
 
 from softmaxkit._table import Table, row_labels
-from softmaxkit.report.figures import bar_style, quantity, ratio_columns, ratio_figures, slug, unlabelled_axes
+from softmaxkit.report.figures import (
+    bar_style,
+    quantity,
+    ratio_columns,
+    ratio_figures,
+    slug,
+    unlabelled_axes,
+)
 
 
 def kernels_like_table():

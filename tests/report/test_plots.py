@@ -68,3 +68,27 @@ def test_verdicts_are_computed_from_the_numbers():
     assert max_retrieval._status(flat) == "did not hold"
     for status in (tiny_lm._status(tiny_lm_results()), max_retrieval._status(flat)):
         assert status in VERDICTS
+
+
+def test_algorithm_claims_are_judged_from_the_softmax_timings(monkeypatch):
+    from softmaxkit.bench import _measure
+    from softmaxkit.bench import kernels
+    from softmaxkit.bench._measure import Measured
+
+    columns = ["shape", "torch ms", "kernel ms", "copy ms", "speedup vs torch", "kernel x copy", "torch x copy",
+               "three-pass x copy", "two-pass x copy", "online x copy", "three-pass / two-pass"]
+    softmax = kernels.Table("softmax forward, float32", columns)
+    softmax.add("256x32768", 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, Measured(3.0, 0.02), Measured(2.4, 0.02),
+                Measured(2.5, 0.03), 1.25)
+    softmax.add("8192x1024", 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, Measured(3.0, 0.02), Measured(2.9, 0.02),
+                Measured(3.1, 0.03), 1.03)
+    for simd, expected in (("avx2", "held"), ("avx512f", "partly"), ("none known", "not testable")):
+        monkeypatch.setattr(_measure, "machine_header", lambda simd=simd: {**HEADER, "simd": simd})
+        two_pass, online = kernels.algorithm_tables(softmax)
+        assert two_pass.status == expected, simd
+        assert online.status == "partly"   # 3.0 / 2.5 = 1.2 at best: faster, short of 1.3
+        assert two_pass.rows[0][2] == 1.25 and two_pass.to_dict()["noise"][0][2] > 0
+        assert two_pass.claim.startswith("Dukhan & Ablavatski 2020")
+
+
+HEADER = {"cpu": "test CPU", "threads": 2, "torch": "x", "numba": "y"}

@@ -31,8 +31,17 @@ from pathlib import Path
 
 from .._table import VERDICTS, is_number, label_columns, row_label
 
-__all__ = ["K", "SCHEMA_VERSION", "Change", "Comparison", "load_results", "compare", "compare_files",
-           "direction", "render_text"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Change",
+    "Comparison",
+    "K",
+    "compare",
+    "compare_files",
+    "direction",
+    "load_results",
+    "render_text",
+]
 
 #: results.json's layout version (1: no "schema_version" key, no noise; 2: noise, headline, machine).
 SCHEMA_VERSION = 2
@@ -117,10 +126,10 @@ def load_results(path: str | Path) -> dict:
     return results
 
 
-_HIGHER = re.compile(r"speed-?up|accuracy|auroc|aupr|\bap\b|ap@|ndcg|savings|soft-nms - ", re.I)
+_HIGHER = re.compile(r"speed-?up|accuracy|auroc|aupr|\bap\b|ap@|ndcg|savings|soft-nms - ", re.IGNORECASE)
 _LOWER = re.compile(r"\bms\b|x copy|/ sdpa|/ dense|time vs|memory vs|\bmib\b|\bloss\b|fpr|\bece\b|\bnll\b|error|"
-                    r"\|.*\|", re.I)
-_BASELINE = re.compile(r"^(torch|aten|copy|peer|dense|sdpa|ensemble-boxes|entmax|plain torch|exp-weighted)\b", re.I)
+                    r"\|.*\|", re.IGNORECASE)
+_BASELINE = re.compile(r"^(torch|aten|copy|peer|dense|sdpa|ensemble-boxes|entmax|plain torch|exp-weighted)\b", re.IGNORECASE)
 
 
 def direction(column: str, row: str = "") -> int:
@@ -236,8 +245,9 @@ def render_text(c: Comparison) -> str:
     """The comparison for the terminal."""
     lines = [f"old: {c.old_label}", f"     {machine_line(c.old_machine)}",
              f"new: {c.new_label}", f"     {machine_line(c.new_machine)}",
-             f"{c.compared} figures compared ({c.not_judged} benchmark figures without a noise estimate not judged); "
-             f"{len(c.changes)} moved beyond K = {K:g} x their noise, {len(c.regressions)} regressions.", ""]
+             (f"{c.compared} figures compared ({c.not_judged} benchmark figures without a noise estimate not "
+              f"judged); {len(c.changes)} moved beyond K = {K:g} x their noise, {len(c.regressions)} regressions."),
+             ""]
     if c.old_machine and c.new_machine and machine_line(c.old_machine) != machine_line(c.new_machine):
         lines.insert(4, "note: the machines differ; speed figures are not comparable one to one.")
     for v in c.verdicts:

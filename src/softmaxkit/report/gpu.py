@@ -66,9 +66,9 @@ def softmax_table(quick: bool) -> Table:
     for shape in shapes:
         for dtype in (torch.float32, torch.float16):
             x = torch.randn(*shape, device="cuda", dtype=dtype)
-            t_torch = median_time(_synced(lambda: torch.softmax(x, -1)), repeats=10, warmup=3)
+            t_torch = median_time(_synced(lambda x=x: torch.softmax(x, -1)), repeats=10, warmup=3)
             with use_backend("triton"):
-                t_ours = median_time(_synced(lambda: normalize(x, "softmax")), repeats=10, warmup=3)
+                t_ours = median_time(_synced(lambda x=x: normalize(x, "softmax")), repeats=10, warmup=3)
             name = "x".join(map(str, shape))
             table.add(name, str(dtype).replace("torch.", ""), t_torch * 1e3, t_ours * 1e3, t_torch / t_ours)
             if dtype == torch.float32 and shape == shapes[0]:
@@ -105,14 +105,15 @@ def attention_table(quick: bool) -> Table:
         g = torch.Generator(device="cuda").manual_seed(length)
         q, k, v = (torch.randn(4, 16, length, 64, device="cuda", dtype=torch.float16, generator=g) for _ in range(3))
         with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-            t_flash = median_time(_synced(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
+            t_flash = median_time(_synced(lambda q=q, k=k, v=v: F.scaled_dot_product_attention(q, k, v, is_causal=True)),
                                   repeats=10, warmup=3)
         for name in ("softmax", "sigmoid"):
             params = {"temperature": 0.9} if name == "softmax" else {}
             try:
-                t_ours = median_time(_synced(lambda: attention(q, k, v, name, is_causal=True, **params)),
-                                     repeats=10, warmup=3)
-            except Exception as err:  # a missing GPU path is a row, not a crash
+                t_ours = median_time(
+                    _synced(lambda q=q, k=k, v=v, name=name, params=params:
+                            attention(q, k, v, name, is_causal=True, **params)), repeats=10, warmup=3)
+            except Exception as err:  # noqa: BLE001 -- a missing GPU path is a row, not a crash
                 table.add(name, length, t_flash * 1e3, f"failed: {type(err).__name__}", "-")
                 continue
             ratios[(name, length)] = t_ours / t_flash

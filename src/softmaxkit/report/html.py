@@ -123,12 +123,12 @@ def render_comparison(c) -> str:
     from .compare import K, machine_line
 
     parts = ['<h2 id="comparison">Compared with an earlier run</h2>',
-             f"<p>Old: <code>{escape(c.old_label)}</code> ({escape(machine_line(c.old_machine))}).<br>"
-             f"New: <code>{escape(c.new_label)}</code> ({escape(machine_line(c.new_machine))}).</p>",
-             f"<p>{c.compared} figures compared; {len(c.changes)} moved by more than {K:g} times their run-to-run "
-             f"noise (benchmarks) or changed at all (arena, fixed seeds); <span class=\"regression\">"
-             f"{len(c.regressions)} regressions</span>. {c.not_judged} benchmark figures without a noise estimate "
-             "(single measurements) were not judged.</p>"]
+             (f"<p>Old: <code>{escape(c.old_label)}</code> ({escape(machine_line(c.old_machine))}).<br>"
+              f"New: <code>{escape(c.new_label)}</code> ({escape(machine_line(c.new_machine))}).</p>"),
+             (f"<p>{c.compared} figures compared; {len(c.changes)} moved by more than {K:g} times their run-to-run "
+              f"noise (benchmarks) or changed at all (arena, fixed seeds); <span class=\"regression\">"
+              f"{len(c.regressions)} regressions</span>. {c.not_judged} benchmark figures without a noise estimate "
+              "(single measurements) were not judged.</p>")]
     rows = []
     for ch in c.verdicts + c.changes:
         mark = '<span class="regression">regression</span>' if ch.regression else ""

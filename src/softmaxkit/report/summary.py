@@ -15,7 +15,7 @@ from .._plugins import OK, Outcome
 from .._table import VERDICTS, Table, is_number, noise_of, row_labels
 from .figures import slug
 
-__all__ = ["VerdictRow", "HeadlineRow", "verdict_rows", "headline_rows", "table_anchor", "claim_source"]
+__all__ = ["HeadlineRow", "VerdictRow", "claim_source", "headline_rows", "table_anchor", "verdict_rows"]
 
 
 @dataclass
@@ -92,8 +92,8 @@ def _status(outcome: Outcome, table: Table) -> tuple[str, str]:
     return "not testable", "the producer computed no verdict for this claim"
 
 
-_SPEEDUP = re.compile(r"speed-?up", re.I)
-_VS = re.compile(r"\bvs\.?\s+(.+)$", re.I)
+_SPEEDUP = re.compile(r"speed-?up", re.IGNORECASE)
+_VS = re.compile(r"\bvs\.?\s+(.+)$", re.IGNORECASE)
 
 
 def headline_rows(outcomes: list[Outcome]) -> list[HeadlineRow]:
