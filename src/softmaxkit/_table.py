@@ -84,6 +84,8 @@ class Table:
             lines.append("| " + " | ".join(format_value(v) for v in row) + " |")
         if self.verdict:
             lines += ["", f"Measured: {self.verdict}"]
+        if self.status:
+            lines += ["", f"Verdict: **{self.status}**"]
         if self.notes:
             lines += ["", self.notes]
         return "\n".join(lines)

@@ -29,6 +29,7 @@ from .compare import SCHEMA_VERSION, compare, load_results
 from .figures import SavedFigure, ratio_figures, save_figures
 from .html import render_html
 from .progress import say
+from .summary import verdict_rows
 from . import progress as _progress
 
 __all__ = ["build_report", "write_report", "results_dict", "DEFAULT_OUT"]
@@ -118,6 +119,11 @@ def write_report(out_dir: Path, outcomes: list[Outcome], figures: dict[int, list
 def render_markdown(outcomes: list[Outcome], machine: dict, meta: dict) -> str:
     """Every table as Markdown (what the README's result tables are pasted from)."""
     lines = [f"Machine: {', '.join(f'{k} {v}' for k, v in machine.items())}. Command: `{meta['command']}`.", ""]
+    verdicts = verdict_rows(outcomes)
+    if verdicts:
+        lines += ["#### Verdicts", "", "| claim | source | verdict | section |", "|---|---|---|---|"]
+        lines += [f"| {r.claim.replace('|', '/')} | {r.source or '-'} | **{r.status}** | {r.producer} |" for r in verdicts]
+        lines.append("")
     for outcome in outcomes:
         lines += [f"#### {outcome.kind} {outcome.name} ({outcome.status}, {outcome.seconds:.0f} s)", ""]
         for table in outcome.tables:
