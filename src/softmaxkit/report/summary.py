@@ -46,21 +46,22 @@ def table_anchor(kind: str, name: str, title: str) -> str:
 
 
 _TARGET = re.compile(r"^\s*(Target \(issue \d+\))")
-_YEAR_PAREN = re.compile(r"\(([^()]*\b(?:19|20)\d\d\b[^()]*)\)")
-_LEADING_SOURCE = re.compile(r"^\s*([^:]{3,80}?\b(?:19|20)\d\d)\s*:")
+_YEAR = re.compile(r"\b(?:19|20)\d\d\b")
+_PAREN = re.compile(r"\(([^()]*)\)")
 
 
 def claim_source(claim: str) -> str:
-    """Where a claim comes from, read off its text: "softmaxkit target (issue N)", the leading
-    "Author Year:" or the parenthesised references that name a year; "" when none is named."""
+    """Where a claim comes from, read off its text: "softmaxkit target (issue N)"; a short leading
+    "Authors Year (arXiv id):"; else the parenthesised references that name a year (each cut at
+    its first colon); "" when none is named."""
     target = _TARGET.match(claim)
     if target:
         return "softmaxkit " + target.group(1)[0].lower() + target.group(1)[1:]
-    leading = _LEADING_SOURCE.match(claim)
-    if leading:
-        return leading.group(1)
-    found = _YEAR_PAREN.findall(claim)
-    return "; ".join(dict.fromkeys(s.strip() for s in found))
+    head, colon, _ = claim.partition(":")
+    if colon and len(head) <= 60 and _YEAR.search(head):
+        return head.strip()
+    found = [group.split(":")[0].strip() for group in _PAREN.findall(claim) if _YEAR.search(group.split(":")[0])]
+    return "; ".join(dict.fromkeys(found))
 
 
 def verdict_rows(outcomes: list[Outcome]) -> list[VerdictRow]:
