@@ -71,8 +71,7 @@ def test_verdicts_are_computed_from_the_numbers():
 
 
 def test_algorithm_claims_are_judged_from_the_softmax_timings(monkeypatch):
-    from softmaxkit.bench import _measure
-    from softmaxkit.bench import kernels
+    from softmaxkit.bench import _measure, kernels
     from softmaxkit.bench._measure import Measured
 
     columns = ["shape", "torch ms", "kernel ms", "copy ms", "speedup vs torch", "kernel x copy", "torch x copy",

@@ -29,7 +29,8 @@ window.addEventListener("load", () => {
 
 def _chromium(*args, timeout=90):
     return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                           "--virtual-time-budget=5000", *args], capture_output=True, text=True, timeout=timeout)
+                           "--virtual-time-budget=5000", *args], check=False, capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def _probe(html_path):

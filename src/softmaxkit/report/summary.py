@@ -52,13 +52,14 @@ _PAREN = re.compile(r"\(([^()]*)\)")
 
 def claim_source(claim: str) -> str:
     """Where a claim comes from, read off its text: "softmaxkit target (issue N)"; a short leading
-    "Authors Year (arXiv id):"; else the parenthesised references that name a year (each cut at
+    "Authors Year (arXiv id):" (the year outside parentheses); else the parenthesised references that name a year (each cut at
     its first colon); "" when none is named."""
     target = _TARGET.match(claim)
     if target:
         return "softmaxkit " + target.group(1)[0].lower() + target.group(1)[1:]
     head, colon, _ = claim.partition(":")
-    if colon and len(head) <= 60 and _YEAR.search(head):
+    year = _YEAR.search(head)
+    if colon and len(head) <= 60 and year and "(" not in head[:year.start()]:
         return head.strip()
     found = [group.split(":")[0].strip() for group in _PAREN.findall(claim) if _YEAR.search(group.split(":")[0])]
     return "; ".join(dict.fromkeys(found))
