@@ -8,7 +8,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from .._table import Table, is_number, row_labels
+from .._table import Table, is_number, noise_of, row_labels
 
 
 @dataclass
@@ -107,7 +107,8 @@ def ratio_figures(table: Table) -> list:
 
     Rows are named by the case (:func:`softmaxkit._table.row_labels`: shape, op, normalizer,
     L), the axis says what the ratio is and of what, 1 is marked by a vertical line, and the
-    axis is logarithmic when the values span a decade or more. For benchmark tables that
+    axis is logarithmic when the values span a decade or more; error bars show the figures'
+    run-to-run noise where it was measured. For benchmark tables that
     come without a plot: every figure there is a ratio to a baseline measured in the same run.
     """
     columns = ratio_columns(table)
@@ -135,7 +136,11 @@ def _bar_chart(table: Table, labels: list[str], cols: list[int]):
         values = [row[col] if is_number(row[col]) and row[col] > 0 else float("nan") for row in table.rows]
         shown += [v for v in values if v == v]
         series = quantity(table.columns[col])[1]
-        ax.barh([i + k * height for i in range(len(labels))], values, height, label=series, **bar_style(k))
+        # error bars: the run-to-run noise of the figure, where it was measured
+        errors = [v * (noise_of(row[col]) or 0.0) if v == v else 0.0 for v, row in zip(values, table.rows)]
+        ax.barh([i + k * height for i in range(len(labels))], values, height, label=series,
+                xerr=errors if any(errors) else None, error_kw={"ecolor": "#d00000", "capsize": 2, "elinewidth": 1},
+                **bar_style(k))
     ax.set_yticks([i + (len(cols) - 1) * height / 2 for i in range(len(labels))])
     ax.set_yticklabels(labels, fontsize=7)
     ax.set_ylabel("case")
