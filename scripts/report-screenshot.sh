@@ -12,7 +12,7 @@ set -euo pipefail
 dir=${1:-softmaxkit-report}
 out=${2:-docs/report-screenshot.png}
 width=${WIDTH:-1280}
-height=${HEIGHT:-1500}
+height=${HEIGHT:-2300}
 
 chromium=$(command -v chromium || command -v chromium-browser || command -v google-chrome || true)
 if [ -z "$chromium" ]; then

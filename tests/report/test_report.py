@@ -184,3 +184,17 @@ def test_tables_md_has_every_table(report):
     text = (report.parent / "tables.md").read_text()
     assert "**fake bench table**" in text and "| a<b | 1.25 |" in text
     assert "_skipped: not installed yet: module softmaxkit.arena.ghosttask does not exist_" in text
+
+
+def test_rebuild_renders_the_same_report_from_results_json(report):
+    from softmaxkit.report import rebuild
+
+    before = parse(report)
+    results = json.loads((report.parent / "results.json").read_text())
+    report.write_text("stale")
+    assert rebuild(report.parent) == report
+    after = parse(report)
+    assert after.errors == [] and after.verdict_rows == before.verdict_rows
+    assert after.images == before.images and after.ids == before.ids
+    again = json.loads((report.parent / "results.json").read_text())
+    assert [o["tables"] for o in again["outcomes"]] == [o["tables"] for o in results["outcomes"]]

@@ -18,6 +18,7 @@ separate part, and the header names the GPU.
 
 from __future__ import annotations
 
+import base64
 import datetime as _dt
 import json
 import time
@@ -32,7 +33,7 @@ from .progress import say
 from .summary import verdict_rows
 from . import progress as _progress
 
-__all__ = ["build_report", "write_report", "results_dict", "DEFAULT_OUT"]
+__all__ = ["DEFAULT_OUT", "build_report", "rebuild", "results_dict", "write_report"]
 
 DEFAULT_OUT = "softmaxkit-report"
 
@@ -114,6 +115,33 @@ def write_report(out_dir: Path, outcomes: list[Outcome], figures: dict[int, list
     index.write_text(render_html(outcomes, figures, machine, meta, comparison), encoding="utf-8")
     (out_dir / "tables.md").write_text(render_markdown(outcomes, machine, meta), encoding="utf-8")
     return index
+
+
+def rebuild(out: str | Path = DEFAULT_OUT) -> Path:
+    """Rewrite ``out``/index.html and tables.md from ``out``/results.json and ``out``/figures/ with this
+    version's renderer, without running anything (noise re-attached to the figures that had it)."""
+    from .._table import Table
+    from ..bench._measure import Measured
+
+    out_dir = Path(out)
+    results = load_results(out_dir)
+    outcomes, figures = [], {}
+    for entry in results["outcomes"]:
+        tables = []
+        for t in entry["tables"]:
+            noise = t.get("noise") or [[None] * len(r) for r in t["rows"]]
+            rows = [[Measured(v, n) if n is not None and isinstance(v, (int, float)) else v for v, n in zip(r, nr)]
+                    for r, nr in zip(t["rows"], noise)]
+            table = Table(title=t["title"], columns=t["columns"], rows=rows, claim=t.get("claim"),
+                          verdict=t.get("verdict"), notes=t.get("notes"), skipped=t.get("skipped"),
+                          status=t.get("status"))
+            table.headline = [{**h, "ratio": Measured(h["ratio"], h.get("noise"))} for h in t.get("headline", [])]
+            figures[id(table)] = [SavedFigure(Path(f).stem, f, base64.b64encode((out_dir / f).read_bytes()).decode())
+                                  for f in t.get("figures", []) if (out_dir / f).is_file()]
+            tables.append(table)
+        outcomes.append(Outcome(entry["kind"], entry["name"], entry["status"], tables, entry.get("reason"),
+                                entry.get("seconds", 0.0), entry.get("claim")))
+    return write_report(out_dir, outcomes, figures, results.get("machine", {}), results.get("meta", {}))
 
 
 def render_markdown(outcomes: list[Outcome], machine: dict, meta: dict) -> str:

@@ -24,8 +24,11 @@ th { background: #f2f2f2; } td.num { text-align: right; font-variant-numeric: ta
 .skipped { background: #fff6e0; padding: 0.4em 0.8em; border-left: 4px solid #d0a000; }
 .failed { background: #ffecec; padding: 0.4em 0.8em; border-left: 4px solid #d04040; }
 .notes { color: #555; font-size: 0.9em; } img { max-width: 100%; border: 1px solid #ddd; margin: 0.4em 0; }
-table.summary td { vertical-align: top; } table.summary td.claim-text { max-width: 30em; }
-table.summary td.measured { max-width: 34em; font-size: 0.92em; }
+table.summary td { vertical-align: top; }
+table.verdicts { width: 100%; table-layout: fixed; font-size: 0.85em; }
+table.verdicts col.c-claim { width: 32%; } table.verdicts col.c-source { width: 14%; }
+table.verdicts col.c-measured { width: 34%; } table.verdicts col.c-verdict { width: 11%; }
+table.verdicts col.c-section { width: 9%; } table.verdicts td.measured { font-size: 0.92em; color: #333; }
 .v { font-weight: bold; white-space: nowrap; padding: 0.1em 0.4em; border-radius: 3px; }
 .v-held { background: #d8f0d8; } .v-did-not-hold { background: #f8d8d8; }
 .v-partly { background: #fff0c0; } .v-not-testable { background: #e4e4e4; }
@@ -94,7 +97,9 @@ def _verdicts(outcomes: list[Outcome]) -> str:
             f'<td class="measured">{escape(measured)}</td><td>{_verdict_badge(r.status)}</td>'
             f'<td><a href="#{escape(r.anchor)}">{escape(r.producer)}</a></td></tr>')
     return (f'<h2 id="verdicts">Verdicts</h2>{intro}<p>{len(rows)} claims: {escape(counts)}.</p>'
-            '<table class="summary verdicts"><thead><tr><th>claim</th><th>source</th><th>measured here</th>'
+            '<table class="summary verdicts"><colgroup><col class="c-claim"><col class="c-source">'
+            '<col class="c-measured"><col class="c-verdict"><col class="c-section"></colgroup>'
+            '<thead><tr><th>claim</th><th>source</th><th>measured here</th>'
             f"<th>verdict</th><th>section</th></tr></thead><tbody>{''.join(body)}</tbody></table>")
 
 
