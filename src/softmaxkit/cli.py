@@ -1,4 +1,4 @@
-"""The ``softmaxkit`` command: ``list``, ``bench``, ``arena`` and ``report``.
+"""The ``softmaxkit`` command: ``list``, ``bench``, ``arena``, ``report`` and ``compare``.
 
 Examples::
 
@@ -6,6 +6,8 @@ Examples::
     softmaxkit bench kernels --quick      # one benchmark suite, small shapes
     softmaxkit arena dispersion max_retrieval --quick
     softmaxkit report --quick --out softmaxkit-report   # everything, as index.html + results.json
+    softmaxkit report --quick --out new --compare old   # ... and what moved since the run in old/
+    softmaxkit compare old new            # the same comparison of two finished runs, in the terminal
 """
 
 from __future__ import annotations
@@ -63,6 +65,17 @@ def _parser() -> argparse.ArgumentParser:
                         help="bench suites to include (default: all; give none to skip the benchmark)")
     report.add_argument("--arena", nargs="*", default=["all"], metavar="TASK",
                         help="arena tasks to include (default: all)")
+    report.add_argument("--compare", default=None, metavar="OLD",
+                        help="an earlier report directory or its results.json: list every figure that moved "
+                             "beyond its run-to-run noise since then, regressions marked")
+
+    compare = sub.add_parser(
+        "compare", help="figures that moved between two runs beyond their noise (regressions marked)",
+        description="Compare two finished runs (report directories or results.json files): every figure of B "
+                    "that moved from A by more than its run-to-run noise (taken from the repeats each run "
+                    "measured), every arena figure that changed (fixed seeds) and every verdict that changed.")
+    compare.add_argument("old", metavar="A", help="the earlier run: a report directory or results.json")
+    compare.add_argument("new", metavar="B", help="the later run: a report directory or results.json")
     return parser
 
 
@@ -143,8 +156,20 @@ def _cmd_report(args) -> int:
     if tasks is None:
         print("error: --arena needs at least one task", file=sys.stderr)
         return 2
-    index = build_report(args.out, quick=args.quick, suites=suites, tasks=tasks, seed=args.seed)
+    index = build_report(args.out, quick=args.quick, suites=suites, tasks=tasks, seed=args.seed,
+                         compare_with=args.compare)
     print(f"wrote {index} and {index.parent / 'results.json'} in {time.perf_counter() - start:.0f} s")
+    if args.compare is not None:
+        from .report.compare import compare_files, render_text
+
+        print(render_text(compare_files(args.compare, index.parent)))
+    return 0
+
+
+def _cmd_compare(args) -> int:
+    from .report.compare import compare_files, render_text
+
+    print(render_text(compare_files(args.old, args.new)))
     return 0
 
 
@@ -152,10 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``softmaxkit`` console script; returns the exit status."""
     parser = _parser()
     args = parser.parse_args(argv)
-    commands = {"list": _cmd_list, "bench": _cmd_bench, "arena": _cmd_arena, "report": _cmd_report}
+    commands = {"list": _cmd_list, "bench": _cmd_bench, "arena": _cmd_arena, "report": _cmd_report,
+                "compare": _cmd_compare}
     try:
         return commands[args.command](args)
-    except ValueError as err:  # unknown suite or task names
+    except ValueError as err:  # unknown suite or task names, a results.json that cannot be read
         parser.error(str(err))
     return 2
 

@@ -8,15 +8,19 @@ import sys
 import types
 
 from softmaxkit._table import Table
+from softmaxkit.bench._measure import Measured
 
 
-def _table_with_figure(title: str) -> Table:
+def _table_with_figure(title: str, status: str) -> Table:
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(2, 2))
-    fig.add_subplot().plot([1, 2, 3], [3, 1, 2])
+    ax = fig.add_subplot()
+    ax.plot([1, 2, 3], [3, 1, 2])
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (nats)")
     table = Table(title=title, columns=["name", "ratio"], claim="fake claim <b>", verdict="fake verdict",
-                  notes="fake notes & more")
+                  notes="fake notes & more", status=status)
     table.add("a<b", 1.25)
     table.add("c", 0.5)
     table.figures.append(("fake plot", fig))
@@ -24,11 +28,20 @@ def _table_with_figure(title: str) -> Table:
 
 
 def _ok_suite(quick=False):
-    return [_table_with_figure("fake bench table"), Table(title="second fake bench table", columns=["x"], rows=[[1]])]
+    timed = Table(title="fake timed table", columns=["shape", "op", "torch ms", "kernel ms", "speedup vs torch"],
+                  claim="Target (issue 99): the kernel is 2x faster than torch.", status="did not hold",
+                  verdict="1.6x at 64x64")
+    t_torch = [Measured(2.0, 0.02), Measured(8.0, 0.05), Measured(30.0, 0.01)]
+    t_kernel = [Measured(1.25, 0.03), Measured(4.0, 0.04), Measured(60.0, 0.02)]
+    for shape, a, b in zip(("64x64", "256x256", "1024x1024"), t_torch, t_kernel):
+        timed.add(shape, "softmax", a, b, a / b)
+    timed.add_headline("softmax forward", "torch", t_torch[0] / t_kernel[0], "64x64")
+    return [_table_with_figure("fake bench table", "held"), timed,
+            Table(title="second fake bench table", columns=["x"], rows=[[1]])]
 
 
 def _ok_task(quick=False, seed=0):
-    return [_table_with_figure(f"fake arena table seed={seed} quick={quick}")]
+    return [_table_with_figure(f"fake arena table seed={seed} quick={quick}", "partly")]
 
 
 def _broken(quick=False, seed=0):

@@ -22,7 +22,7 @@ import math
 import torch
 
 from .. import registry
-from .._table import Table
+from .._table import Table, verdict_of
 from ._plot import line_style
 from ._runtime import cell_for, skipped_note, why_skipped
 
@@ -125,6 +125,21 @@ def _verdict(sizes, weights: dict[str, list[float]]) -> str:
     return "; ".join(parts) + "."
 
 
+def _status(weights: dict[str, list[float]]) -> str:
+    """Held if softmax disperses (weight at the largest n < 1/10 of the smallest's), adaptive temperature
+    raises the weight at some n (by > 5%) and SSMax at the paper's s keeps at least half its peak weight."""
+    if "softmax" not in weights:
+        return "not testable"
+    soft = weights["softmax"]
+    checks = [soft[-1] < 0.1 * soft[0]]
+    if "adaptive_softmax" in weights:
+        checks.append(any(a > 1.05 * max(b, 1e-300) for a, b in zip(weights["adaptive_softmax"], soft)))
+    ssmax = weights.get("ssmax (s=0.43)") or weights.get("ssmax (s=1)")
+    if ssmax:
+        checks.append(ssmax[-1] >= 0.5 * max(ssmax))
+    return verdict_of(checks)
+
+
 def run(quick: bool = False, seed: int = 0, sizes=None, trials: int | None = None,
         gap: float = 2.0) -> list[Table]:
     """The dispersion table and plot. ``quick`` uses fewer random rows (the sizes are the same)."""
@@ -138,6 +153,7 @@ def run(quick: bool = False, seed: int = 0, sizes=None, trials: int | None = Non
     for label, reason in skipped.items():
         table.add(label, *([cell_for(reason)] * len(sizes)))
     table.verdict = _verdict(sizes, weights)
+    table.status = _status(weights)
     notes = (f"n-1 logits i.i.d. U(-1, 1), one planted at {1 + gap:g} (a gap of {gap:g} above the bound); "
              f"mean over {trials} rows per n, float64, seed {seed}. sigmoid uses its default bias -log n; "
              f"ssmax uses n = row length. Theory for SSMax: the planted weight tends to 1 when s*gap > 1 "

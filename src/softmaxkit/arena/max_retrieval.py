@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from .. import nn as sknn
-from .._table import Table
+from .._table import Table, verdict_of
 from ._plot import line_style
 from ._runtime import cell_for, generator, map_jobs, skipped_note, why_skipped
 
@@ -233,6 +233,25 @@ def _verdict(cfg: Config, results: dict[str, list[float]]) -> str:
     return "; ".join(parts) + "."
 
 
+def _status(results: dict[str, list[float]]) -> str:
+    """Parts of the claim, each checked at the largest test size: softmax's accuracy falls (by > 0.05
+    from the smallest size), adaptive temperature gains > 0.01 at some size, SSMax beats softmax, and
+    the better of sparsemax / entmax15 beats softmax."""
+    if "softmax" not in results:
+        return "not testable"
+    s = results["softmax"]
+    checks = [s[-1] < s[0] - 0.05]
+    adaptive = results.get("adaptive_softmax (at inference)")
+    if adaptive:
+        checks.append(max(a - b for a, b in zip(adaptive, s)) > 0.01)
+    if "ssmax" in results:
+        checks.append(results["ssmax"][-1] > s[-1])
+    sparse = [results[n][-1] for n in ("sparsemax", "entmax15") if n in results]
+    if sparse:
+        checks.append(max(sparse) > s[-1])
+    return verdict_of(checks)
+
+
 def run(quick: bool = False, seed: int = 0, config: Config | None = None, workers: int | None = None,
         show_progress: bool = True) -> list[Table]:
     """The max-retrieval accuracy table and plot (``config`` overrides the quick/full sizes)."""
@@ -246,6 +265,7 @@ def run(quick: bool = False, seed: int = 0, config: Config | None = None, worker
     for label, reason in skipped.items():
         table.add(label, *([cell_for(reason)] * len(cfg.test_sizes)), "-")
     table.verdict = _verdict(cfg, results)
+    table.status = _status(results)
     notes = (f"{cfg.classes} classes (chance {1 / cfg.classes:.2f}); width {cfg.width}; {cfg.steps} Adam steps "
              f"(lr {cfg.lr}, cosine) of {cfg.batch} sets with {cfg.train_sizes[0]}-{cfg.train_sizes[1]} items; "
              f"{cfg.test_sets} test sets per size; seed {seed}. Every model sees the same data and the same "

@@ -47,7 +47,7 @@ import torch
 from torch import nn
 
 from .. import nn as sknn
-from .._table import Table
+from .._table import Table, verdict_of
 from ._runtime import cell_for, generator, map_jobs, skipped_note, why_skipped
 
 CLAIM = ("Softpick attention has a 0% attention-sink rate, far lower hidden-state kurtosis (340 vs 33,510) and "
@@ -209,8 +209,12 @@ def build(normalizer: str, cfg: Config, seed: int) -> TinyLM:
 
 # training and evaluation ------------------------------------------------------------------
 
-def train(model: TinyLM, train_tokens: torch.Tensor, cfg: Config, seed: int) -> list[float]:
-    """AdamW with warm-up and cosine decay for ``cfg.steps`` steps; returns the training losses."""
+def train(model: TinyLM, train_tokens: torch.Tensor, cfg: Config, seed: int, evaluate=None,
+          curve: list | None = None) -> list[float]:
+    """AdamW with warm-up and cosine decay for ``cfg.steps`` steps; returns the training losses.
+
+    With ``evaluate`` (a function of no argument returning the validation loss) and a list
+    ``curve``, appends ``(step, evaluate())`` to ``curve`` ten times over the run."""
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     warmup = max(cfg.steps // 20, 1)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -228,6 +232,10 @@ def train(model: TinyLM, train_tokens: torch.Tensor, cfg: Config, seed: int) -> 
         opt.step()
         schedule.step()
         losses.append(loss.item())
+        step = len(losses)
+        if evaluate is not None and curve is not None and (step % max(cfg.steps // 10, 1) == 0 or step == cfg.steps):
+            curve.append((step, evaluate()))
+            model.train()
     return losses
 
 
@@ -285,12 +293,14 @@ def run_one(normalizer: str, cfg: Config, seed: int) -> dict[str, float] | str:
     """Train and evaluate one model; the metrics, or the reason it was skipped."""
     train_tokens, val_tokens = split(load_corpus(cfg.corpus_bytes), cfg.val_fraction)
     model = build(normalizer, cfg, seed)
+    val = fixed_windows(val_tokens, cfg.eval_windows, cfg.context)
+    curve: list = []
     try:
-        losses = train(model, train_tokens, cfg, seed)
+        losses = train(model, train_tokens, cfg, seed, evaluate=lambda: loss_on(model, val), curve=curve)
     except Exception as err:  # one broken normalizer must not take the others' rows down
         return why_skipped(err)
-    val = fixed_windows(val_tokens, cfg.eval_windows, cfg.context)
-    result = {"train loss": sum(losses[-20:]) / len(losses[-20:]), "val loss": loss_on(model, val)}
+    result = {"train loss": sum(losses[-20:]) / len(losses[-20:]), "val loss": loss_on(model, val),
+              "curve": curve}
     for factor in (2, 4):
         windows = fixed_windows(val_tokens, max(cfg.eval_windows // factor, 4), factor * cfg.context)
         result[f"loss at {factor}x context"] = loss_on(model, windows)
@@ -322,6 +332,9 @@ def _figure(results: dict[str, dict]):
         ax.set_xticks([x + 0.4 - width / 2 for x in range(len(names))])
         ax.set_xticklabels(names, rotation=60, ha="right", fontsize=7)
         ax.set_title(title, fontsize=9)
+        ax.set_xlabel("normalizer", fontsize=8)
+        ax.set_ylabel("kurtosis (Pearson; 3 = Gaussian)" if keys == ("kurtosis",) else "loss (nats/byte)",
+                      fontsize=8)
         values = [results[n][k] for n in names for k in keys]
         if key == "kurtosis" and max(values) > 20 * max(min(values), 1e-12):
             ax.set_yscale("log")
@@ -330,6 +343,45 @@ def _figure(results: dict[str, dict]):
             ax.legend(fontsize=6)
     fig.tight_layout()
     return fig
+
+
+def _curve_figure(results: dict[str, dict]):
+    """Validation loss against training steps, one line per normalizer."""
+    from matplotlib.figure import Figure
+
+    from ._plot import line_style
+
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    for i, (name, r) in enumerate(results.items()):
+        if r.get("curve"):
+            steps, values = zip(*r["curve"])
+            ax.plot(steps, values, label=name, **line_style(i))
+    ax.set_xlabel("training step")
+    ax.set_ylabel("validation loss (nats/byte)")
+    ax.set_title("tiny-LM: validation loss during training")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
+
+
+def _status(results: dict[str, dict]) -> str:
+    """Parts of the claim measured against softmax: softpick's sink rate is 0, its kurtosis lower,
+    its share of zero weights higher, its int4 loss increase smaller; ssmax's loss grows less from L
+    to 4L. Only the parts whose normalizers ran are judged."""
+    if "softmax" not in results:
+        return "not testable"
+    base = results["softmax"]
+    checks = []
+    if "softpick" in results:
+        sp = results["softpick"]
+        checks += [sp["sink rate"] == 0, sp["kurtosis"] < base["kurtosis"], sp["zero weights"] > base["zero weights"],
+                   sp["int4 val loss"] - sp["val loss"] < base["int4 val loss"] - base["val loss"]]
+    if "ssmax" in results:
+        ss = results["ssmax"]
+        checks.append(ss["loss at 4x context"] - ss["val loss"] < base["loss at 4x context"] - base["val loss"])
+    return verdict_of(checks)
 
 
 def _verdict(results: dict[str, dict]) -> str:
@@ -368,6 +420,7 @@ def run(quick: bool = False, seed: int = 0, config: Config | None = None, normal
     for name, reason in skipped.items():
         table.add(name, *([cell_for(reason)] * len(METRICS)), "-")
     table.verdict = _verdict(results)
+    table.status = _status(results)
     corpus = load_corpus(cfg.corpus_bytes)
     notes = (f"{len(corpus):,} bytes of the standard library's .py files ({Path(os.__file__).parent}), "
              f"{1 - cfg.val_fraction:.0%} train / {cfg.val_fraction:.0%} validation; L = {cfg.context}, width "
@@ -378,5 +431,6 @@ def run(quick: bool = False, seed: int = 0, config: Config | None = None, normal
     notes += skipped_note(skipped)
     table.notes = notes
     if results:
+        table.figures.append(("tiny-LM validation loss vs steps", _curve_figure(results)))
         table.figures.append(("tiny-LM metrics", _figure(results)))
     return [table]

@@ -14,7 +14,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
-from .._table import Table
+from .._table import Table, verdict_of
 from ..kernels.dispatch import softmax_topk
 from ..losses import linear_cross_entropy
 from ..losses.linear_cross_entropy import default_chunk_size, default_vocab_block
@@ -96,6 +96,8 @@ def linear_cross_entropy_table(quick: bool, machine: str) -> Table:
     table.verdict = (f"linear_cross_entropy used {mem_ratio:.3f}x the peak memory of plain torch "
                      f"({fused_m / MIB:.0f} MiB vs {base_m / MIB:.0f} MiB; target <= 0.125: {met(mem_ratio <= 0.125)}) "
                      f"and took {time_ratio:.2f}x its time (target <= 1.1: {met(time_ratio <= 1.1)}){size}.")
+    table.status = verdict_of([mem_ratio <= 0.125, time_ratio <= 1.1])
+    table.add_headline("linear cross-entropy forward+backward", "plain torch", 1 / time_ratio, f"N={n}, V={v}, D={d}")
     table.notes = (f"Medians of {repeats} runs after one warm-up; gradients for hidden and weight; 1 token in 17 "
                    "ignored (ignore_index=-100). Peak = extra resident memory during one forward + backward "
                    "(bench._measure.peak_memory_bytes), inputs excluded, gradients included. "
@@ -168,6 +170,8 @@ def sampling_table(quick: bool, machine: str) -> Table:
     s, single = speedups["top_k=50"], speedups[f"top_k=50, 1 thread (others: {threads})"]
     table.verdict = (f"sample(top_k=50) was {s:.1f}x faster than torch softmax + topk + multinomial with "
                      f"{threads} threads, {single:.1f}x with 1 (target >= 5x: {'met' if s >= 5 else 'not met'}).")
+    table.status = "held" if s >= 5 else "partly" if s > 1 else "did not hold"
+    table.add_headline("sample(top_k=50)", "torch softmax + topk + multinomial", s, f"batch {batch}, V={vocab}")
     table.notes = (f"Medians of {repeats} runs after one warm-up. top_k selects the 50 largest logits by block "
                    "maxima (no softmax over the vocabulary); top_p takes full-row probabilities of a growing "
                    "candidate set from the fused softmax_topk kernel. Both draw by inverse CDF. " + machine)

@@ -29,6 +29,8 @@ def render_text(table: Table, width: int = 100) -> str:
         lines += [fmt(row) for row in cells[1:]]
     if table.verdict:
         lines += textwrap.wrap("Measured: " + table.verdict, width)
+    if table.status:
+        lines.append(f"Verdict: {table.status}")
     if table.notes:
         lines += textwrap.wrap("Notes: " + table.notes, width)
     return "\n".join(lines)
