@@ -64,7 +64,13 @@ class Comm:
 
 
 class TorchComm(Comm):
-    """A ``torch.distributed`` process group."""
+    """A ``torch.distributed`` process group.
+
+    A collective or a receive that fails or times out (the group's ``timeout``, set by
+    ``init_process_group(timeout=...)`` or ``new_group(timeout=...)``; typically because
+    another rank raised before reaching it) raises ``RuntimeError`` naming this rank and
+    the operation, instead of waiting forever.
+    """
 
     def __init__(self, group=None):
         import torch.distributed as dist
@@ -82,11 +88,23 @@ class TorchComm(Comm):
         self._global = [dist.get_global_rank(self.group, r) if self.group is not dist.group.WORLD else r
                         for r in range(self.size)]
 
+    def _fail(self, what: str, err: BaseException):
+        return RuntimeError(
+            f"softmaxkit.distributed: rank {self.rank} of {self.size}: {what} failed or timed out; another rank "
+            f"probably raised before reaching it (see its error), or the process group's timeout is too short "
+            f"(init_process_group(timeout=...)). Cause: {err}")
+
+    def _run(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except RuntimeError as err:
+            raise self._fail(what, err) from err
+
     def all_gather_ints(self, values):
         t = torch.tensor(list(values), dtype=torch.int64, device=self._device())
         out = [torch.empty_like(t) for _ in range(self.size)]
-        self.dist.all_gather(out, t, group=self.group)
-        return [o.tolist() for o in out]
+        self._run("all_gather of the shard sizes", self.dist.all_gather, out, t, group=self.group)
+        return [o.cpu().tolist() for o in out]
 
     def _device(self):
         backend = self.dist.get_backend(self.group)
@@ -100,25 +118,25 @@ class TorchComm(Comm):
         for i, (s, r) in enumerate(zip(send, recv)):
             ops.append(dist.P2POp(dist.isend, s.contiguous(), nxt, self.group, tag + i))
             ops.append(dist.P2POp(dist.irecv, r, prv, self.group, tag + i))
-        return dist.batch_isend_irecv(ops) if ops else []
+        return self._run("batch_isend_irecv around the ring", dist.batch_isend_irecv, ops) if ops else []
 
     def ring_wait(self, handle):
         for req in handle:
-            req.wait()
+            self._run("a ring send/receive", req.wait)
 
     def all_reduce_sum_(self, t):
-        self.dist.all_reduce(t, op=self.dist.ReduceOp.SUM, group=self.group)
+        self._run("all_reduce (sum)", self.dist.all_reduce, t, op=self.dist.ReduceOp.SUM, group=self.group)
         return t
 
     def all_reduce_max_(self, t):
-        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX, group=self.group)
+        self._run("all_reduce (max)", self.dist.all_reduce, t, op=self.dist.ReduceOp.MAX, group=self.group)
         return t
 
     def all_to_all(self, send, recv):
         flat_send = torch.cat([s.reshape(-1) for s in send]) if send else torch.empty(0)
         flat_recv = torch.empty(sum(r.numel() for r in recv), dtype=flat_send.dtype, device=flat_send.device)
-        self.dist.all_to_all_single(flat_recv, flat_send, [r.numel() for r in recv], [s.numel() for s in send],
-                                    group=self.group)
+        self._run("all_to_all_single", self.dist.all_to_all_single, flat_recv, flat_send,
+                  [r.numel() for r in recv], [s.numel() for s in send], group=self.group)
         for r, part in zip(recv, torch.split(flat_recv, [r.numel() for r in recv])):
             r.copy_(part.view(r.shape))
 
