@@ -174,11 +174,15 @@ class ThreadComm(Comm):
 
     def _gather(self, value):
         w = self.world
-        w.barrier.wait()
-        w.slots[self.rank] = value
-        w.barrier.wait()
-        out = list(w.slots)
-        w.barrier.wait()
+        try:
+            w.barrier.wait()
+            w.slots[self.rank] = value
+            w.barrier.wait()
+            out = list(w.slots)
+            w.barrier.wait()
+        except threading.BrokenBarrierError:
+            raise RuntimeError(f"softmaxkit.distributed: rank {self.rank} of {self.size} timed out after "
+                               f"{w.timeout} s in a collective; another rank probably failed (see its error)") from None
         return out
 
     def all_gather_ints(self, values):

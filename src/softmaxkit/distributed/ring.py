@@ -620,7 +620,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     b, h, lq, d = q.shape
     scale = check_scale(scale, d)
     cdt = compute_dtype(q.dtype)
-    merged, tensor_names = check_params(normalizer, params, b, h, cdt, q.device)
+    merged, tensor_names = check_params(normalizer, params, b, h, cdt, q.device, validate=False)
     rule = rule_for(normalizer, merged)
     if rule is None:
         raise ValueError(f"normalizer {normalizer!r} with these parameters cannot run on the ring: it has no "
@@ -631,6 +631,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
         return ulysses_attention(q, k, v, normalizer, group=group, is_causal=is_causal, attn_mask=attn_mask,
                                  layout=layout, scale=scale, **params)
+    check_params(normalizer, params, b, h, cdt, q.device)
     comm = resolve(group)
     lengths = comm.all_gather_ints([lq, k.shape[2]])
     q_lengths, k_lengths = [x[0] for x in lengths], [x[1] for x in lengths]
