@@ -45,9 +45,9 @@ def _init() -> tuple[torch.device, bool]:
         if "RANK" not in os.environ:
             os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
                                "MASTER_PORT": os.environ.get("MASTER_PORT", "29511")})
-        use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > int(os.environ.get("LOCAL_RANK", 0))
+        use_cuda = torch.cuda.is_available() and torch.cuda.device_count() > int(os.environ.get("LOCAL_RANK", "0"))
         if use_cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if use_cuda else "gloo")
         created = True
     device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -92,13 +92,13 @@ def attention_rows(args, device, dtype):
         params = {"k": 8} if name == "sparse_softmax" else {}
         layout = "zigzag" if path.startswith("ring") else "contiguous"
 
-        def one_process():
+        def one_process(name=name, params=params):
             leaves = [t.clone().requires_grad_() for t in (q, k, v)]
             out = sk.attention(*leaves, name, is_causal=True, **params)
             (out * w).sum().backward()
             return out.detach(), [t.grad for t in leaves]
 
-        def distributed():
+        def distributed(name=name, params=params, layout=layout, path=path):
             leaves = [shard_sequence(t, rank, size, layout=layout).clone().requires_grad_() for t in (q, k, v)]
             fn = context_parallel_attention if path.startswith("ring") else ulysses_attention
             out = fn(*leaves, name, is_causal=True, layout=layout, **params)

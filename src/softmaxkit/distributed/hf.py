@@ -20,21 +20,19 @@ from __future__ import annotations
 from .. import registry
 from ..hf import _layer_params
 
-__all__ = ["register", "PREFIX"]
+__all__ = ["PREFIX", "register"]
 
 PREFIX = "softmaxkit_cp_"
 
 
 def _no_mask(*args, **kwargs):
     """The mask function of the context-parallel names: no shard-local mask (causal is global)."""
-    return None
 
 
 def _attention_function(name: str, group, layout: str):
+    from ..attention.rules import rule_for
     from .ring import context_parallel_attention
     from .ulysses import ulysses_attention
-
-    from ..attention.rules import rule_for
 
     spec = registry.get(name)
 

@@ -75,6 +75,7 @@ class _Ring:
     block_q: int = DEFAULT_BLOCK_Q
     block_k: int = DEFAULT_BLOCK_K
     sent_bytes: int = 0
+    empty_rows: bool = False
     out_dtype: torch.dtype = torch.float32
     extra: dict = field(default_factory=dict)
 
@@ -153,7 +154,7 @@ class _Ring:
         (the consumer adds into it); returns the gradients of this rank's own tensors."""
         comm, size = self.comm, self.comm.size
         cur = [t.contiguous() for t in tensors]
-        grads = [torch.zeros(t.shape, dtype=grad_dtype, device=t.device) for t in cur]
+        grads = [torch.zeros(t.shape, dtype=grad_dtype, device=t.device) for t in cur]  # travel with the blocks
         for step in range(size):
             src = (comm.rank - step) % size
             nsrc = (src - 1) % size
@@ -163,15 +164,17 @@ class _Ring:
                 handle = comm.ring_start(cur, bufs, tag=0)
                 self.sent_bytes += sum(t.numel() * t.element_size() for t in cur)
             yield src, cur, grads
-            if size > 1:
-                gbufs = [torch.empty(self._shape(g, nsrc), dtype=g.dtype, device=g.device) for g in grads]
-                ghandle = comm.ring_start(grads, gbufs, tag=len(cur))
-                self.sent_bytes += sum(g.numel() * g.element_size() for g in grads)
-                comm.ring_wait(ghandle)
-                grads = gbufs
-            if handle is not None:
+            if handle is not None:  # the next block is in; this one can go
                 comm.ring_wait(handle)
                 cur = bufs
+                bufs = None
+            for i in range(len(grads) if size > 1 else 0):  # one at a time: one extra buffer at most
+                g = grads[i]
+                buf = torch.empty(self._shape(g, nsrc), dtype=g.dtype, device=g.device)
+                comm.ring_wait(comm.ring_start([g], [buf], tag=len(cur) + i))
+                self.sent_bytes += g.numel() * g.element_size()
+                grads[i] = buf
+                del g
         self.extra["own_grads"] = grads
 
     # -- per-row state ---------------------------------------------------------------
@@ -219,7 +222,6 @@ def _ring_forward(ring: _Ring, q, k, v, params: dict):
     rule = ring.rule
     b, h, lq, _ = q.shape
     dv = v.shape[-1]
-    qs_all = q * ring.scale
     rows: dict = {}
     if rule.needs_count:
         rows["n"] = ring.count
@@ -227,20 +229,20 @@ def _ring_forward(ring: _Ring, q, k, v, params: dict):
     all_sums = []
     for p in range(rule.passes):
         values = rule.value_terms[p]
-        top = _Extremes(qs_all[..., :1], True) if rule.shifted[p] else None
-        bottom = _Extremes(qs_all[..., :1], False) if (p == last and rule.min_grad) else None
+        top = _Extremes(q[..., :1], True) if rule.shifted[p] else None
+        bottom = _Extremes(q[..., :1], False) if (p == last and rule.min_grad) else None
         if top is not None:
             rows[f"c{p}"] = torch.zeros_like(top.value)
         # an empty tile gives the names and shapes of the sums (all zero)
         st0 = _Ring.view(params, rows, 0, lq, lq)
-        z0 = rule.z(p, qs_all.new_zeros(b, h, lq, 0), st0)
+        z0 = rule.z(p, q.new_zeros(b, h, lq, 0), st0)
         sums = {name: (torch.matmul(t, q.new_zeros(b, h, 0, dv)) if name in values else t.sum(-1, keepdim=True))
                 .expand(b, h, lq, -1).clone()
                 for name, t in rule.terms(p, z0, None, st0).items()}
         for src, (kb, vb) in ring.blocks([k, v]):
             for t in ring.tiles(src, q.device):
                 st = _Ring.view(params, rows, t.r0, t.r1, lq)
-                x = ring.scores(qs_all[:, :, t.r0:t.r1], kb, t)
+                x = ring.scores(q[:, :, t.r0:t.r1] * ring.scale, kb, t)
                 z = rule.z(p, x, st)
                 if top is not None:
                     old, new = top.update(t.r0, t.r1, z, t.visible, p == last and rule.max_grad)
@@ -266,7 +268,8 @@ def _ring_forward(ring: _Ring, q, k, v, params: dict):
         if p < last:
             rows.update(rule.stats(p, sums, {"params": params, **rows}))
     out = rule.output(all_sums[-1], {"params": params, **rows})
-    out = torch.where(ring.count > 0, out, torch.zeros_like(out))
+    if ring.empty_rows:  # queries that see no key output 0
+        out = torch.where(ring.count > 0, out, torch.zeros_like(out))
     return out, (all_sums, rows)
 
 
@@ -320,26 +323,28 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
                 for name, value in stats.items():
                     st_full[name] = row_diff[name] = _leaf(value, value.requires_grad)
         out = rule.output(sum_leaves[-1], st_full)
-        out = torch.where(ring.count > 0, out, torch.zeros_like(out))
+        if ring.empty_rows:
+            out = torch.where(ring.count > 0, out, torch.zeros_like(out))
     acc: dict = {}  # gradients of per-row quantities and (key "param:<name>") parameters
     row_names = [n for n, t in row_diff.items() if t.requires_grad]
     inputs = list(sum_leaves[-1].values()) + [row_diff[n] for n in row_names] + [params[n] for n in param_names]
     outs = _grads([out], inputs, [dout])
+    del out
     g_sums = dict(zip(sum_leaves[-1], outs))
     rest = outs[len(g_sums):]
     for name, g in zip(row_names, rest[:len(row_names)]):
         _add(acc, name, g)
     for name, g in zip(param_names, rest[len(row_names):]):
         _add(acc, "param:" + name, g)
-    qs_all = q * ring.scale
-    dqs = torch.zeros_like(qs_all)
+    dqs = torch.zeros_like(q)
     cdt = q.dtype
-    dk = torch.zeros(k.shape, dtype=cdt, device=k.device)
-    dv = torch.zeros(v.shape, dtype=cdt, device=v.device)
+    dk = dv = None
     for p in range(last, -1, -1):
         values = rule.value_terms[p]
         if any(g is not None for g in g_sums.values()) or extremes:
-            for src, (kb, vb), (dkb, dvb) in ring.grad_blocks([k, v], cdt):
+            def block_backward(src, cur, grads, p=p, values=values, extremes=extremes, g_sums=g_sums):
+                kb, vb = cur
+                dkb, dvb = grads
                 for t in ring.tiles(src, q.device):
                     st = _Ring.view(params, kept, t.r0, t.r1, lq)
                     tile_leaves = {}
@@ -347,7 +352,8 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
                         if name in extremes:
                             continue
                         tile_leaves[name] = st[name] = _leaf(row_diff[name].detach()[..., t.r0:t.r1, :], True)
-                    x = _leaf(ring.scores(qs_all[:, :, t.r0:t.r1], kb, t), True)
+                    qs = q[:, :, t.r0:t.r1] * ring.scale
+                    x = _leaf(ring.scores(qs, kb, t), True)
                     vt = _leaf(ring.values(vb, t, cdt), need_v and bool(values))
                     outs_t, gouts = [], []
                     with torch.enable_grad():
@@ -378,16 +384,19 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
                         if ring.groups > 1:
                             kt = kt.repeat_interleave(ring.groups, dim=1)
                         dqs[:, :, t.r0:t.r1] += torch.matmul(dx, kt)
-                        dkb[:, :, t.c0:t.c1] += ring.fold(torch.matmul(dx.transpose(-1, -2), qs_all[:, :, t.r0:t.r1]))
+                        dkb[:, :, t.c0:t.c1] += ring.fold(torch.matmul(dx.transpose(-1, -2), qs))
                     if grads[1] is not None:
                         dvb[:, :, t.c0:t.c1] += ring.fold(grads[1])
                     for name, g in zip(names, grads[2:2 + len(names)]):
                         _add(acc, name, g, t.r0, t.r1, row_diff[name])
                     for name, g in zip(param_names, grads[2 + len(names):]):
                         _add(acc, "param:" + name, g)
+
+            for src, cur, grads in ring.grad_blocks([k, v], cdt):
+                block_backward(src, cur, grads)
             own_dk, own_dv = ring.extra.pop("own_grads")
-            dk += own_dk
-            dv += own_dv
+            dk = own_dk if dk is None else dk.add_(own_dk)
+            dv = own_dv if dv is None else dv.add_(own_dv)
         if p > 0:
             stats = stat_graphs[p - 1]
             pairs = [(stats[n], acc[n]) for n in row_names if n in stats and acc.get(n) is not None]
@@ -402,7 +411,10 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
             else:
                 g_sums = {}
         extremes = []  # only the last pass uses them
-    return dqs * ring.scale, dk, dv, {n: acc.get("param:" + n) for n in param_names}
+    if dk is None:
+        dk = torch.zeros(k.shape, dtype=cdt, device=k.device)
+        dv = torch.zeros(v.shape, dtype=cdt, device=v.device)
+    return dqs.mul_(ring.scale), dk, dv, {n: acc.get("param:" + n) for n in param_names}
 
 
 class _RingAttention(torch.autograd.Function):
@@ -647,5 +659,6 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                  k_segs, k_lengths, h // k.shape[1], bool_mask, additive, block_q=block_q, block_k=block_k,
                  out_dtype=q.dtype)
     ring.count = _count(ring, b, h, ring_positions(q_segs[comm.rank]), lk_total, cdt, q.device)
+    ring.empty_rows = bool((ring.count == 0).any())
     tensors = [merged[n] for n in tensor_names]
     return _RingAttention.apply(ring, q, k, v, *tensors)
