@@ -95,9 +95,9 @@ def _worker(rank: int, world: int, port: int, out_dir: str, cfg: dict) -> None:
     q, k, v, w = (torch.randn(b, n, length, d, generator=g) for n in (h, hkv, hkv, h))
     results: dict = {}
 
-    def train_step(fn, shard):
+    def train_step(fn, shard):  # shard(t) returns a new tensor: this rank's inputs, built inside the measurement
         def run():
-            leaves = [shard(t).clone().requires_grad_() for t in (q, k, v)]
+            leaves = [shard(t).requires_grad_() for t in (q, k, v)]
             out = fn(*leaves)
             (out * shard(w)).sum().backward()
         return run
@@ -106,7 +106,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str, cfg: dict) -> None:
         def full(*t):
             return attention(*t, "softmax", is_causal=True, method="streaming", block_size=cfg["block"])
 
-        step = train_step(full, lambda t: t)
+        step = train_step(full, torch.clone)
         step()  # warm-up: lazy initialisation is not the computation's memory
         results["one"] = {"peak": peak_memory_bytes(step), "time": _median_time(step, cfg["repeats"])}
 
@@ -147,11 +147,13 @@ def _worker(rank: int, world: int, port: int, out_dir: str, cfg: dict) -> None:
     dist.destroy_process_group()
 
 
-def measure(quick: bool = False) -> tuple[dict, dict]:
-    """Spawn the 4 processes; per P, the worst rank's peak, bytes sent, time and error."""
+def measure(quick: bool = False, config: dict | None = None) -> tuple[dict, dict]:
+    """Spawn the 4 processes; per P, the worst rank's peak, bytes sent, time and error.
+
+    ``config`` replaces the sizes of ``quick`` (keys of :func:`_config`)."""
     import torch.multiprocessing as mp
 
-    cfg = _config(quick)
+    cfg = {**_config(quick), **(config or {})}
     world = max(SIZES)
     saved = os.environ.get("MALLOC_MMAP_THRESHOLD_")
     # glibc: every allocation of 64 KiB or more is its own mapping, returned when freed, so that the
@@ -195,9 +197,10 @@ def model_time(p: int, cfg: dict, t_forward: float, t_total: float) -> dict:
     return {"n": n, "compute": c_fwd + c_bwd, "comm": 2 * x_kv + x_kv, "total": p * (step_fwd + step_bwd)}
 
 
-def run(quick: bool = False) -> list[Table]:
+def run(quick: bool = False, config: dict | None = None) -> list[Table]:
+    """The measured table (P = 1, 2, 4) and the modelled one (P = 8..64); ``config``: see :func:`measure`."""
     header = machine_header()
-    measured, cfg = measure(quick)
+    measured, cfg = measure(quick, config)
     one = measured["one"]
     b, h, hkv, length, d = cfg["b"], cfg["h"], cfg["hkv"], cfg["length"], cfg["d"]
     title = (f"ring attention (softmax, causal, zigzag), B={b}, H={h}, Hkv={hkv}, L={length}, D={d}, float32, "
