@@ -7,7 +7,7 @@ losses and samplers built on softmax, confidence/OOD scores, neighbouring ops, a
 benchmark and arena that measure the published claims side by side.
 """
 
-from . import algorithms, functional, hf, losses, nn, ops, sampling, scores
+from . import algorithms, distributed, functional, hf, losses, nn, ops, sampling, scores
 from .algorithms import OnlineSoftmaxState
 from .attention import attention
 from .functional import (
@@ -42,5 +42,5 @@ __all__ = [
     "softmax", "log_softmax", "logsumexp", "adaptive_softmax", "ssmax", "sa_softmax", "multimax",
     "sparse_softmax", "sparsemax", "entmax15", "entmax", "as_entmax", "softpick", "stablemax",
     "clipped_softmax", "sigmoid", "relu", "relu_l1", "softplus_l1", "softmax_topk", "log_softmax_topk",
-    "soften", "algorithms", "functional", "hf", "losses", "nn", "ops", "sampling", "scores",
+    "soften", "algorithms", "distributed", "functional", "hf", "losses", "nn", "ops", "sampling", "scores",
 ]

@@ -54,7 +54,7 @@ MMAP_THRESHOLD = 65536
 def _config(quick: bool) -> dict:
     if quick:
         return {"b": 1, "h": 4, "hkv": 4, "length": 1536, "d": 64, "block": (64, 128), "repeats": 1}
-    return {"b": 1, "h": 4, "hkv": 4, "length": 8192, "d": 64, "block": (128, 256), "repeats": 3}
+    return {"b": 1, "h": 4, "hkv": 4, "length": 4096, "d": 64, "block": (64, 128), "repeats": 2}
 
 
 def _free_port() -> int:

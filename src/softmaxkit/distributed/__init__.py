@@ -9,8 +9,8 @@
   ``"zigzag"`` layouts.
 
 Communication is torch.distributed's own (gloo on CPU, NCCL on GPU; launch with
-``torchrun``); see docs/distributed.md. ``import softmaxkit`` does not import this
-package: ``import softmaxkit.distributed`` does.
+``torchrun``); see docs/distributed.md. ``torch.distributed`` itself is only touched
+when a function runs with a process group.
 """
 
 from ._comm import LAYOUTS, ThreadComm, shard_sequence, unshard_sequence
