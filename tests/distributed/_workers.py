@@ -146,7 +146,16 @@ def error_check(case: dict) -> dict:
     return {"type": None, "message": None}
 
 
-CHECKS = {"attention": attention_check, "cross_entropy": cross_entropy_check, "error": error_check}
+def llama_check(case: dict) -> dict:
+    """A tiny Llama context-parallel through softmaxkit_cp_<name> against one process."""
+    from softmaxkit.distributed.demo import llama_agreement
+
+    logits, grads = llama_agreement(case["normalizer"], case.get("length", 16), torch.device("cpu"), torch.float64,
+                                    layout=case.get("layout", "zigzag"))
+    return {"logits": logits, "grads": grads}
+
+
+CHECKS = {"llama": llama_check, "attention": attention_check, "cross_entropy": cross_entropy_check, "error": error_check}
 
 
 def worker(rank: int, size: int, port: int, out_dir: str, cases: list) -> None:

@@ -40,7 +40,7 @@ def test_demo_runs_as_one_process():
     env.pop("RANK", None)
     proc = subprocess.run([sys.executable, "-m", "softmaxkit.distributed.demo", "--length", "32", "--dim", "8",
                            "--tokens", "64", "--vocab", "50", "--repeats", "1", "--dtype", "float64",
-                           "--llama-length", "16"],
+                           "--no-llama"],
                           check=False, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
@@ -49,4 +49,4 @@ def test_demo_runs_as_one_process():
         line = next(line for line in out.splitlines() if line.startswith(name + " "))
         out_err, grad_err = (float(x) for x in line.split()[-4:-2])
         assert out_err < 1e-10 and grad_err < 1e-10, line
-    assert "tiny Llama" in out and "max |logits diff|" in out
+    assert "max |loss, grad - one process|" in out  # the tiny Llama runs context-parallel in test_multiprocess

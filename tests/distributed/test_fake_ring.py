@@ -251,3 +251,13 @@ def test_shard_roundtrip():
             assert torch.equal(unshard_sequence([shard_sequence(x, r, size, layout=layout) for r in range(size)],
                                                 layout=layout), x)
     assert shard_sequence(x, 1, 2, layout="zigzag")[0, 0, :, 0].tolist() == list(range(6, 12)) + list(range(12, 18))
+
+
+def test_head_split_uneven_and_repeated_kv_heads():
+    from softmaxkit.distributed.ulysses import head_split
+
+    assert head_split(8, 4, 3) == ([4, 2, 2], [2, 1, 1], 1)  # GQA groups stay together
+    assert head_split(4, 2, 3) == ([2, 1, 1], [2, 1, 1], 2)  # fewer kv heads than ranks: repeated
+    assert head_split(3, 3, 2) == ([2, 1], [2, 1], 1)
+    with pytest.raises(ValueError, match="heads"):
+        head_split(2, 2, 3)

@@ -38,6 +38,8 @@ TWO_RANKS = [
     {"check": "cross_entropy", "shards": [30, 29], "reduction": "none"},
     {"check": "cross_entropy", "shards": [13, 40], "dtype": "float32"},
     {"check": "cross_entropy", "shards": [13, 40], "reduction": "sum", "label_smoothing": 0.05},
+    # a tiny Llama through the Hugging Face integration, context-parallel
+    {"check": "llama", "normalizer": "softpick"},
     {"check": "error", "kind": "unequal_zigzag"},
     {"check": "error", "kind": "not_distributable"},
     {"check": "error", "kind": "too_few_heads"},
@@ -58,6 +60,7 @@ THREE_RANKS = [
     {"check": "attention", "normalizer": "sparse_softmax", "ulysses": True, "layout": "contiguous",
      "lengths": UNEVEN, "params": {"k": 4}, "shape": (1, 4, 4, 18, 8), "padding": True},
     {"check": "cross_entropy", "shards": [11, 30, 7], "label_smoothing": 0.2, "vocab_block": 5},
+    {"check": "llama", "normalizer": "entmax15", "layout": "contiguous", "length": 15},
     {"check": "error", "kind": "one_rank_fails"},
 ]
 

@@ -149,55 +149,66 @@ def cross_entropy_rows(args, device, dtype):
          f"{t_one * 1e3:.1f} ms one process")
 
 
-def llama_rows(args, device, dtype):
-    try:
-        from transformers import LlamaConfig, LlamaForCausalLM
-    except ImportError as err:  # pragma: no cover - transformers is a dev dependency
-        _say(f"\n4. tiny Llama: skipped ({err})")
-        return
+def llama_agreement(name: str, length: int, device, dtype, layout: str = "zigzag") -> tuple[float, float]:
+    """A tiny Llama (built from a ``LlamaConfig``, nothing downloaded) run context-parallel with
+    ``softmaxkit_cp_<name>`` against the same model on one process (``softmaxkit_<name>``):
+    the largest differences of this rank's logits and of the parameter gradients (all-reduced)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     from . import hf as cp_hf
 
     rank, size = dist.get_rank(), dist.get_world_size()
     sk.hf.register()
-    cp_hf.register(layout="zigzag")
-    name = args.llama_normalizer
+    cp_hf.register(layout=layout)
     config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(device=device, dtype=dtype)
-    length = args.llama_length
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(0, 128, (2, length), generator=g).to(device)
-    labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], 1)  # next token, global
+    labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], 1)  # the next token, global
     positions = torch.arange(length, device=device).expand(2, -1)
+    count = int((labels != -100).sum())
 
-    def loss_of(logits, lab, count):
-        return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), lab.flatten(), ignore_index=-100,
+    def loss_of(logits, lab):
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-100,
                                                  reduction="sum") / count
 
-    count = int((labels != -100).sum())
     model.set_attn_implementation(sk.hf.implementation_name(name))
     model.zero_grad()
     ref_logits = model(input_ids=ids, position_ids=positions).logits
-    loss_of(ref_logits, labels, count).backward()
+    loss_of(ref_logits, labels).backward()
     ref_grads = [p.grad.clone() for p in model.parameters()]
 
     model.set_attn_implementation(cp_hf.PREFIX + name)
     model.zero_grad()
 
     def shard(x):
-        return shard_sequence(x, rank, size, layout="zigzag", dim=1)
+        return shard_sequence(x, rank, size, layout=layout, dim=1)
 
     logits = model(input_ids=shard(ids), position_ids=shard(positions)).logits
-    loss_of(logits, shard(labels), count).backward()
+    loss_of(logits, shard(labels)).backward()
     worst = 0.0
     for p, rg in zip(model.parameters(), ref_grads):
         dist.all_reduce(p.grad)  # the total loss is the sum of the ranks' losses
         worst = max(worst, (p.grad - rg).abs().max().item())
-    err = _max_over_ranks((logits - shard(ref_logits)).abs().max().item(), device)
-    worst = _max_over_ranks(worst, device)
-    _say(f"\n4. tiny Llama (2 layers, 4 heads / 2 kv heads, L={length}, zigzag over {size} ranks), "
-         f"attn_implementation='{cp_hf.PREFIX}{name}' vs '{sk.hf.implementation_name(name)}' on one process:")
+    return (logits - shard(ref_logits)).abs().max().item(), worst
+
+
+def llama_rows(args, device, dtype):
+    try:
+        import transformers  # noqa: F401
+    except ImportError as err:  # pragma: no cover - transformers is a dev dependency
+        _say(f"\n4. tiny Llama: skipped ({err})")
+        return
+    from .hf import PREFIX
+
+    name = args.llama_normalizer
+    err, worst = llama_agreement(name, args.llama_length, device, dtype)
+    err, worst = _max_over_ranks(err, device), _max_over_ranks(worst, device)
+    _say(f"\n4. tiny Llama (2 layers, 4 heads / 2 kv heads, L={args.llama_length}, zigzag over "
+         f"{dist.get_world_size()} ranks), attn_implementation='{PREFIX}{name}' vs "
+         f"'{sk.hf.implementation_name(name)}' on one process:")
     _say(f"   max |logits diff| = {err:.2e}, max |parameter grad diff| = {worst:.2e}")
 
 
