@@ -55,6 +55,9 @@ def _init() -> tuple[torch.device, bool]:
 
 
 def _timed(fn, repeats: int) -> tuple[object, float]:
+    """The result and the median time of ``fn()`` over ``repeats`` runs after one warm-up run
+    (gloo connects and allocates on first use)."""
+    fn()
     times, result = [], None
     for _ in range(repeats):
         if torch.cuda.is_available():
