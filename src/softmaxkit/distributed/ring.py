@@ -315,27 +315,71 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
     sum_leaves, stat_graphs = [], []
     with torch.enable_grad():
         for p in range(rule.passes):
-            leaves = {name: _leaf(s, True) for name, s in all_sums[p].items()}
+            leaves = {name: _leaf(t, True) for name, t in all_sums[p].items()}
             sum_leaves.append(leaves)
             if p < last:
                 stats = rule.stats(p, leaves, st_full)
                 stat_graphs.append(stats)
                 for name, value in stats.items():
                     st_full[name] = row_diff[name] = _leaf(value, value.requires_grad)
-        out = rule.output(sum_leaves[-1], st_full)
-        if ring.empty_rows:
-            out = torch.where(ring.count > 0, out, torch.zeros_like(out))
     acc: dict = {}  # gradients of per-row quantities and (key "param:<name>") parameters
     row_names = [n for n, t in row_diff.items() if t.requires_grad]
-    inputs = list(sum_leaves[-1].values()) + [row_diff[n] for n in row_names] + [params[n] for n in param_names]
-    outs = _grads([out], inputs, [dout])
-    del out
-    g_sums = dict(zip(sum_leaves[-1], outs))
-    rest = outs[len(g_sums):]
-    for name, g in zip(row_names, rest[:len(row_names)]):
-        _add(acc, name, g)
-    for name, g in zip(param_names, rest[len(row_names):]):
-        _add(acc, "param:" + name, g)
+    value_names = [n for n in all_sums[last] if n in rule.value_terms[last]]
+    detached = {**kept, **{n: t.detach() for n, t in row_diff.items()}}
+
+    def output_rows(r0, r1, grad_values: bool, graph: bool):
+        """The output of rows ``r0:r1`` from the sums (autograd graph to the sums, the per-row
+        quantities and the parameters when ``graph``)."""
+        leaves = {n: _leaf(t[..., r0:r1, :], graph or (grad_values and n in value_names))
+                  for n, t in all_sums[last].items()}
+        st = _Ring.view(params, st_full if graph else detached, r0, r1, lq)
+        out = rule.output(leaves, st)
+        if ring.empty_rows:
+            out = torch.where(ring.count[..., r0:r1, :] > 0, out, torch.zeros_like(out))
+        return out, leaves, st
+
+    # the gradient of the output, one block of rows at a time: the per-row sums' gradients
+    # are kept; those of the value sums (rows x Dv, as large as the output) are recomputed
+    # per tile in the ring below instead of being held for every row
+    g_sums: dict = {}
+    big = set()
+    for r0 in range(0, lq, ring.block_q):
+        r1 = min(r0 + ring.block_q, lq)
+        with torch.enable_grad():
+            out, leaves, st = output_rows(r0, r1, False, True)
+            names = list(leaves)
+            gs = _grads([out], [leaves[n] for n in names] + [st[n] for n in row_names] +
+                        [params[n] for n in param_names], [dout[..., r0:r1, :]])
+        for name, g in zip(names, gs):
+            if g is None:
+                g_sums.setdefault(name, None)
+            elif name in value_names:
+                big.add(name)
+                g_sums[name] = "recompute"
+            else:
+                if g_sums.get(name) is None:
+                    g_sums[name] = torch.zeros_like(all_sums[last][name])
+                g_sums[name][..., r0:r1, :] = g
+        rest = gs[len(names):]
+        for name, g in zip(row_names, rest[:len(row_names)]):
+            _add(acc, name, g, r0, r1, row_diff[name])
+        for name, g in zip(param_names, rest[len(row_names):]):
+            _add(acc, "param:" + name, g)
+        del out, gs
+
+    cache: dict = {}
+
+    def value_grads(r0, r1) -> dict:
+        """The gradients of the value sums of rows ``r0:r1`` (recomputed; the last block cached)."""
+        if cache.get("rows") != (r0, r1):
+            with torch.enable_grad():
+                out, leaves, _ = output_rows(r0, r1, True, False)
+                names = sorted(big)
+                gs = _grads([out], [leaves[n] for n in names], [dout[..., r0:r1, :]])
+            cache.clear()
+            cache.update(dict(zip(names, gs)), rows=(r0, r1))
+        return cache
+
     dqs = torch.zeros_like(q)
     cdt = q.dtype
     dk = dv = None
@@ -362,8 +406,14 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
                             g = g_sums.get(name)
                             if g is None or not term.requires_grad:
                                 continue
+                            if isinstance(g, str):  # recomputed for these rows
+                                g = value_grads(t.r0, t.r1)[name]
+                                if g is None:
+                                    continue
+                            else:
+                                g = g[..., t.r0:t.r1, :]
                             outs_t.append(torch.matmul(term, vt) if name in values else term.sum(-1, keepdim=True))
-                            gouts.append(g[..., t.r0:t.r1, :])
+                            gouts.append(g)
                         if p == last:
                             for flag, key, ties in ((rule.max_grad, f"m{p}", f"ties{p}"),
                                                     (rule.min_grad, f"mn{p}", f"minties{p}")):
