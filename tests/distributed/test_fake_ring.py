@@ -118,8 +118,10 @@ def test_additive_mask_gqa_and_one_kv_head():
     g = torch.Generator().manual_seed(3)
     mask = torch.randn(2, 1, 12, 12, generator=g, dtype=torch.float64)
     mask[:, :, :, 5] = float("-inf")
-    for name in ("softmax", "softpick", "clipped_softmax"):
+    for name in ("softmax", "softpick", "clipped_softmax", "sparsemax"):  # sparsemax: Ulysses, rows reordered
         assert max(compare(name, 2, layout="zigzag", length=12, mask=mask, hkv=1)) < 1e-10
+    per_head = torch.randn(2, 4, 12, 12, generator=g, dtype=torch.float64)  # a mask per head: split with them
+    assert max(compare("entmax15", 3, layout="zigzag", length=12, mask=per_head, causal=True)) < 1e-10
 
 
 def test_learnable_per_head_parameter_gradient_is_summed_over_ranks():
