@@ -38,6 +38,8 @@ __all__ = ["context_parallel_attention"]
 
 DEFAULT_BLOCK_Q = 128
 DEFAULT_BLOCK_K = 512
+#: pieces in which a travelling gradient is passed on in place (see ``_Ring._pass_on``)
+GRAD_CHUNKS = 8
 
 
 def _fz(t: torch.Tensor) -> torch.Tensor:
@@ -168,14 +170,30 @@ class _Ring:
                 comm.ring_wait(handle)
                 cur = bufs
                 bufs = None
-            for i in range(len(grads) if size > 1 else 0):  # one at a time: one extra buffer at most
-                g = grads[i]
-                buf = torch.empty(self._shape(g, nsrc), dtype=g.dtype, device=g.device)
-                comm.ring_wait(comm.ring_start([g], [buf], tag=len(cur) + i))
-                self.sent_bytes += g.numel() * g.element_size()
-                grads[i] = buf
-                del g
+            for i in range(len(grads) if size > 1 else 0):
+                grads[i] = self._pass_on(grads[i], self._shape(grads[i], nsrc), tag=len(cur) + i)
         self.extra["own_grads"] = grads
+
+    def _pass_on(self, g: torch.Tensor, incoming_shape, tag: int) -> torch.Tensor:
+        """Send ``g`` to the next rank and return the tensor received from the previous one.
+
+        When both have the same shape (equal shards) the exchange is done in place, in
+        :data:`GRAD_CHUNKS` pieces along the sequence through a small staging buffer, so no
+        second copy of the gradient is ever held; otherwise into a new tensor."""
+        comm = self.comm
+        self.sent_bytes += g.numel() * g.element_size()
+        if tuple(incoming_shape) != tuple(g.shape):
+            buf = torch.empty(incoming_shape, dtype=g.dtype, device=g.device)
+            comm.ring_wait(comm.ring_start([g], [buf], tag=tag))
+            return buf
+        n = g.shape[2]
+        step = max(1, -(-n // GRAD_CHUNKS))
+        for a in range(0, n, step):
+            part = g[:, :, a:a + step].contiguous()
+            buf = torch.empty_like(part)
+            comm.ring_wait(comm.ring_start([part], [buf], tag=tag))
+            g[:, :, a:a + step].copy_(buf)
+        return g
 
     # -- per-row state ---------------------------------------------------------------
     @staticmethod
