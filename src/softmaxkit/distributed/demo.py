@@ -91,8 +91,13 @@ def attention_rows(args, device, dtype):
     _say(f"\n1-2. attention, B={b}, H={h}, Hkv={hkv}, L={length} (L/P={length // size} per rank), D={d}, {dtype}, "
          f"causal, forward + backward; errors are max over ranks of |distributed - one process|")
     _say(f"{'normalizer':<18}{'path':<15}{'out err':>10}{'grad err':>10}{'dist ms':>10}{'1-proc ms':>11}")
+    from ..attention.rules import rule_for
+
     for name, path in cases:
         params = {"k": 8} if name == "sparse_softmax" else {}
+        if path.startswith("ring") and hasattr(rule_for(name, {**sk.registry.get(name).params, **params}) or 0,
+                                               "search"):
+            path = "ring->ulysses"  # the threshold family is delegated
         layout = "zigzag" if path.startswith("ring") else "contiguous"
 
         def one_process(name=name, params=params):
