@@ -9,17 +9,7 @@ benchmark and arena that measure the published claims side by side.
 
 from importlib.metadata import PackageNotFoundError, version
 
-from . import (
-    algorithms,
-    functional,
-    hf,
-    losses,
-    nn,
-    normalizers,  # noqa: I001  (registers the built-in normalizers first)
-    ops,
-    sampling,
-    scores,
-)
+from . import algorithms, distributed, functional, hf, losses, nn, ops, sampling, scores
 from .algorithms import OnlineSoftmaxState
 from .attention import attention
 from .functional import (
@@ -44,9 +34,15 @@ from .functional import (
     stablemax,
 )
 from .kernels.dispatch import log_softmax_topk, softmax_topk, use_backend
-from .registry import NormalizerSpec, normalize, register_normalizer, unregister_normalizer
+
 # ``sk.normalizers()`` is the registry's list; the package softmaxkit.normalizers holds the modules.
-from .registry import normalizers  # type: ignore[no-redef]  # noqa: I001
+from .registry import (
+    NormalizerSpec,
+    normalize,
+    normalizers,  # type: ignore[no-redef]  # noqa: I001
+    register_normalizer,
+    unregister_normalizer,
+)
 from .sampling import soften
 
 try:  # the version lives in pyproject.toml only
@@ -59,7 +55,7 @@ __all__ = [
     "softmax", "log_softmax", "logsumexp", "adaptive_softmax", "ssmax", "sa_softmax", "multimax",
     "sparse_softmax", "sparsemax", "entmax15", "entmax", "as_entmax", "softpick", "stablemax",
     "clipped_softmax", "sigmoid", "relu", "relu_l1", "softplus_l1", "softmax_topk", "log_softmax_topk",
-    "soften", "algorithms", "functional", "hf", "losses", "nn", "ops", "sampling", "scores",
+    "soften", "algorithms", "distributed", "functional", "hf", "losses", "nn", "ops", "sampling", "scores",
 ]
 
 for _name in functional.__all__:  # normalizer modules added after the list above

@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from softmaxkit.scores import aupr, auroc, fpr_at_tpr, ood_metrics
 

@@ -22,7 +22,6 @@ from typing import Callable
 
 import torch
 
-
 #: 1.4826 x the median absolute deviation estimates a normal distribution's standard deviation.
 _MAD_TO_SIGMA = 1.4826
 

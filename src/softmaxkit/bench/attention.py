@@ -22,7 +22,6 @@ at ``L = 16384``.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 

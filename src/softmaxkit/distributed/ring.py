@@ -1,0 +1,733 @@
+r"""Ring (context-parallel) attention for every streamable normalizer.
+
+Each rank holds a shard of the sequence: its queries and its keys/values. The key/value
+blocks travel around the ring of ranks (``batch_isend_irecv`` to ``rank + 1``, from
+``rank - 1``); while a block is being used, the next one is already on its way, so
+communication overlaps compute. Each rank runs, for its own queries, the streaming
+engine of :mod:`softmaxkit.attention.streaming` over key tiles that arrive from the other
+ranks: the same :class:`~softmaxkit.attention.rules.StreamRule` (the normalizer's form as
+passes of summed terms), the same running state per query (shift ``c``, maximum and its
+ties, minimum, the sums) and the same overflow-safe merge of a block's partial sums into
+the running ones, ``S <- S e^{c_old - c_new} + S_block`` with ``c = shift(max)``, in
+float32 or wider (Milakov & Gimelshein 2018, arXiv 1805.02867; the log-sum-exp merge of
+ring attention, Liu, Zaharia & Abbeel 2023, arXiv 2310.01889). A normalizer with two
+passes (adaptive softmax, clipped softmax) runs two rings, with its statistics computed
+between them.
+
+The backward pass is a ring too: the blocks travel again, each rank recomputes its tiles
+and differentiates the rule (as the single-process engine does), and the gradients of
+``K`` and ``V`` travel with their blocks, each rank adding its queries' contribution,
+until they come home after ``P`` hops. Gradients of per-head tensor parameters (SSMax's
+``s``, MultiMax's ``r, t``) are summed over the ranks, so every rank holds the gradient
+of the total loss, as for ``K`` and ``V``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import registry
+from .._checks import check_floating
+from .._rows import compute_dtype
+from ..attention.rules import StreamRule, rule_for
+from ._comm import Comm, check_layout, resolve, ring_positions, ring_segments
+
+__all__ = ["context_parallel_attention"]
+
+DEFAULT_BLOCK_Q = 128
+DEFAULT_BLOCK_K = 512
+#: pieces in which a travelling gradient is passed on in place (see ``_Ring._pass_on``)
+GRAD_CHUNKS = 8
+
+
+def _fz(t: torch.Tensor) -> torch.Tensor:
+    return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
+
+
+@dataclass
+class _Tile:
+    r0: int
+    r1: int
+    c0: int
+    c1: int
+    visible: torch.Tensor | None
+    additive: torch.Tensor | None
+
+
+@dataclass
+class _Ring:
+    """Everything one rank knows about the distributed problem (no tensors that need grad)."""
+
+    comm: Comm
+    rule: StreamRule
+    fixed: dict
+    tensor_names: list
+    scale: float
+    is_causal: bool
+    offset: int  # Lk_total - Lq_total (causal alignment to the end of the keys)
+    q_segments: list  # this rank's query pieces (global_start, local_start, length)
+    k_segments: list  # every rank's key pieces
+    k_lengths: list
+    groups: int
+    bool_mask: torch.Tensor | None  # (B, H, Lq_local, Lk_total), True = visible
+    additive: torch.Tensor | None
+    count: torch.Tensor = None  # visible keys per local query (B, H, Lq, 1)
+    block_q: int = DEFAULT_BLOCK_Q
+    block_k: int = DEFAULT_BLOCK_K
+    sent_bytes: int = 0
+    empty_rows: bool = False
+    out_dtype: torch.dtype = torch.float32
+    extra: dict = field(default_factory=dict)
+
+    # -- tiles ---------------------------------------------------------------------
+    def tiles(self, src: int, device):
+        """The visible tiles of this rank's queries against the key block of rank ``src``."""
+        for qg, ql, qn in self.q_segments:
+            for a in range(0, qn, self.block_q):
+                b = min(a + self.block_q, qn)
+                g0, g1 = qg + a, qg + b
+                for kg, kl, kn in self.k_segments[src]:
+                    for c in range(0, kn, self.block_k):
+                        d = min(c + self.block_k, kn)
+                        h0, h1 = kg + c, kg + d
+                        visible = None
+                        if self.is_causal:
+                            if h0 > g1 - 1 + self.offset:
+                                continue
+                            if h1 - 1 > g0 + self.offset:
+                                rows = torch.arange(g0, g1, device=device).unsqueeze(-1)
+                                visible = torch.arange(h0, h1, device=device) <= rows + self.offset
+                        if self.bool_mask is not None:
+                            part = self.bool_mask[..., ql + a:ql + b, h0:h1]
+                            visible = part if visible is None else part & visible
+                        additive = None
+                        if self.additive is not None:
+                            additive = self.additive[..., ql + a:ql + b, h0:h1]
+                            finite = additive != float("-inf")
+                            visible = finite if visible is None else finite & visible
+                        yield _Tile(ql + a, ql + b, kl + c, kl + d, visible, additive)
+
+    def scores(self, qs: torch.Tensor, kb: torch.Tensor, t: _Tile) -> torch.Tensor:
+        k = kb[:, :, t.c0:t.c1].to(qs.dtype)
+        if self.groups > 1:
+            k = k.repeat_interleave(self.groups, dim=1)
+        x = torch.matmul(qs, k.transpose(-1, -2))
+        if t.additive is not None:
+            x = x + t.additive
+            x = torch.where(t.visible, x, torch.zeros((), dtype=x.dtype, device=x.device))
+        return x
+
+    def values(self, vb: torch.Tensor, t: _Tile, dtype) -> torch.Tensor:
+        v = vb[:, :, t.c0:t.c1].to(dtype)
+        return v.repeat_interleave(self.groups, dim=1) if self.groups > 1 else v
+
+    def fold(self, g: torch.Tensor) -> torch.Tensor:
+        """A gradient over the repeated heads summed back onto the key/value heads."""
+        if self.groups == 1:
+            return g
+        b, h, n, d = g.shape
+        return g.view(b, h // self.groups, self.groups, n, d).sum(2)
+
+    # -- the ring --------------------------------------------------------------------
+    def _shape(self, t: torch.Tensor, src: int):
+        return (*t.shape[:2], self.k_lengths[src], t.shape[-1])
+
+    def blocks(self, tensors):
+        """``(src, tensors of rank src)`` for every rank, the next block in flight meanwhile."""
+        comm, size = self.comm, self.comm.size
+        cur = [t.contiguous() for t in tensors]
+        for step in range(size):
+            src = (comm.rank - step) % size
+            handle, bufs = None, None
+            if step < size - 1:
+                nsrc = (src - 1) % size
+                bufs = [t.new_empty(self._shape(t, nsrc)) for t in cur]
+                handle = comm.ring_start(cur, bufs, tag=0)
+                self.sent_bytes += sum(t.numel() * t.element_size() for t in cur)
+            yield src, cur
+            if handle is not None:
+                comm.ring_wait(handle)
+                cur = bufs
+
+    def grad_blocks(self, tensors, grad_dtype):
+        """Like :meth:`blocks`, with a gradient buffer per tensor that travels with its block
+        (the consumer adds into it); returns the gradients of this rank's own tensors."""
+        comm, size = self.comm, self.comm.size
+        cur = [t.contiguous() for t in tensors]
+        grads = [torch.zeros(t.shape, dtype=grad_dtype, device=t.device) for t in cur]  # travel with the blocks
+        for step in range(size):
+            src = (comm.rank - step) % size
+            nsrc = (src - 1) % size
+            handle, bufs = None, None
+            if step < size - 1:
+                bufs = [t.new_empty(self._shape(t, nsrc)) for t in cur]
+                handle = comm.ring_start(cur, bufs, tag=0)
+                self.sent_bytes += sum(t.numel() * t.element_size() for t in cur)
+            yield src, cur, grads
+            if handle is not None:  # the next block is in; this one can go
+                comm.ring_wait(handle)
+                cur = bufs
+                bufs = None
+            for i in range(len(grads) if size > 1 else 0):
+                grads[i] = self._pass_on(grads[i], self._shape(grads[i], nsrc), tag=len(cur) + i)
+        self.extra["own_grads"] = grads
+
+    def _pass_on(self, g: torch.Tensor, incoming_shape, tag: int) -> torch.Tensor:
+        """Send ``g`` to the next rank and return the tensor received from the previous one.
+
+        When both have the same shape (equal shards) the exchange is done in place, in
+        :data:`GRAD_CHUNKS` pieces along the sequence through a small staging buffer, so no
+        second copy of the gradient is ever held; otherwise into a new tensor."""
+        comm = self.comm
+        self.sent_bytes += g.numel() * g.element_size()
+        if tuple(incoming_shape) != tuple(g.shape):
+            buf = torch.empty(incoming_shape, dtype=g.dtype, device=g.device)
+            comm.ring_wait(comm.ring_start([g], [buf], tag=tag))
+            return buf
+        n = g.shape[2]
+        step = max(1, -(-n // GRAD_CHUNKS))
+        for a in range(0, n, step):
+            part = g[:, :, a:a + step].contiguous()
+            buf = torch.empty_like(part)
+            comm.ring_wait(comm.ring_start([part], [buf], tag=tag))
+            g[:, :, a:a + step].copy_(buf)
+        return g
+
+    # -- per-row state ---------------------------------------------------------------
+    @staticmethod
+    def view(params: dict, rows: dict, r0: int, r1: int, lq: int) -> dict:
+        st = {"params": params}
+        for key, val in rows.items():
+            if isinstance(val, torch.Tensor) and val.dim() >= 2 and val.shape[-2] == lq:
+                st[key] = val[..., r0:r1, :]
+            else:
+                st[key] = val
+        return st
+
+
+class _Extremes:
+    """Running maximum (``largest``) or minimum of ``z`` per query row, with its ties."""
+
+    def __init__(self, like: torch.Tensor, largest: bool):
+        self.sign = 1.0 if largest else -1.0
+        self.value = torch.full_like(like, float("-inf"))
+        self.ties = torch.zeros_like(like)
+
+    def update(self, r0, r1, z, visible, count_ties: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        signed = z if self.sign > 0 else -z
+        if visible is not None:
+            signed = signed.masked_fill(~visible, float("-inf"))
+        block = signed.amax(-1, keepdim=True)
+        old = self.value[..., r0:r1, :]
+        new = torch.maximum(old, block)
+        if count_ties:
+            hits = (signed == block).sum(-1, keepdim=True).to(z.dtype)
+            hits = torch.where(block > float("-inf"), hits, torch.zeros_like(hits))
+            ties = self.ties[..., r0:r1, :]
+            self.ties[..., r0:r1, :] = torch.where(block > old, hits, torch.where(block == old, ties + hits, ties))
+        old = old.clone()
+        self.value[..., r0:r1, :] = new
+        return old, new
+
+    def final(self) -> torch.Tensor:
+        return _fz(self.value) * self.sign
+
+
+def _ring_forward(ring: _Ring, q, k, v, params: dict):
+    """This rank's output rows and what backward needs."""
+    rule = ring.rule
+    b, h, lq, _ = q.shape
+    dv = v.shape[-1]
+    rows: dict = {}
+    if rule.needs_count:
+        rows["n"] = ring.count
+    last = rule.passes - 1
+    all_sums = []
+    for p in range(rule.passes):
+        values = rule.value_terms[p]
+        top = _Extremes(q[..., :1], True) if rule.shifted[p] else None
+        bottom = _Extremes(q[..., :1], False) if (p == last and rule.min_grad) else None
+        if top is not None:
+            rows[f"c{p}"] = torch.zeros_like(top.value)
+        # an empty tile gives the names and shapes of the sums (all zero)
+        st0 = _Ring.view(params, rows, 0, lq, lq)
+        z0 = rule.z(p, q.new_zeros(b, h, lq, 0), st0)
+        sums = {name: (torch.matmul(t, q.new_zeros(b, h, 0, dv)) if name in values else t.sum(-1, keepdim=True))
+                .expand(b, h, lq, -1).clone()
+                for name, t in rule.terms(p, z0, None, st0).items()}
+        for src, (kb, vb) in ring.blocks([k, v]):
+            for t in ring.tiles(src, q.device):
+                st = _Ring.view(params, rows, t.r0, t.r1, lq)
+                x = ring.scores(q[:, :, t.r0:t.r1] * ring.scale, kb, t)
+                z = rule.z(p, x, st)
+                if top is not None:
+                    old, new = top.update(t.r0, t.r1, z, t.visible, p == last and rule.max_grad)
+                    c_old, c_new = _fz(rule.shift(old)), _fz(rule.shift(new))
+                    alpha = torch.where(old > float("-inf"), torch.exp(c_old - c_new), torch.ones_like(c_new))
+                    for s in sums.values():
+                        s[..., t.r0:t.r1, :] *= alpha
+                    rows[f"c{p}"][..., t.r0:t.r1, :] = c_new
+                    st[f"c{p}"] = c_new
+                if bottom is not None:
+                    bottom.update(t.r0, t.r1, z, t.visible, True)
+                for name, term in rule.terms(p, z, t.visible, st).items():
+                    part = (torch.matmul(term, ring.values(vb, t, term.dtype)) if name in values
+                            else term.sum(-1, keepdim=True))
+                    sums[name][..., t.r0:t.r1, :] += part
+        if top is not None:
+            rows[f"m{p}"] = top.final()
+            rows[f"ties{p}"] = top.ties.clamp_min(1.0)
+        if bottom is not None:
+            rows[f"mn{p}"] = bottom.final()
+            rows[f"minties{p}"] = bottom.ties.clamp_min(1.0)
+        all_sums.append(sums)
+        if p < last:
+            rows.update(rule.stats(p, sums, {"params": params, **rows}))
+    out = rule.output(all_sums[-1], {"params": params, **rows})
+    if ring.empty_rows:  # queries that see no key output 0
+        out = torch.where(ring.count > 0, out, torch.zeros_like(out))
+    return out, (all_sums, rows)
+
+
+def _leaf(t: torch.Tensor, grad: bool) -> torch.Tensor:
+    return t.detach().requires_grad_(grad)
+
+
+def _grads(outputs, inputs, grad_outputs):
+    wanted = [i for i, t in enumerate(inputs) if t.requires_grad]
+    if not wanted:
+        return [None] * len(inputs)
+    got = torch.autograd.grad(outputs, [inputs[i] for i in wanted], grad_outputs, allow_unused=True)
+    out = [None] * len(inputs)
+    for i, g in zip(wanted, got):
+        out[i] = g
+    return out
+
+
+def _add(acc: dict, key, g, r0=None, r1=None, like=None) -> None:
+    if g is None:
+        return
+    if r0 is None:
+        acc[key] = g if acc.get(key) is None else acc[key] + g
+        return
+    if acc.get(key) is None:
+        acc[key] = torch.zeros_like(like)
+    acc[key][..., r0:r1, :] += g
+
+
+def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool):
+    """``dq`` (local), ``dk``, ``dv`` (this rank's blocks, after travelling the ring) and the
+    local gradients of the tensor parameters (summed over ranks by the caller)."""
+    rule = ring.rule
+    all_sums, kept = saved
+    lq = q.shape[2]
+    last = rule.passes - 1
+    st_full = {"params": params, **kept}
+    row_diff: dict = {}  # differentiable per-row quantities: stats of earlier passes, used extremes
+    extremes = [key for flag, key in ((rule.max_grad, f"m{last}"), (rule.min_grad, f"mn{last}")) if flag]
+    for key in extremes:
+        st_full[key] = row_diff[key] = _leaf(kept[key], True)
+    param_names = [n for n, t in params.items() if isinstance(t, torch.Tensor) and t.requires_grad]
+    sum_leaves, stat_graphs = [], []
+    with torch.enable_grad():
+        for p in range(rule.passes):
+            leaves = {name: _leaf(t, True) for name, t in all_sums[p].items()}
+            sum_leaves.append(leaves)
+            if p < last:
+                stats = rule.stats(p, leaves, st_full)
+                stat_graphs.append(stats)
+                for name, value in stats.items():
+                    st_full[name] = row_diff[name] = _leaf(value, value.requires_grad)
+    acc: dict = {}  # gradients of per-row quantities and (key "param:<name>") parameters
+    row_names = [n for n, t in row_diff.items() if t.requires_grad]
+    value_names = [n for n in all_sums[last] if n in rule.value_terms[last]]
+    detached = {**kept, **{n: t.detach() for n, t in row_diff.items()}}
+
+    def output_rows(r0, r1, grad_values: bool, graph: bool):
+        """The output of rows ``r0:r1`` from the sums (autograd graph to the sums, the per-row
+        quantities and the parameters when ``graph``)."""
+        leaves = {n: _leaf(t[..., r0:r1, :], graph or (grad_values and n in value_names))
+                  for n, t in all_sums[last].items()}
+        st = _Ring.view(params, st_full if graph else detached, r0, r1, lq)
+        out = rule.output(leaves, st)
+        if ring.empty_rows:
+            out = torch.where(ring.count[..., r0:r1, :] > 0, out, torch.zeros_like(out))
+        return out, leaves, st
+
+    # the gradient of the output, one block of rows at a time: the per-row sums' gradients
+    # are kept; those of the value sums (rows x Dv, as large as the output) are recomputed
+    # per tile in the ring below instead of being held for every row
+    g_sums: dict = {}
+    big = set()
+    for r0 in range(0, lq, ring.block_q):
+        r1 = min(r0 + ring.block_q, lq)
+        with torch.enable_grad():
+            out, leaves, st = output_rows(r0, r1, False, True)
+            names = list(leaves)
+            gs = _grads([out], [leaves[n] for n in names] + [st[n] for n in row_names] +
+                        [params[n] for n in param_names], [dout[..., r0:r1, :]])
+        for name, g in zip(names, gs):
+            if g is None:
+                g_sums.setdefault(name, None)
+            elif name in value_names:
+                big.add(name)
+                g_sums[name] = "recompute"
+            else:
+                if g_sums.get(name) is None:
+                    g_sums[name] = torch.zeros_like(all_sums[last][name])
+                g_sums[name][..., r0:r1, :] = g
+        rest = gs[len(names):]
+        for name, g in zip(row_names, rest[:len(row_names)]):
+            _add(acc, name, g, r0, r1, row_diff[name])
+        for name, g in zip(param_names, rest[len(row_names):]):
+            _add(acc, "param:" + name, g)
+        del out, gs
+
+    cache: dict = {}
+
+    def value_grads(r0, r1) -> dict:
+        """The gradients of the value sums of rows ``r0:r1`` (recomputed; the last block cached)."""
+        if cache.get("rows") != (r0, r1):
+            with torch.enable_grad():
+                out, leaves, _ = output_rows(r0, r1, True, False)
+                names = sorted(big)
+                gs = _grads([out], [leaves[n] for n in names], [dout[..., r0:r1, :]])
+            cache.clear()
+            cache.update(dict(zip(names, gs)), rows=(r0, r1))
+        return cache
+
+    dqs = torch.zeros_like(q)
+    cdt = q.dtype
+    dk = dv = None
+    for p in range(last, -1, -1):
+        values = rule.value_terms[p]
+        if any(g is not None for g in g_sums.values()) or extremes:
+            def block_backward(src, cur, grads, p=p, values=values, extremes=extremes, g_sums=g_sums):
+                kb, vb = cur
+                dkb, dvb = grads
+                for t in ring.tiles(src, q.device):
+                    st = _Ring.view(params, kept, t.r0, t.r1, lq)
+                    tile_leaves = {}
+                    for name in row_names:
+                        if name in extremes:
+                            continue
+                        tile_leaves[name] = st[name] = _leaf(row_diff[name].detach()[..., t.r0:t.r1, :], True)
+                    qs = q[:, :, t.r0:t.r1] * ring.scale
+                    x = _leaf(ring.scores(qs, kb, t), True)
+                    vt = _leaf(ring.values(vb, t, cdt), need_v and bool(values))
+                    outs_t, gouts = [], []
+                    with torch.enable_grad():
+                        z = rule.z(p, x, st)
+                        for name, term in rule.terms(p, z, t.visible, st).items():
+                            g = g_sums.get(name)
+                            if g is None or not term.requires_grad:
+                                continue
+                            if isinstance(g, str):  # recomputed for these rows
+                                g = value_grads(t.r0, t.r1)[name]
+                                if g is None:
+                                    continue
+                            else:
+                                g = g[..., t.r0:t.r1, :]
+                            outs_t.append(torch.matmul(term, vt) if name in values else term.sum(-1, keepdim=True))
+                            gouts.append(g)
+                        if p == last:
+                            for flag, key, ties in ((rule.max_grad, f"m{p}", f"ties{p}"),
+                                                    (rule.min_grad, f"mn{p}", f"minties{p}")):
+                                if flag and acc.get(key) is not None:
+                                    hit = z.detach() == kept[key][..., t.r0:t.r1, :]
+                                    if t.visible is not None:
+                                        hit = hit & t.visible
+                                    outs_t.append((z * hit).sum(-1, keepdim=True))
+                                    gouts.append((acc[key] / kept[ties])[..., t.r0:t.r1, :])
+                    if not outs_t:
+                        continue
+                    names = list(tile_leaves)
+                    grads = _grads(outs_t, [x, vt] + [tile_leaves[n] for n in names] + [params[n] for n in param_names],
+                                   gouts)
+                    dx = grads[0]
+                    if dx is not None:
+                        kt = kb[:, :, t.c0:t.c1].to(cdt)
+                        if ring.groups > 1:
+                            kt = kt.repeat_interleave(ring.groups, dim=1)
+                        dqs[:, :, t.r0:t.r1] += torch.matmul(dx, kt)
+                        dkb[:, :, t.c0:t.c1] += ring.fold(torch.matmul(dx.transpose(-1, -2), qs))
+                    if grads[1] is not None:
+                        dvb[:, :, t.c0:t.c1] += ring.fold(grads[1])
+                    for name, g in zip(names, grads[2:2 + len(names)]):
+                        _add(acc, name, g, t.r0, t.r1, row_diff[name])
+                    for name, g in zip(param_names, grads[2 + len(names):]):
+                        _add(acc, "param:" + name, g)
+
+            for src, cur, grads in ring.grad_blocks([k, v], cdt):
+                block_backward(src, cur, grads)
+            own_dk, own_dv = ring.extra.pop("own_grads")
+            dk = own_dk if dk is None else dk.add_(own_dk)
+            dv = own_dv if dv is None else dv.add_(own_dv)
+        if p > 0:
+            stats = stat_graphs[p - 1]
+            pairs = [(stats[n], acc[n]) for n in row_names if n in stats and acc.get(n) is not None]
+            leaves = sum_leaves[p - 1]
+            if pairs:
+                with torch.enable_grad():
+                    gs = _grads([a for a, _ in pairs], list(leaves.values()) + [params[n] for n in param_names],
+                                [g for _, g in pairs])
+                g_sums = dict(zip(leaves, gs[:len(leaves)]))
+                for name, g in zip(param_names, gs[len(leaves):]):
+                    _add(acc, "param:" + name, g)
+            else:
+                g_sums = {}
+        extremes = []  # only the last pass uses them
+    if dk is None:
+        dk = torch.zeros(k.shape, dtype=cdt, device=k.device)
+        dv = torch.zeros(v.shape, dtype=cdt, device=v.device)
+    return dqs.mul_(ring.scale), dk, dv, {n: acc.get("param:" + n) for n in param_names}
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, ring: _Ring, q, k, v, *tensors):
+        cdt = compute_dtype(q.dtype)
+        params = dict(ring.fixed)
+        params.update(zip(ring.tensor_names, [t.to(cdt) for t in tensors]))
+        out, saved = _ring_forward(ring, q.to(cdt), k, v, params)
+        ctx.ring, ctx.saved = ring, saved
+        ctx.save_for_backward(q, k, v, *tensors)
+        return out.to(ring.out_dtype)
+
+    @staticmethod
+    def backward(ctx, dout):
+        ring = ctx.ring
+        q, k, v, *tensors = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        cdt = compute_dtype(q.dtype)
+        params = dict(ring.fixed)
+        params.update({n: _leaf(t.to(cdt), needs[4 + i]) for i, (n, t) in enumerate(zip(ring.tensor_names, tensors))})
+        dq, dk, dv, dparams = _ring_backward(ring, q.to(cdt), k, v, params, ctx.saved, dout.to(cdt), needs[3])
+        grads = []
+        for name, t in zip(ring.tensor_names, tensors):
+            g = dparams.get(name)
+            if g is None and name in dparams:
+                g = torch.zeros_like(params[name])
+            if name in dparams:
+                g = ring.comm.all_reduce_sum_(g.contiguous().clone())
+                g = _unbroadcast(g, t.shape).to(t.dtype)
+            grads.append(g)
+        return (None, dq.to(q.dtype) if needs[1] else None, dk.to(k.dtype) if needs[2] else None,
+                dv.to(v.dtype) if needs[3] else None, *grads)
+
+
+def _unbroadcast(g: torch.Tensor, shape) -> torch.Tensor:
+    while g.dim() > len(shape):
+        g = g.sum(0)
+    for i, n in enumerate(shape):
+        if n == 1 and g.shape[i] != 1:
+            g = g.sum(i, keepdim=True)
+    return g
+
+
+# --------------------------------------------------------------------------------------
+# checks shared with Ulysses
+# --------------------------------------------------------------------------------------
+
+def check_qkv(q, k, v):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_floating(t, name)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must have shape (B, H, L_local, D) (this rank's shard of the sequence), "
+                             f"got {tuple(t.shape)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    b, h, _, d = q.shape
+    bk, hk, lk, dk = k.shape
+    if (bk, hk, lk) != tuple(v.shape[:3]):
+        raise ValueError(f"k and v must agree in (B, H, L), got {tuple(k.shape)} and {tuple(v.shape)}")
+    if bk != b or dk != d:
+        raise ValueError(f"q and k must agree in batch size and head dimension, got {tuple(q.shape)} and "
+                         f"{tuple(k.shape)}")
+    if hk == 0 or h % hk:
+        raise ValueError(f"the number of query heads ({h}) must be a multiple of the key/value heads ({hk})")
+    if q.shape[2] == 0 or lk == 0:
+        raise ValueError(f"every rank needs at least one query and one key, got local lengths {q.shape[2]} and {lk}")
+
+
+def check_scale(scale, d: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(d) if d else 1.0
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise TypeError(f"scale must be a finite number or None, got {scale!r}")
+    return float(scale)
+
+
+def check_params(normalizer: str, params: dict, b: int, h: int, dtype, device, validate: bool = True
+                 ) -> tuple[dict, list]:
+    """The normalizer's parameters with defaults, validated; names of the per-head tensors."""
+    spec = registry.get(normalizer)
+    unknown = sorted(set(params) - set(spec.params))
+    if unknown:
+        raise TypeError(f"normalizer {normalizer!r} got unexpected parameter(s) {unknown}; "
+                        f"accepted: {', '.join(spec.params) or 'none'}")
+    merged = {**spec.params, **params}
+    tensors = []
+    for name, val in params.items():
+        if not isinstance(val, torch.Tensor):
+            continue
+        default = spec.params.get(name)
+        shape = val.shape[1:] if isinstance(default, (tuple, list)) else val.shape
+        try:
+            ok = torch.broadcast_shapes(shape, (b, h, 1, 1)) == (b, h, 1, 1)
+        except RuntimeError:
+            ok = False
+        if not ok:
+            raise ValueError(f"parameter {name!r} of shape {tuple(val.shape)} must be a number or a per-head tensor "
+                             f"broadcastable to (B, H, 1, 1) = {(b, h, 1, 1)}: parameters that vary per query or key "
+                             "cannot be distributed")
+        tensors.append(name)
+    if validate:  # let the reference check the values on one row per (batch, head)
+        dummy = torch.zeros(b, h, 1, 2, dtype=dtype, device=device)
+        registry.normalize(dummy, normalizer, dim=-1, **params)
+    return merged, tensors
+
+
+def check_mask(attn_mask, shape):
+    """``attn_mask`` (this rank's query rows against every key, in global key order)."""
+    if attn_mask is None:
+        return None, None
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(f"attn_mask must be bool (True = visible) or floating point (added to the scores), "
+                        f"got dtype {attn_mask.dtype}")
+    try:
+        ok = torch.broadcast_shapes(attn_mask.shape, shape) == tuple(shape)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, L_local, "
+                         f"L_total) = {tuple(shape)}: rows are this rank's queries, columns every key in global "
+                         "order")
+    if attn_mask.dtype == torch.bool:
+        return attn_mask.expand(shape), None
+    return None, attn_mask.expand(shape)
+
+
+def _check_blocks(block_size) -> tuple[int, int]:
+    if block_size is None:
+        return DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
+    pair = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
+    if len(pair) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in pair):
+        raise ValueError(f"block_size must be a positive int or a pair (block_q, block_k), got {block_size!r}")
+    return pair
+
+
+def _count(ring: _Ring, b: int, h: int, qpos: torch.Tensor, lk_total: int, dtype, device) -> torch.Tensor:
+    """Visible keys per local query, ``(B, H, Lq, 1)``."""
+    qpos = qpos.to(device)
+    if ring.bool_mask is None and ring.additive is None:
+        if ring.is_causal:
+            n = (qpos + ring.offset + 1).clamp(0, lk_total)
+        else:
+            n = torch.full_like(qpos, lk_total)
+        return n.to(dtype).view(1, 1, -1, 1).expand(b, h, -1, 1)
+    visible = ring.bool_mask if ring.bool_mask is not None else ring.additive != float("-inf")
+    if ring.is_causal:
+        visible = visible & (torch.arange(lk_total, device=device) <= (qpos + ring.offset).unsqueeze(-1))
+    return visible.sum(-1, keepdim=True).to(dtype).expand(b, h, -1, 1)
+
+
+def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: str = "softmax", *,
+                               group=None, is_causal: bool = False, attn_mask: torch.Tensor | None = None,
+                               layout: str = "zigzag", scale: float | None = None, block_size=None,
+                               **params) -> torch.Tensor:
+    r"""Ring (context-parallel) attention over sequence shards, with any streamable normalizer.
+
+    .. math:: \mathrm{out}_i = \sum_j p_{ij} v_j,\quad
+              p_{i\cdot} = \mathrm{normalize}(q_i K^\top \cdot \mathrm{scale} + a_{i\cdot})
+
+    over the keys of *every* rank, exactly as :func:`softmaxkit.attention` on the whole
+    sequence. Each rank passes its shard: ``q`` ``(B, H, Lq_local, D)``, ``k`` and ``v``
+    ``(B, Hkv, Lk_local, D|Dv)`` (``Hkv`` divides ``H``: grouped-query attention; only the
+    ``Hkv`` heads travel). Key/value blocks go around the ring with
+    ``torch.distributed.batch_isend_irecv``, the next block in flight while the current one
+    is used; the partial sums of each block merge into the running state with the
+    overflow-safe rule of the normalizer's streaming form (see the module docstring), in
+    float32 for float16/bfloat16 inputs. The backward pass is a second ring in which
+    ``dK``/``dV`` travel with their blocks. Ring attention: Liu, Zaharia & Abbeel 2023,
+    "Ring Attention with Blockwise Transformers", arXiv 2310.01889; online normalizer:
+    Milakov & Gimelshein 2018, arXiv 1805.02867.
+
+    Normalizers:
+        * one-pass streamable ones (softmax, ssmax, sa_softmax, multimax, softpick,
+          stablemax, sigmoid, relu, relu_l1, softplus_l1, ...) run one ring; two-pass ones
+          (adaptive_softmax, clipped_softmax) run two rings forward and two backward.
+          Softpick's and normalized SA-softmax's global extremes are part of the
+          per-query running state, so they are exact.
+        * the threshold family (sparsemax, entmax15, entmax with a number alpha) is
+          **delegated to** :func:`ulysses_attention` (one all-to-all each way): a
+          distributed threshold search would cost one ring (or one all-reduce of every
+          query's partial sums) per bisection step, tens of them.
+        * normalizers without a streaming form (sparse_softmax, as_entmax, entmax with a
+          tensor alpha) raise ``ValueError``: use :func:`ulysses_attention`.
+
+    Layout (``layout=``): ``"zigzag"`` (default): the sequence is cut into ``2P`` equal
+    chunks and rank ``r`` holds chunks ``r`` and ``2P - 1 - r`` concatenated, which gives
+    every rank the same causal work (all ranks need the same even local length);
+    ``"contiguous"``: rank ``r`` holds the ``r``-th piece, and pieces may differ in length.
+    :func:`softmaxkit.distributed.shard_sequence` cuts a tensor either way.
+
+    Visibility: ``is_causal`` uses global positions (query ``i`` sees key ``j <= i + Lk -
+    Lq``, totals over ranks); ``attn_mask`` (bool, True = visible, or float, added) holds
+    this rank's query rows against **every** key in global order: broadcastable to
+    ``(B, H, Lq_local, Lk_total)``; a padding mask is ``(B, 1, 1, Lk_total)``. Queries
+    with no visible key output 0.
+
+    Args:
+        normalizer: a registered name.
+        group: a ``torch.distributed`` process group (default: the default group).
+        scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
+        block_size: ``block`` or ``(block_q, block_k)`` of the tiles inside each block.
+        **params: the normalizer's parameters: numbers, or per-head tensors broadcastable to
+            ``(B, H, 1, 1)`` (learnable; their gradient is summed over the ranks).
+
+    Returns:
+        ``(B, H, Lq_local, Dv)``: this rank's output rows, in the dtype of ``q``.
+    """
+    check_qkv(q, k, v)
+    check_layout(layout)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    b, h, lq, d = q.shape
+    scale = check_scale(scale, d)
+    cdt = compute_dtype(q.dtype)
+    merged, tensor_names = check_params(normalizer, params, b, h, cdt, q.device, validate=False)
+    rule = rule_for(normalizer, merged)
+    if rule is None:
+        raise ValueError(f"normalizer {normalizer!r} with these parameters cannot run on the ring: it has no "
+                         "streaming form with O(1) state per query (e.g. sparse_softmax's top-k, as_entmax, entmax "
+                         "with a tensor alpha); use softmaxkit.distributed.ulysses_attention, which shards heads")
+    if hasattr(rule, "search"):
+        from .ulysses import ulysses_attention
+
+        return ulysses_attention(q, k, v, normalizer, group=group, is_causal=is_causal, attn_mask=attn_mask,
+                                 layout=layout, scale=scale, **params)
+    check_params(normalizer, params, b, h, cdt, q.device)
+    comm = resolve(group)
+    lengths = comm.all_gather_ints([lq, k.shape[2]])
+    q_lengths, k_lengths = [x[0] for x in lengths], [x[1] for x in lengths]
+    q_segs = ring_segments(layout, q_lengths, "q")
+    k_segs = ring_segments(layout, k_lengths, "k and v")
+    lq_total, lk_total = sum(q_lengths), sum(k_lengths)
+    bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk_total))
+    if additive is not None:
+        additive = additive.to(cdt)
+    block_q, block_k = _check_blocks(block_size)
+    fixed = {n: val for n, val in merged.items() if n not in tensor_names}
+    ring = _Ring(comm, rule, fixed, tensor_names, scale, is_causal, lk_total - lq_total, q_segs[comm.rank],
+                 k_segs, k_lengths, h // k.shape[1], bool_mask, additive, block_q=block_q, block_k=block_k,
+                 out_dtype=q.dtype)
+    ring.count = _count(ring, b, h, ring_positions(q_segs[comm.rank]), lk_total, cdt, q.device)
+    ring.empty_rows = bool((ring.count == 0).any())
+    tensors = [merged[n] for n in tensor_names]
+    return _RingAttention.apply(ring, q, k, v, *tensors)

@@ -1,0 +1,265 @@
+"""In-process "fake ring": the ranks are threads talking through ThreadComm, no processes.
+
+The same code as the multi-process run (the ring, Ulysses' all-to-alls, the all-reduces),
+fast enough to cover every normalizer of the registry, read from its spec.
+"""
+
+import threading
+
+import pytest
+import torch
+
+import softmaxkit as sk
+from softmaxkit.attention.rules import rule_for
+from softmaxkit.distributed import (
+    ThreadComm,
+    context_parallel_attention,
+    shard_sequence,
+    ulysses_attention,
+    unshard_sequence,
+    vocab_parallel_linear_cross_entropy,
+)
+
+from ..conftest import params_for
+
+
+def run_ranks(size, fn, timeout=30.0):
+    """``fn(comm)`` on ``size`` threads; the per-rank results, or the first rank's exception."""
+    comms = ThreadComm.group(size, timeout=timeout)
+    results, errors = [None] * size, [None] * size
+
+    def target(rank):
+        try:
+            results[rank] = fn(comms[rank])
+        except BaseException as err:  # noqa: BLE001 - handed to the test
+            errors[rank] = err
+
+    threads = [threading.Thread(target=target, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results, errors
+
+
+def _problem(b=2, h=4, hkv=2, length=13, d=4, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, n, length, d, generator=g, dtype=torch.float64).to(dtype) for n in (h, hkv, hkv, h)]
+
+
+def compare(name, size, *, layout="contiguous", lengths=None, causal=False, mask=None, fn=None, params=None,
+            dtype=torch.float64, block_size=(3, 4), scale_q=1.0, **shape):
+    """Max errors (out, dq, dk, dv) of the distributed run against ``sk.attention`` on one process."""
+    params = params or {}
+    q, k, v, w = _problem(dtype=dtype, **shape)
+    q = q * scale_q
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = sk.attention(*ref_in, name, is_causal=causal, attn_mask=mask, method="dense", **params)
+    (ref.double() * w.double()).sum().backward()
+
+    def shard(x, r):
+        return shard_sequence(x, r, size, layout=layout, lengths=lengths)
+
+    def rank_fn(comm):
+        r = comm.rank
+        local = [shard(t, r).clone().requires_grad_() for t in (q, k, v)]
+        local_mask = None if mask is None else (mask if mask.shape[-2] == 1 else shard(mask, r))
+        if fn is ulysses_attention:
+            out = ulysses_attention(*local, name, group=comm, is_causal=causal, attn_mask=local_mask, layout=layout,
+                                    **params)
+        else:
+            out = context_parallel_attention(*local, name, group=comm, is_causal=causal, attn_mask=local_mask,
+                                             layout=layout, block_size=block_size, **params)
+        (out.double() * shard(w, r).double()).sum().backward()
+        return [out.detach()] + [t.grad for t in local]
+
+    results, errors = run_ranks(size, rank_fn)
+    for err in errors:
+        if err is not None:
+            raise err
+    wants = [ref.detach()] + [t.grad for t in ref_in]
+    return [(unshard_sequence([res[i] for res in results], layout=layout).double() - want.double()).abs().max().item()
+            for i, want in enumerate(wants)]
+
+
+def _padding(length, b=2, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.rand(b, 1, 1, length, generator=g) > 0.3
+    mask[..., 0] = True
+    return mask
+
+
+def _specs():
+    return [spec for spec in sk.normalizers()]
+
+
+@pytest.mark.parametrize("spec", _specs(), ids=lambda s: s.name)
+def test_every_normalizer_on_a_fake_ring(spec):
+    """Every normalizer: the ring where it streams (threshold family via Ulysses), else a clear
+    error from the ring and Ulysses matching one process."""
+    params = params_for(spec.name, 13)
+    rule = rule_for(spec.name, {**spec.params, **params})
+    lengths = [3, 6, 4]
+    if rule is None:
+        with pytest.raises(ValueError, match="ulysses_attention"):
+            compare(spec.name, 3, lengths=lengths, params=params)
+        errs = compare(spec.name, 2, causal=True, mask=_padding(13), fn=ulysses_attention, params=params)
+        assert max(errs) < 1e-10, errs
+        return
+    for kwargs in ({"size": 3, "lengths": lengths, "causal": True, "mask": _padding(13)},
+                   {"size": 2, "layout": "zigzag", "length": 12, "causal": True},
+                   {"size": 2, "layout": "zigzag", "length": 12, "mask": _padding(12)}):
+        size = kwargs.pop("size")
+        errs = compare(spec.name, size, params=params, **kwargs)
+        assert max(errs) < 1e-10, (kwargs, errs)
+
+
+def test_additive_mask_gqa_and_one_kv_head():
+    g = torch.Generator().manual_seed(3)
+    mask = torch.randn(2, 1, 12, 12, generator=g, dtype=torch.float64)
+    mask[:, :, :, 5] = float("-inf")
+    for name in ("softmax", "softpick", "clipped_softmax", "sparsemax"):  # sparsemax: Ulysses, rows reordered
+        assert max(compare(name, 2, layout="zigzag", length=12, mask=mask, hkv=1)) < 1e-10
+    per_head = torch.randn(2, 4, 12, 12, generator=g, dtype=torch.float64)  # a mask per head: split with them
+    assert max(compare("entmax15", 3, layout="zigzag", length=12, mask=per_head, causal=True)) < 1e-10
+
+
+def test_learnable_per_head_parameter_gradient_is_summed_over_ranks():
+    q, k, v, w = _problem(length=12)
+    s_ref = torch.full((1, 4, 1, 1), 0.6, dtype=torch.float64, requires_grad=True)
+    ref = sk.attention(q, k, v, "ssmax", is_causal=True, s=s_ref, method="dense")
+    (ref * w).sum().backward()
+
+    def rank_fn(comm):
+        s = torch.full((1, 4, 1, 1), 0.6, dtype=torch.float64, requires_grad=True)
+        sh = [shard_sequence(t, comm.rank, 2) for t in (q, k, v, w)]
+        for fn in (context_parallel_attention, ulysses_attention):
+            out = fn(*sh[:3], "ssmax", group=comm, is_causal=True, s=s, layout="zigzag")
+            (out * sh[3]).sum().backward()
+        return s.grad
+
+    results, errors = run_ranks(2, rank_fn)
+    assert errors == [None, None]
+    for grad in results:  # two calls: twice the gradient, on every rank
+        assert torch.allclose(grad, 2 * s_ref.grad, atol=1e-10, rtol=0)
+
+
+def test_hostile_scores_and_rows_with_no_visible_key():
+    for name in ("softmax", "softpick", "sa_softmax"):
+        errs = compare(name, 2, layout="zigzag", length=12, causal=True, scale_q=1e4 ** 0.5)
+        assert max(errs) < 1e-8 * 1e4, (name, errs)
+    mask = torch.ones(2, 1, 12, 12, dtype=torch.bool)
+    mask[:, :, 2] = False  # query 2 sees nothing
+    q, k, v, _ = _problem(length=12)
+
+    def rank_fn(comm):
+        sh = [shard_sequence(t, comm.rank, 2).clone().requires_grad_() for t in (q, k, v)]
+        out = context_parallel_attention(*sh, "softpick", group=comm, attn_mask=shard_sequence(mask, comm.rank, 2))
+        out.sum().backward()
+        return out.detach(), [t.grad for t in sh]
+
+    results, errors = run_ranks(2, rank_fn)
+    assert errors == [None, None]
+    out = unshard_sequence([r[0] for r in results])
+    assert torch.equal(out[:, :, 2], torch.zeros_like(out[:, :, 2]))
+    assert all(torch.isfinite(g).all() for r in results for g in r[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_computes_in_float32(dtype):
+    q, k, v, _ = _problem(length=12, dtype=dtype)
+    ref = sk.attention(q.float(), k.float(), v.float(), "softmax", is_causal=True)
+
+    def rank_fn(comm):
+        sh = [shard_sequence(t, comm.rank, 2) for t in (q, k, v)]
+        return context_parallel_attention(*sh, "softmax", group=comm, is_causal=True)
+
+    results, errors = run_ranks(2, rank_fn)
+    assert errors == [None, None]
+    assert all(r.dtype == dtype for r in results)
+    assert (unshard_sequence(results).float() - ref).abs().max() < 2e-2
+
+
+def test_vocab_parallel_cross_entropy_on_threads():
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(30, 6, generator=g, dtype=torch.float64)
+    weight = torch.randn(23, 6, generator=g, dtype=torch.float64)
+    target = torch.randint(0, 23, (30,), generator=g)
+    target[torch.rand(30, generator=g) < 0.2] = -100
+    h_ref, w_ref = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref = sk.losses.linear_cross_entropy(h_ref, w_ref, target, label_smoothing=0.1, z_penalty=1e-2)
+    ref.backward()
+    shards = [4, 12, 7]
+
+    def rank_fn(comm):
+        a = sum(shards[:comm.rank])
+        h = hidden.clone().requires_grad_()
+        w = weight[a:a + shards[comm.rank]].clone().requires_grad_()
+        loss = vocab_parallel_linear_cross_entropy(h, w, target, group=comm, label_smoothing=0.1, z_penalty=1e-2,
+                                                   vocab_block=5, chunk_size=7)
+        loss.backward()
+        return loss.detach(), h.grad, w.grad
+
+    results, errors = run_ranks(3, rank_fn)
+    assert errors == [None] * 3
+    for loss, gh, _ in results:
+        assert abs(loss - ref).item() < 1e-12 and (gh - h_ref.grad).abs().max() < 1e-12
+    assert (torch.cat([r[2] for r in results]) - w_ref.grad).abs().max() < 1e-12
+
+
+def test_a_failing_rank_does_not_hang_the_others():
+    q, k, v, _ = _problem(length=12)
+
+    def rank_fn(comm):
+        if comm.rank == 1:
+            raise KeyError("rank 1 fails before the ring")
+        sh = [shard_sequence(t, comm.rank, 2) for t in (q, k, v)]
+        return context_parallel_attention(*sh, "softmax", group=comm)
+
+    _, errors = run_ranks(2, rank_fn, timeout=1.0)
+    assert isinstance(errors[1], KeyError)
+    assert isinstance(errors[0], RuntimeError) and "timed out" in str(errors[0])
+
+
+def test_bad_inputs():
+    q, k, v, _ = _problem(length=8)
+    with pytest.raises(ValueError, match="init_process_group"):
+        context_parallel_attention(q, k, v, "softmax")
+    with pytest.raises(ValueError, match="init_process_group"):
+        ulysses_attention(q, k, v, "softmax")
+    with pytest.raises(ValueError, match="init_process_group"):
+        vocab_parallel_linear_cross_entropy(q[0, 0], q[0, 0], torch.zeros(8, dtype=torch.long))
+    comm = ThreadComm.group(1)[0]
+    with pytest.raises(ValueError, match="layout"):
+        context_parallel_attention(q, k, v, "softmax", group=comm, layout="ring")
+    with pytest.raises(ValueError, match="attn_mask"):
+        context_parallel_attention(q, k, v, "softmax", group=comm, attn_mask=torch.ones(8, 3, dtype=torch.bool))
+    with pytest.raises(ValueError, match="shape"):
+        context_parallel_attention(q[0], k[0], v[0], "softmax", group=comm)
+    with pytest.raises(ValueError, match="per-head"):
+        context_parallel_attention(q, k, v, "ssmax", group=comm, s=torch.ones(2, 4, 8, 1, dtype=torch.float64))
+    with pytest.raises(TypeError, match="unexpected parameter"):
+        context_parallel_attention(q, k, v, "softmax", group=comm, alpha=2.0)
+    with pytest.raises(ValueError, match="zigzag"):
+        context_parallel_attention(q[:, :, :7], k[:, :, :7], v[:, :, :7], "softmax", group=comm, layout="zigzag")
+    with pytest.raises(ValueError, match="zigzag"):
+        shard_sequence(q, 0, 3, layout="zigzag")
+
+
+def test_shard_roundtrip():
+    x = torch.arange(24.0).view(1, 1, 24, 1)
+    for layout in ("contiguous", "zigzag"):
+        for size in (1, 2, 3):
+            assert torch.equal(unshard_sequence([shard_sequence(x, r, size, layout=layout) for r in range(size)],
+                                                layout=layout), x)
+    assert shard_sequence(x, 1, 2, layout="zigzag")[0, 0, :, 0].tolist() == list(range(6, 12)) + list(range(12, 18))
+
+
+def test_head_split_uneven_and_repeated_kv_heads():
+    from softmaxkit.distributed.ulysses import head_split
+
+    assert head_split(8, 4, 3) == ([4, 2, 2], [2, 1, 1], 1)  # GQA groups stay together
+    assert head_split(4, 2, 3) == ([2, 1, 1], [2, 1, 1], 2)  # fewer kv heads than ranks: repeated
+    assert head_split(3, 3, 2) == ([2, 1], [2, 1], 1)
+    with pytest.raises(ValueError, match="heads"):
+        head_split(2, 2, 3)
