@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "softmaxkit"
 MEASURING = ("bench", "arena", "report", "cli", "__main__")
 TOP = ("nn", "hf", "distributed")
 MIDDLE = ("attention", "linear", "losses", "sampling", "scores", "ops")
-CORE = ("normalizers", "registry", "forms", "functional", "_checks", "_rows", "algorithms", "_table", "_readme")
+CORE = ("normalizers", "registry", "forms", "functional", "_checks", "_rows", "algorithms", "_table")
 
 
 def _module_name(path: Path) -> str:

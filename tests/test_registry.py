@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import softmaxkit as sk
-from softmaxkit import _readme, registry
+from softmaxkit import registry
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 DESIGN_NAMES = ["softmax", "adaptive_softmax", "ssmax", "sa_softmax", "multimax", "sparse_softmax",
@@ -43,10 +43,3 @@ def test_registering_twice_is_refused():
 def test_name_must_be_a_string():
     with pytest.raises(TypeError, match="name must be a str"):
         sk.normalize(torch.randn(3), 3)
-
-
-def test_readme_table_is_generated_from_the_registry():
-    section = _readme.current_section(README.read_text())
-    for name in registry.names():
-        assert f"| `{name}` |" in section, f"{name} missing from the README table"
-    assert section == _readme.normalizer_section(), "README table is stale: run python -m softmaxkit._readme"

@@ -117,14 +117,12 @@ def write_report(out_dir: Path, outcomes: list[Outcome], figures: dict[int, list
     return index
 
 
-def rebuild(out: str | Path = DEFAULT_OUT) -> Path:
-    """Rewrite ``out``/index.html and tables.md from ``out``/results.json and ``out``/figures/ with this
-    version's renderer, without running anything (noise re-attached to the figures that had it)."""
+def outcomes_from_results(results: dict, out_dir: Path | None = None):
+    """The outcomes a ``results.json`` holds (noise re-attached to the figures that had it), and
+    their saved figures (read from ``out_dir``/figures when given)."""
     from .._table import Table
     from ..bench._measure import Measured
 
-    out_dir = Path(out)
-    results = load_results(out_dir)
     outcomes, figures = [], {}
     for entry in results["outcomes"]:
         tables = []
@@ -136,11 +134,22 @@ def rebuild(out: str | Path = DEFAULT_OUT) -> Path:
                           verdict=t.get("verdict"), notes=t.get("notes"), skipped=t.get("skipped"),
                           status=t.get("status"))
             table.headline = [{**h, "ratio": Measured(h["ratio"], h.get("noise"))} for h in t.get("headline", [])]
-            figures[id(table)] = [SavedFigure(Path(f).stem, f, base64.b64encode((out_dir / f).read_bytes()).decode())
-                                  for f in t.get("figures", []) if (out_dir / f).is_file()]
+            if out_dir is not None:
+                figures[id(table)] = [SavedFigure(Path(f).stem, f,
+                                                  base64.b64encode((out_dir / f).read_bytes()).decode())
+                                      for f in t.get("figures", []) if (out_dir / f).is_file()]
             tables.append(table)
         outcomes.append(Outcome(entry["kind"], entry["name"], entry["status"], tables, entry.get("reason"),
                                 entry.get("seconds", 0.0), entry.get("claim")))
+    return outcomes, figures
+
+
+def rebuild(out: str | Path = DEFAULT_OUT) -> Path:
+    """Rewrite ``out``/index.html and tables.md from ``out``/results.json and ``out``/figures/ with this
+    version's renderer, without running anything (noise re-attached to the figures that had it)."""
+    out_dir = Path(out)
+    results = load_results(out_dir)
+    outcomes, figures = outcomes_from_results(results, out_dir)
     return write_report(out_dir, outcomes, figures, results.get("machine", {}), results.get("meta", {}))
 
 
