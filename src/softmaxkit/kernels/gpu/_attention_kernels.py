@@ -11,8 +11,10 @@ a bool or additive mask and document ids, then per family
   denominator ``sum h + eps``;
 * signed ``sum_normalized`` (``FAMILY=2``, softpick): ``a = h(x; c)`` with the row shift
   ``c = max(m, 0)`` of the running maximum ``m`` of ``x``; the sums rescale by
-  ``e^{c_old - c_new}``; ``den = sum |a| + eps e^{m - c}``; the keys attaining ``m`` are
-  counted, because ``m`` enters the denominator;
+  ``e^{c_old - c_new}``; ``den = sum |a| + eps e^{m - c}``; the key attaining ``m`` is
+  kept (its index, not its value, which a recomputed tile may round differently), because
+  ``m`` enters the denominator; tied maxima send that gradient to the first of them
+  (``torch.amax`` splits it between them);
 * ``elementwise`` (``FAMILY=3``): ``sum h(x) v``.
 
 The threshold family (:func:`_fwd_threshold`, ``FAMILY=4`` in the backward) finds per
@@ -35,6 +37,17 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """``a @ b`` accumulated in float32 (``UPCAST``: operands first cast to float32, for Triton's
+    interpreter, whose bfloat16 products are wrong in triton 3.9)."""
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(a, b, input_precision=PREC)
+    return out
 
 
 @triton.jit
@@ -90,7 +103,7 @@ def _powers(base, u, ALPHA_KIND: tl.constexpr):
 
 
 @triton.jit
-def _tile_grads(x, vis, n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
+def _tile_grads(x, vis, cols, n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
                 FAMILY: tl.constexpr, ALPHA_KIND: tl.constexpr):
     """Weights ``p``, the gradient ``gz`` in the piece's output and ``dx`` on a tile.
 
@@ -114,7 +127,7 @@ def _tile_grads(x, vis, n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
         p = tl.where(vis & pos, a * inv, 0.0)
         sign = tl.where(pos, 1.0, tl.where(a < 0, -1.0, 0.0))
         gz = tl.where(vis, (tl.where(pos, dp, 0.0) - sign * delta) * inv, 0.0)
-        dx = gz * DFN(x, s1, n, par) + tl.where(vis & (x == s2), -delta * inv * s3, 0.0)
+        dx = gz * DFN(x, s1, n, par) + tl.where(vis & (cols == s2), -delta * inv * s3, 0.0)
     elif FAMILY == 3:
         p = tl.where(vis, FN(x, n, par), 0.0)
         gz = tl.where(vis, dp, 0.0)
@@ -135,7 +148,7 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
          FN, FAMILY: tl.constexpr, HAS_CNT: tl.constexpr, CAUSAL: tl.constexpr,
          MASK_KIND: tl.constexpr, DOCS: tl.constexpr, P_LOWP: tl.constexpr,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-         DOT_PREC: tl.constexpr):
+         DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -152,7 +165,7 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
     par = PAR + bh * NP
     m_i = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    ties = tl.zeros([BLOCK_M], tl.float32)
+    arg = tl.zeros([BLOCK_M], tl.float32) - 1.0
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     hi = Lk
     if CAUSAL:
@@ -166,7 +179,7 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
                     mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
-        x = tl.dot(q, kt, input_precision=DOT_PREC) * scale + add
+        x = _dot(q, kt, DOT_PREC, UPCAST) * scale + add
         x = tl.where(vis, x, 0.0)
         if FAMILY == 0:
             z = tl.where(vis, FN(x, n, par), float("-inf"))
@@ -180,9 +193,8 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
         elif FAMILY == 2:
             xm = tl.where(vis, x, float("-inf"))
             tmax = tl.max(xm, 1)
-            hits = tl.sum(tl.where(xm == tmax[:, None], 1.0, 0.0), 1)
-            hits = tl.where(tmax > float("-inf"), hits, 0.0)
-            ties = tl.where(tmax > m_i, hits, tl.where(tmax == m_i, ties + hits, ties))
+            targ = (start_n + tl.argmax(xm, 1)).to(tl.float32)
+            arg = tl.where(tmax > m_i, targ, arg)
             m_new = tl.maximum(m_i, tmax)
             c_old = tl.maximum(m_i, 0.0)
             c_new = tl.maximum(m_new, 0.0)
@@ -197,9 +209,9 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
             if FAMILY == 1:
                 l_i = l_i + tl.sum(w, 1)
         if P_LOWP:
-            acc += tl.dot(w.to(v.dtype), v, input_precision=DOT_PREC)
+            acc += _dot(w.to(v.dtype), v, DOT_PREC, UPCAST)
         else:
-            acc += tl.dot(w, v.to(tl.float32), input_precision=DOT_PREC)
+            acc += _dot(w, v.to(tl.float32), DOT_PREC, UPCAST)
     st = STATS + (bh * Lq + offs_m) * 4
     if FAMILY == 0:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -217,8 +229,8 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
         out = acc / tl.where(den > 0, den, 1.0)[:, None]
         tl.store(st, den, mask=row_ok)
         tl.store(st + 1, c, mask=row_ok)
-        tl.store(st + 2, m_i, mask=row_ok)
-        tl.store(st + 3, extra / tl.maximum(ties, 1.0), mask=row_ok)
+        tl.store(st + 2, arg, mask=row_ok)
+        tl.store(st + 3, extra, mask=row_ok)
     else:
         out = acc
     tl.store(O + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :], out.to(O.dtype.element_ty),
@@ -232,7 +244,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
                    FN, ALPHA_KIND: tl.constexpr, MAX_ITER: tl.constexpr, HAS_CNT: tl.constexpr,
                    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DOCS: tl.constexpr, P_LOWP: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-                   DOT_PREC: tl.constexpr):
+                   DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -258,7 +270,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
                      mask=(offs_n[None, :] < Lk) & (offs_d[:, None] < D), other=0.0)
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
-        x = tl.where(vis, tl.dot(q, kt, input_precision=DOT_PREC) * scale + add, 0.0)
+        x = tl.where(vis, _dot(q, kt, DOT_PREC, UPCAST) * scale + add, 0.0)
         z = tl.where(vis, FN(x, n, par), float("-inf"))
         m_i = tl.maximum(m_i, tl.max(z, 1))
     empty = m_i == float("-inf")
@@ -277,7 +289,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
                          mask=(offs_n[None, :] < Lk) & (offs_d[:, None] < D), other=0.0)
             vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                    CAUSAL, MASK_KIND, DOCS)
-            x = tl.where(vis, tl.dot(q, kt, input_precision=DOT_PREC) * scale + add, 0.0)
+            x = tl.where(vis, _dot(q, kt, DOT_PREC, UPCAST) * scale + add, 0.0)
             base = tl.where(vis, tl.maximum(u * FN(x, n, par) - tau[:, None], 0.0), 0.0)
             p, s = _powers(base, u, ALPHA_KIND)
             fsum += tl.sum(p, 1)
@@ -305,15 +317,15 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
                     mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
-        x = tl.where(vis, tl.dot(q, kt, input_precision=DOT_PREC) * scale + add, 0.0)
+        x = tl.where(vis, _dot(q, kt, DOT_PREC, UPCAST) * scale + add, 0.0)
         base = tl.where(vis, tl.maximum(u * FN(x, n, par) - tau[:, None], 0.0), 0.0)
         p, s = _powers(base, u, ALPHA_KIND)
         s_tot += tl.sum(s, 1)
         if P_LOWP:
-            acc += tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+            acc += _dot(p.to(v.dtype), v, DOT_PREC, UPCAST)
         else:
-            acc += tl.dot(p, v.to(tl.float32), input_precision=DOT_PREC)
-        acc_s += tl.dot(s, v.to(tl.float32), input_precision=DOT_PREC)
+            acc += _dot(p, v.to(tl.float32), DOT_PREC, UPCAST)
+        acc_s += _dot(s, v.to(tl.float32), DOT_PREC, UPCAST)
     st = STATS + (bh * Lq + offs_m) * 4
     tl.store(st, tau, mask=row_ok)
     tl.store(st + 1, s_tot, mask=row_ok)
@@ -329,7 +341,7 @@ def _bwd_kv(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DK, DV_OUT,
             FN, DFN, FAMILY: tl.constexpr, ALPHA_KIND: tl.constexpr, HAS_CNT: tl.constexpr,
             CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DOCS: tl.constexpr, P_LOWP: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-            DOT_PREC: tl.constexpr):
+            DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     """``dk``, ``dv`` of one key block for one query head (GQA groups are summed in torch)."""
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
@@ -367,15 +379,16 @@ def _bwd_kv(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DK, DV_OUT,
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
         vis = tl.trans(vis)
-        x = tl.where(vis, tl.dot(k, qt, input_precision=DOT_PREC) * scale + tl.trans(add), 0.0)
-        dp = tl.dot(v, tl.trans(do), input_precision=DOT_PREC).to(tl.float32)
-        p, gz, dx = _tile_grads(x, vis, n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN, FAMILY, ALPHA_KIND)
+        x = tl.where(vis, _dot(k, qt, DOT_PREC, UPCAST) * scale + tl.trans(add), 0.0)
+        dp = _dot(v, tl.trans(do), DOT_PREC, UPCAST).to(tl.float32)
+        p, gz, dx = _tile_grads(x, vis, offs_n[:, None], n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
+                                FAMILY, ALPHA_KIND)
         if P_LOWP:
-            dv += tl.dot(p.to(do.dtype), do, input_precision=DOT_PREC)
-            dk += tl.dot(dx.to(qt.dtype), tl.trans(qt), input_precision=DOT_PREC)
+            dv += _dot(p.to(do.dtype), do, DOT_PREC, UPCAST)
+            dk += _dot(dx.to(qt.dtype), tl.trans(qt), DOT_PREC, UPCAST)
         else:
-            dv += tl.dot(p, do.to(tl.float32), input_precision=DOT_PREC)
-            dk += tl.dot(dx, tl.trans(qt).to(tl.float32), input_precision=DOT_PREC)
+            dv += _dot(p, do.to(tl.float32), DOT_PREC, UPCAST)
+            dk += _dot(dx, tl.trans(qt).to(tl.float32), DOT_PREC, UPCAST)
     mask_k = col_ok[:, None] & (offs_d[None, :] < D)
     tl.store(DK + (bh * Lk + offs_n[:, None]) * D + offs_d[None, :], dk * scale, mask=mask_k)
     tl.store(DV_OUT + (bh * Lk + offs_n[:, None]) * DV + offs_dv[None, :], dv,
@@ -385,14 +398,15 @@ def _bwd_kv(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DK, DV_OUT,
 @triton.jit
 def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
            smb, smh, smm, smn, sdq, sdk,
-           H, G, Lq, Lk, D, DV, NP: tl.constexpr, scale, u,
+           H, G, Lq, Lk, D, DV, NP: tl.constexpr, scale, u, eps,
            FN, DFN, DPFN, FAMILY: tl.constexpr, ALPHA_KIND: tl.constexpr, HAS_CNT: tl.constexpr,
            CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DOCS: tl.constexpr, P_LOWP: tl.constexpr,
-           PGRAD: tl.constexpr,
+           PGRAD: tl.constexpr, ROW_DELTA: tl.constexpr,
            BLOCK_P: tl.constexpr,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-           DOT_PREC: tl.constexpr):
-    """``dq`` of one query block, and its partial sums of the parameter gradients."""
+           DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """``dq`` of one query block, and its partial sums of the parameter gradients (``ROW_DELTA``:
+    first ``delta = sum_j p_j dp_j``, written for :func:`_bwd_kv`, which then runs after it)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -411,7 +425,6 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
     s1 = tl.load(st + 1, mask=row_ok, other=0.0)[:, None]
     s2 = tl.load(st + 2, mask=row_ok, other=0.0)[:, None]
     s3 = tl.load(st + 3, mask=row_ok, other=0.0)[:, None]
-    delta = tl.load(DELTA + bh * Lq + offs_m, mask=row_ok, other=0.0)[:, None]
     n = _row_count(CNT, bh, offs_m, Lq, Lk, HAS_CNT, CAUSAL)[:, None]
     par = PAR + bh * NP
     offs_p = tl.arange(0, BLOCK_P)
@@ -420,6 +433,43 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
     hi = Lk
     if CAUSAL:
         hi = tl.maximum(tl.minimum(Lk, (pid_m + 1) * BLOCK_M + Lk - Lq), 0)
+    if ROW_DELTA:
+        # sum_normalized: the denominator and delta = sum_j p_j dp_j again from the scores as
+        # this backward recomputes them, so that 1 - sum_j p_j = eps / den holds for them: a row
+        # with little mass (den close to eps) cancels dp_j - delta, and a denominator from the
+        # forward's scores (rounded differently) would leave an error of order ulp / eps
+        den_b = tl.zeros([BLOCK_M], tl.float32)
+        acc_delta = tl.zeros([BLOCK_M], tl.float32)
+        for start_n in range(0, hi, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            col_ok = offs_n < Lk
+            k = tl.load(K + (kvh * Lk + offs_n[:, None]) * D + offs_d[None, :],
+                        mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+            vt = tl.load(V + (kvh * Lk + offs_n[None, :]) * DV + offs_dv[:, None],
+                         mask=col_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
+            vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
+                                   CAUSAL, MASK_KIND, DOCS)
+            x = tl.where(vis, _dot(q, tl.trans(k), DOT_PREC, UPCAST) * scale + add, 0.0)
+            dp = _dot(do, vt, DOT_PREC, UPCAST).to(tl.float32)
+            if FAMILY == 1:
+                w = tl.where(vis, FN(x, n, par), 0.0)
+                den_b += tl.sum(w, 1)
+            else:
+                a = tl.where(vis, FN(x, s1, n, par), 0.0)
+                w = tl.maximum(a, 0.0)
+                den_b += tl.sum(tl.abs(a), 1)
+            acc_delta += tl.sum(w * dp, 1)
+        if FAMILY == 1:
+            den_b += eps
+        else:
+            den_b += s3.reshape([BLOCK_M])
+        delta1 = acc_delta / tl.where(den_b > 0, den_b, 1.0)
+        tl.store(DELTA + bh * Lq + offs_m, delta1, mask=row_ok)
+        tl.store(st, den_b, mask=row_ok)
+        delta = delta1[:, None]
+        s0 = den_b[:, None]
+    else:
+        delta = tl.load(DELTA + bh * Lq + offs_m, mask=row_ok, other=0.0)[:, None]
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < Lk
@@ -429,13 +479,14 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
                      mask=col_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
-        x = tl.where(vis, tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale + add, 0.0)
-        dp = tl.dot(do, vt, input_precision=DOT_PREC).to(tl.float32)
-        p, gz, dx = _tile_grads(x, vis, n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN, FAMILY, ALPHA_KIND)
+        x = tl.where(vis, _dot(q, tl.trans(k), DOT_PREC, UPCAST) * scale + add, 0.0)
+        dp = _dot(do, vt, DOT_PREC, UPCAST).to(tl.float32)
+        p, gz, dx = _tile_grads(x, vis, offs_n[None, :], n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
+                                FAMILY, ALPHA_KIND)
         if P_LOWP:
-            dq += tl.dot(dx.to(k.dtype), k, input_precision=DOT_PREC)
+            dq += _dot(dx.to(k.dtype), k, DOT_PREC, UPCAST)
         else:
-            dq += tl.dot(dx, k.to(tl.float32), input_precision=DOT_PREC)
+            dq += _dot(dx, k.to(tl.float32), DOT_PREC, UPCAST)
         if PGRAD:
             for kk in tl.static_range(NP):
                 term = tl.sum(tl.sum(tl.where(vis, gz * DPFN(x, n, par, kk), 0.0), 1), 0)

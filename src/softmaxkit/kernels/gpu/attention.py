@@ -178,7 +178,7 @@ class _FusedAttention(torch.autograd.Function):
         grid = (triton_cdiv(lq, bm), b * h)
         common = dict(**_launch_args(c), FN=c.pieces.fn, HAS_CNT=c.cnt is not None, CAUSAL=c.causal,
                       MASK_KIND=c.mask_kind, DOCS=c.qdoc is not None, P_LOWP=c.p_lowp, BLOCK_M=bm, BLOCK_N=bn,
-                      BLOCK_D=c.block_d, BLOCK_DV=c.block_dv, DOT_PREC=c.dot_prec, num_warps=warps,
+                      BLOCK_D=c.block_d, BLOCK_DV=c.block_dv, DOT_PREC=c.dot_prec, UPCAST=c.upcast, num_warps=warps,
                       num_stages=stages)
         sv = None
         if lq and lk:
@@ -223,12 +223,13 @@ class _FusedAttention(torch.autograd.Function):
             common = dict(**_launch_args(c), scale=c.scale, u=c.u, FN=c.pieces.fn, DFN=c.pieces.dfn,
                           FAMILY=c.family, ALPHA_KIND=c.alpha_kind, HAS_CNT=c.cnt is not None, CAUSAL=c.causal,
                           MASK_KIND=c.mask_kind, DOCS=c.qdoc is not None, P_LOWP=c.p_lowp, BLOCK_M=bm,
-                          BLOCK_N=bn, BLOCK_D=c.block_d, BLOCK_DV=c.block_dv, DOT_PREC=c.dot_prec,
+                          BLOCK_N=bn, BLOCK_D=c.block_d, BLOCK_DV=c.block_dv, DOT_PREC=c.dot_prec, UPCAST=c.upcast,
                           num_warps=warps, num_stages=stages)
             args = (q, k, v, dout, stats, delta, par, c.cnt_arg, c.mask_arg, c.qdoc_arg, c.kdoc_arg)
-            kern._bwd_kv[(triton_cdiv(lk, bn), b * h)](*args, dk, dvv, NP=c.np, **common)
+            # sum_normalized rows: delta from the keys (see _bwd_q), so dq runs first
             kern._bwd_q[(m_blocks, b * h)](*args, dq, dpar, NP=c.np, DPFN=c.pieces.dpar or c.pieces.dfn,
-                                           PGRAD=pgrad, BLOCK_P=c.block_p, **common)
+                                           eps=c.eps, PGRAD=pgrad, ROW_DELTA=c.family in (1, 2), BLOCK_P=c.block_p, **common)
+            kern._bwd_kv[(triton_cdiv(lk, bn), b * h)](*args, dk, dvv, NP=c.np, **common)
         hk = h // c.groups
         dk = dk.view(b, hk, c.groups, lk, d).sum(2)
         dvv = dvv.view(b, hk, c.groups, lk, dv).sum(2)
@@ -343,6 +344,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
         cnt=cnt, cnt_arg=cnt if cnt is not None else dummy, np=len(values),
         block_p=max(1, 1 << max(len(values) - 1, 0).bit_length()),
         block_d=max(16, 1 << max(d - 1, 0).bit_length()), block_dv=max(16, 1 << max(v.shape[-1] - 1, 0).bit_length()),
-        dot_prec="ieee" if q.dtype == torch.float32 else "tf32", p_lowp=low, fwd_blocks=fwd,
+        dot_prec="ieee" if q.dtype == torch.float32 else "tf32", p_lowp=low,
+        upcast=interp and q.dtype == torch.bfloat16, fwd_blocks=fwd,
         bwd_blocks=(min(bwd[0], fwd[0]), bwd[1], bwd[2], bwd[3]))
     return _FusedAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), par, c)
