@@ -7,9 +7,10 @@ import pytest
 
 pytest.importorskip("triton")
 
-import torch  # noqa: E402
+import torch
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+pytestmark = [pytest.mark.triton, pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")]
 
 
 def test_interpreter_is_active_without_gpu():

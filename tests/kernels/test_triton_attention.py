@@ -12,20 +12,20 @@ import pytest
 
 pytest.importorskip("triton")
 
-import torch  # noqa: E402
+import torch
 
-import softmaxkit as sk  # noqa: E402
-from tests.conftest import USER_NAME  # noqa: E402
-from softmaxkit.kernels.gpu.attention import (  # noqa: E402
+import softmaxkit as sk
+from softmaxkit.kernels.gpu.attention import (
     document_ids_from_cu_seqlens,
     fallback_reason,
     fused_attention,
 )
+from tests.conftest import USER_NAME
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning",
-                                        "ignore:invalid value:RuntimeWarning",
-                                        "ignore:overflow:RuntimeWarning")
+pytestmark = [pytest.mark.triton,
+              pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning", "ignore:invalid value:RuntimeWarning",
+                                         "ignore:overflow:RuntimeWarning")]
 
 TRITON_NAMES = [spec.name for spec in sk.normalizers() if spec.triton is not None]
 
@@ -192,17 +192,17 @@ def test_head_dims_padded_to_a_power_of_two(d):
 
 
 def test_cu_seqlens_equal_document_ids():
-    q, k, v = (t.float() for t in _inputs(1, 2, 2, 24, 24, 32))
+    q, k, v = (t.float().to(DEVICE) for t in _inputs(1, 2, 2, 24, 24, 32))
     cu = torch.tensor([0, 10, 24])
     a = fused_attention(q, k, v, "relu_l1", is_causal=True, cu_seqlens=cu)
-    ids = document_ids_from_cu_seqlens(cu, 24)[None]
+    ids = document_ids_from_cu_seqlens(cu, 24)[None].to(DEVICE)
     b = fused_attention(q, k, v, "relu_l1", is_causal=True, document_ids=ids)
     assert torch.equal(a, b)
     assert ids[0, 9].item() == 0 and ids[0, 10].item() == 1
 
 
 def test_fallback_reasons():
-    q = torch.zeros(1, 1, 4, 32)
+    q = torch.zeros(1, 1, 4, 32, device=DEVICE)
     assert fallback_reason(sk.registry.get("softmax"), {}, q, q, q) is None
     assert "Triton pieces" in fallback_reason(sk.registry.get("adaptive_softmax"), {}, q, q, q)
     assert "Triton pieces" in fallback_reason(sk.registry.get("clipped_softmax"), {}, q, q, q)
@@ -214,7 +214,7 @@ def test_fallback_reasons():
 
 @pytest.mark.parametrize("name", [USER_NAME])
 def test_user_normalizer_without_triton_pieces_falls_back(name):
-    q = torch.zeros(1, 1, 4, 32)
+    q = torch.zeros(1, 1, 4, 32, device=DEVICE)
     assert "declares no Triton pieces" in fallback_reason(sk.registry.get(name), {}, q, q, q)
     with pytest.raises(ValueError, match="declares no Triton pieces"):
         fused_attention(q, q, q, name)

@@ -1,7 +1,7 @@
 r"""Fused Triton attention for every normalizer that declares Triton pieces, forward and backward.
 
 .. math:: \mathrm{out}_i = \sum_j p_{ij} v_j,\quad
-          p_{i\cdot} = \mathrm{normalize}\big(q_i k_\cdot^\top \cdot \mathrm{scale} + a_{i\cdot};\ \text{visible keys}\big)
+          p_{i\cdot} = \mathrm{normalize}\big(q_i k_\cdot^\top \mathrm{scale} + a_{i\cdot};\ \text{visible}\big)
 
 One kernel template per family of :mod:`softmaxkit.forms` (``softmax_of``,
 ``sum_normalized`` with softpick's signed variant, ``elementwise``, ``threshold``), with
@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
 from ... import registry
-from ...forms import COUNT, Elementwise, SoftmaxOf, SumNormalized, Threshold
+from ...forms import COUNT, SoftmaxOf, SumNormalized, Threshold
 
 FAMILY_CODES = {"softmax_of": 0, "sum_normalized": 1, "elementwise": 3, "threshold": 4}
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -32,7 +33,7 @@ MAX_ITER = 30
 TOL = 2.0 ** -22
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -54,7 +55,7 @@ def pieces_of(spec: registry.NormalizerSpec):
     return _build_pieces(spec.triton)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _build_pieces(factory):
     return factory()
 
@@ -162,8 +163,8 @@ class _Config:
 
 
 def _launch_args(c: _Config):
-    return dict(smb=c.sm[0], smh=c.sm[1], smm=c.sm[2], smn=c.sm[3], sdq=c.sdq, sdk=c.sdk,
-                H=c.h, G=c.groups, Lq=c.lq, Lk=c.lk, D=c.d, DV=c.dv)
+    return {"smb": c.sm[0], "smh": c.sm[1], "smm": c.sm[2], "smn": c.sm[3], "sdq": c.sdq, "sdk": c.sdk,
+            "H": c.h, "G": c.groups, "Lq": c.lq, "Lk": c.lk, "D": c.d, "DV": c.dv}
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -228,7 +229,8 @@ class _FusedAttention(torch.autograd.Function):
             args = (q, k, v, dout, stats, delta, par, c.cnt_arg, c.mask_arg, c.qdoc_arg, c.kdoc_arg)
             # sum_normalized rows: delta from the keys (see _bwd_q), so dq runs first
             kern._bwd_q[(m_blocks, b * h)](*args, dq, dpar, NP=c.np, DPFN=c.pieces.dpar or c.pieces.dfn,
-                                           eps=c.eps, PGRAD=pgrad, ROW_DELTA=c.family in (1, 2), BLOCK_P=c.block_p, **common)
+                                           eps=c.eps, PGRAD=pgrad, ROW_DELTA=c.family in (1, 2),
+                                           BLOCK_P=c.block_p, **common)
             kern._bwd_kv[(triton_cdiv(lk, bn), b * h)](*args, dk, dvv, NP=c.np, **common)
         hk = h // c.groups
         dk = dk.view(b, hk, c.groups, lk, d).sum(2)
