@@ -218,3 +218,17 @@ def test_user_normalizer_without_triton_pieces_falls_back(name):
     assert "declares no Triton pieces" in fallback_reason(sk.registry.get(name), {}, q, q, q)
     with pytest.raises(ValueError, match="declares no Triton pieces"):
         fused_attention(q, q, q, name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the skip without CUDA")
+def test_gpu_bench_and_fused_method_without_cuda():
+    from softmaxkit.bench import run_suite
+
+    outcome = run_suite("attention", quick=True, device="cuda")
+    assert outcome.status == "ok"
+    assert "no CUDA device" in outcome.tables[0].skipped
+    assert run_suite("kernels", quick=True, device="cuda").status == "skipped"
+    q, k, v = (t.float() for t in _inputs(1, 2, 2, 8, 8, 16))
+    out = sk.attention(q, k, v, "relu", is_causal=True, method="fused")  # CPU: the other paths
+    ref = sk.attention(q, k, v, "relu", is_causal=True, method="dense")
+    torch.testing.assert_close(out, ref)

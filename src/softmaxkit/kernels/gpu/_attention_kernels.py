@@ -145,7 +145,7 @@ def _tile_grads(x, vis, cols, n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
 def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
          smb, smh, smm, smn, sdq, sdk,
          H, G, Lq, Lk, D, DV, NP, scale, eps,
-         FN, FAMILY: tl.constexpr, HAS_CNT: tl.constexpr, CAUSAL: tl.constexpr,
+         FN: tl.constexpr, FAMILY: tl.constexpr, HAS_CNT: tl.constexpr, CAUSAL: tl.constexpr,
          MASK_KIND: tl.constexpr, DOCS: tl.constexpr, P_LOWP: tl.constexpr,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
          DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
@@ -241,7 +241,7 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
 def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
                    smb, smh, smm, smn, sdq, sdk,
                    H, G, Lq, Lk, D, DV, NP, scale, u, tol,
-                   FN, ALPHA_KIND: tl.constexpr, MAX_ITER: tl.constexpr, HAS_CNT: tl.constexpr,
+                   FN: tl.constexpr, ALPHA_KIND: tl.constexpr, MAX_ITER: tl.constexpr, HAS_CNT: tl.constexpr,
                    CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DOCS: tl.constexpr, P_LOWP: tl.constexpr,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
                    DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
@@ -319,13 +319,14 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
                                CAUSAL, MASK_KIND, DOCS)
         x = tl.where(vis, _dot(q, kt, DOT_PREC, UPCAST) * scale + add, 0.0)
         base = tl.where(vis, tl.maximum(u * FN(x, n, par) - tau[:, None], 0.0), 0.0)
-        p, s = _powers(base, u, ALPHA_KIND)
-        s_tot += tl.sum(s, 1)
-        if P_LOWP:
-            acc += _dot(p.to(v.dtype), v, DOT_PREC, UPCAST)
-        else:
-            acc += _dot(p, v.to(tl.float32), DOT_PREC, UPCAST)
-        acc_s += _dot(s, v.to(tl.float32), DOT_PREC, UPCAST)
+        if tl.max(tl.max(base, 1), 0) > 0:  # a key tile outside every row's support adds nothing
+            p, s = _powers(base, u, ALPHA_KIND)
+            s_tot += tl.sum(s, 1)
+            if P_LOWP:
+                acc += _dot(p.to(v.dtype), v, DOT_PREC, UPCAST)
+            else:
+                acc += _dot(p, v.to(tl.float32), DOT_PREC, UPCAST)
+            acc_s += _dot(s, v.to(tl.float32), DOT_PREC, UPCAST)
     st = STATS + (bh * Lq + offs_m) * 4
     tl.store(st, tau, mask=row_ok)
     tl.store(st + 1, s_tot, mask=row_ok)
@@ -338,7 +339,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
 def _bwd_kv(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DK, DV_OUT,
             smb, smh, smm, smn, sdq, sdk,
             H, G, Lq, Lk, D, DV, NP, scale, u,
-            FN, DFN, FAMILY: tl.constexpr, ALPHA_KIND: tl.constexpr, HAS_CNT: tl.constexpr,
+            FN: tl.constexpr, DFN: tl.constexpr, FAMILY: tl.constexpr, ALPHA_KIND: tl.constexpr, HAS_CNT: tl.constexpr,
             CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DOCS: tl.constexpr, P_LOWP: tl.constexpr,
             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
             DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
@@ -399,7 +400,8 @@ def _bwd_kv(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DK, DV_OUT,
 def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
            smb, smh, smm, smn, sdq, sdk,
            H, G, Lq, Lk, D, DV, NP: tl.constexpr, scale, u, eps,
-           FN, DFN, DPFN, FAMILY: tl.constexpr, ALPHA_KIND: tl.constexpr, HAS_CNT: tl.constexpr,
+           FN: tl.constexpr, DFN: tl.constexpr, DPFN: tl.constexpr, FAMILY: tl.constexpr,
+           ALPHA_KIND: tl.constexpr, HAS_CNT: tl.constexpr,
            CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DOCS: tl.constexpr, P_LOWP: tl.constexpr,
            PGRAD: tl.constexpr, ROW_DELTA: tl.constexpr,
            BLOCK_P: tl.constexpr,
