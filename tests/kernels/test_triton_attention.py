@@ -232,3 +232,19 @@ def test_gpu_bench_and_fused_method_without_cuda():
     out = sk.attention(q, k, v, "relu", is_causal=True, method="fused")  # CPU: the other paths
     ref = sk.attention(q, k, v, "relu", is_causal=True, method="dense")
     torch.testing.assert_close(out, ref)
+
+
+@pytest.mark.parametrize("name", ["softpick", "entmax15"])
+def test_more_queries_than_keys_leaves_leading_rows_empty(name):
+    out = check(name, torch.float32, lq=24, lk=20, d=8)
+    assert out[..., :4, :].abs().max().item() == 0.0  # causal end-aligned: rows 0..3 see no key
+
+
+def test_no_keys_gives_zeros_and_zero_gradients():
+    q = torch.randn(1, 2, 5, 16, device=DEVICE, requires_grad=True)
+    kv = torch.randn(1, 2, 0, 16, device=DEVICE, requires_grad=True)
+    for name in ("softmax", "sparsemax"):
+        out = fused_attention(q, kv, kv, name)
+        assert out.shape == (1, 2, 5, 16) and out.abs().max().item() == 0.0
+        (gq,) = torch.autograd.grad(out.sum(), (q,))
+        assert gq.abs().max().item() == 0.0

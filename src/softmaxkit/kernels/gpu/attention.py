@@ -181,10 +181,9 @@ class _FusedAttention(torch.autograd.Function):
                       MASK_KIND=c.mask_kind, DOCS=c.qdoc is not None, P_LOWP=c.p_lowp, BLOCK_M=bm, BLOCK_N=bn,
                       BLOCK_D=c.block_d, BLOCK_DV=c.block_dv, DOT_PREC=c.dot_prec, UPCAST=c.upcast, num_warps=warps,
                       num_stages=stages)
-        sv = None
+        sv = torch.zeros(b, h, lq, dv, dtype=torch.float32, device=q.device) if c.family == 4 else None
         if lq and lk:
             if c.family == 4:
-                sv = torch.zeros(b, h, lq, dv, dtype=torch.float32, device=q.device)
                 kern._fwd_threshold[grid](q, k, v, out, stats, sv, par, c.cnt_arg, c.mask_arg, c.qdoc_arg,
                                           c.kdoc_arg, NP=c.np, scale=c.scale, u=c.u, tol=TOL,
                                           ALPHA_KIND=c.alpha_kind, MAX_ITER=MAX_ITER, **common)
