@@ -54,7 +54,7 @@ def _triton_pieces():
 
     @triton.jit
     def h(x, n, par):
-        return tl.maximum(x, 0.0) / n
+        return tl.maximum(x, 0.0) * (1.0 / n)
 
     @triton.jit
     def dh(x, n, par):

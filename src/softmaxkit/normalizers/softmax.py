@@ -179,7 +179,7 @@ def _triton_pieces():
 
     @triton.jit
     def g(x, n, par):
-        return x / tl.load(par)
+        return x * (1.0 / tl.load(par))
 
     @triton.jit
     def dg(x, n, par):

@@ -51,6 +51,15 @@ def _dot(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _scores(a, b, scale, add, vis, MASK_KIND: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """The score tile ``a @ b * scale`` (+ the additive mask), 0 at invisible entries."""
+    x = _dot(a, b, PREC, UPCAST) * scale
+    if MASK_KIND == 2:
+        x = x + add
+    return tl.where(vis, x, 0.0)
+
+
+@triton.jit
 def _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                 CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DOCS: tl.constexpr):
     """Visible entries of the tile (rows ``offs_m``, columns ``offs_n``) and the additive mask."""
@@ -179,8 +188,7 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
                     mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
-        x = _dot(q, kt, DOT_PREC, UPCAST) * scale + add
-        x = tl.where(vis, x, 0.0)
+        x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
         if FAMILY == 0:
             z = tl.where(vis, FN(x, n, par), float("-inf"))
             m_new = tl.maximum(m_i, tl.max(z, 1))
@@ -270,7 +278,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
                      mask=(offs_n[None, :] < Lk) & (offs_d[:, None] < D), other=0.0)
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
-        x = tl.where(vis, _dot(q, kt, DOT_PREC, UPCAST) * scale + add, 0.0)
+        x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
         z = tl.where(vis, FN(x, n, par), float("-inf"))
         m_i = tl.maximum(m_i, tl.max(z, 1))
     empty = m_i == float("-inf")
@@ -289,7 +297,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
                          mask=(offs_n[None, :] < Lk) & (offs_d[:, None] < D), other=0.0)
             vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                    CAUSAL, MASK_KIND, DOCS)
-            x = tl.where(vis, _dot(q, kt, DOT_PREC, UPCAST) * scale + add, 0.0)
+            x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
             base = tl.where(vis, tl.maximum(u * FN(x, n, par) - tau[:, None], 0.0), 0.0)
             p, s = _powers(base, u, ALPHA_KIND)
             fsum += tl.sum(p, 1)
@@ -317,7 +325,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
                     mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
-        x = tl.where(vis, _dot(q, kt, DOT_PREC, UPCAST) * scale + add, 0.0)
+        x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
         base = tl.where(vis, tl.maximum(u * FN(x, n, par) - tau[:, None], 0.0), 0.0)
         if tl.max(tl.max(base, 1), 0) > 0:  # a key tile outside every row's support adds nothing
             p, s = _powers(base, u, ALPHA_KIND)
@@ -380,7 +388,7 @@ def _bwd_kv(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DK, DV_OUT,
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
         vis = tl.trans(vis)
-        x = tl.where(vis, _dot(k, qt, DOT_PREC, UPCAST) * scale + tl.trans(add), 0.0)
+        x = _scores(k, qt, scale, tl.trans(add), vis, MASK_KIND, DOT_PREC, UPCAST)
         dp = _dot(v, tl.trans(do), DOT_PREC, UPCAST).to(tl.float32)
         p, gz, dx = _tile_grads(x, vis, offs_n[:, None], n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
                                 FAMILY, ALPHA_KIND)
@@ -451,7 +459,7 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
                          mask=col_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
             vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                    CAUSAL, MASK_KIND, DOCS)
-            x = tl.where(vis, _dot(q, tl.trans(k), DOT_PREC, UPCAST) * scale + add, 0.0)
+            x = _scores(q, tl.trans(k), scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
             dp = _dot(do, vt, DOT_PREC, UPCAST).to(tl.float32)
             if FAMILY == 1:
                 w = tl.where(vis, FN(x, n, par), 0.0)
@@ -481,7 +489,7 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
                      mask=col_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
-        x = tl.where(vis, _dot(q, tl.trans(k), DOT_PREC, UPCAST) * scale + add, 0.0)
+        x = _scores(q, tl.trans(k), scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
         dp = _dot(do, vt, DOT_PREC, UPCAST).to(tl.float32)
         p, gz, dx = _tile_grads(x, vis, offs_n[None, :], n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
                                 FAMILY, ALPHA_KIND)
