@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 import torch
 
 import softmaxkit as sk
-from softmaxkit.kernels.gpu.attention import (
+from softmaxkit.attention.fused_triton import (
     document_ids_from_cu_seqlens,
     fallback_reason,
     fused_attention,

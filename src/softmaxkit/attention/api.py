@@ -103,7 +103,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         normalizer: a registered name (``softmaxkit list``).
         scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
         method: ``"auto"``, ``"sdpa"`` (``softmax(a x)`` normalizers only), ``"fused"`` (on CUDA:
-            the Triton kernels of :mod:`softmaxkit.kernels.gpu.attention`, for normalizers that
+            the Triton kernels of :mod:`softmaxkit.attention.fused_triton`, for normalizers that
             declare Triton pieces; ``"auto"`` takes them there too), ``"streaming"`` or ``"dense"``.
         block_size: ``block`` or ``(block_q, block_k)`` for the streaming path.
         **params: the normalizer's parameters (``q``, ``k``, ``v`` are positional-only, so
@@ -128,7 +128,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
                              "Lq != Lk (Lq > 1)")
         return _sdpa(q, k, v, inp, factor)
     if method in ("auto", "fused") and q.is_cuda:  # CUDA + triton: the fused Triton kernels
-        from ..kernels.gpu.attention import fallback_reason, fused_attention
+        from .fused_triton import fallback_reason, fused_attention
 
         reason = fallback_reason(spec, params, q, k, v)
         if reason is None:

@@ -3,7 +3,7 @@
 Problem (issue 13's GPU targets): ``B = 4``, ``H = 16``, ``D = 128``, ``L = 8192``, causal,
 bfloat16. For every normalizer that declares Triton pieces (quick: one per family plus
 sparsemax and entmax15), the forward and the forward + backward of
-:func:`softmaxkit.kernels.gpu.attention.fused_attention` as ratios to
+:func:`softmaxkit.attention.fused_triton.fused_attention` as ratios to
 ``scaled_dot_product_attention`` restricted to the flash backend, timed with CUDA events,
 interleaved (SDPA, kernel, SDPA, ...) and reported as the median of the paired ratios.
 Each normalizer is also compared with its dense float32 reference at a small shape
@@ -17,6 +17,7 @@ triton) the suite returns one skipped table with the reason.
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,7 @@ from .._table import Table
 BATCH, HEADS, HEAD_DIM, LENGTH = 4, 16, 128, 8192
 QUICK_NAMES = ["softmax", "ssmax", "softpick", "relu_l1", "sigmoid", "sparsemax", "entmax15"]
 #: plain softmax would go to SDPA itself; the kernel runs it with a temperature
-PARAMS = {"softmax": {"temperature": 0.9}}
+PARAMS: dict[str, dict[str, Any]] = {"softmax": {"temperature": 0.9}}
 TARGETS = {"one pass": (1.25, 1.5), "threshold": (2.5, None)}
 
 
@@ -73,7 +74,7 @@ def run(quick: bool = False) -> list[Table]:
     except ImportError:
         return _skipped("triton is not installed (pip install softmaxkit[gpu])")
     from ..attention import attention
-    from ..kernels.gpu.attention import fused_attention
+    from ..attention.fused_triton import fused_attention
 
     names = [s.name for s in registry.normalizers() if s.triton is not None]
     if quick:
@@ -109,8 +110,9 @@ def run(quick: bool = False) -> list[Table]:
         r_fb = _paired(fb(_sdpa), fb(fwd), repeats) if t_fb is not None or not quick else float("nan")
         ok = r_fwd <= t_fwd and (t_fb is None or r_fb <= t_fb)
         with torch.no_grad():
-            ref = attention(*small, name, is_causal=True, method="dense", **params)
-            err = (fused_attention(*small, name, is_causal=True, **params) - ref).abs().max().item()
+            sq, sk_, sv = small
+            ref = attention(sq, sk_, sv, name, is_causal=True, method="dense", **params)
+            err = (fused_attention(sq, sk_, sv, name, is_causal=True, **params) - ref).abs().max().item()
         table.add(name, spec.family, r_fwd, r_fb, t_fwd, t_fb if t_fb is not None else "-", "yes" if ok else "no",
                   err)
         torch.cuda.empty_cache()

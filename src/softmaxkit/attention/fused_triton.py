@@ -6,7 +6,7 @@ r"""Fused Triton attention for every normalizer that declares Triton pieces, for
 One kernel template per family of :mod:`softmaxkit.forms` (``softmax_of``,
 ``sum_normalized`` with softpick's signed variant, ``elementwise``, ``threshold``), with
 the normalizer's pieces (``NormalizerSpec.triton``, declared in its own module) inlined;
-see :mod:`._attention_kernels` for the algorithms (FlashAttention-2, Dao 2023, arXiv
+see :mod:`softmaxkit.kernels.gpu._attention_kernels` for the algorithms (FlashAttention-2, Dao 2023, arXiv
 2307.08691; AdaSplash, Gonçalves, Treviso & Martins 2025, arXiv 2502.12082, for the
 threshold search). Runs on CUDA tensors, or on CPU tensors under ``TRITON_INTERPRET=1``
 (the tests). :func:`fallback_reason` says why a call cannot take this path; the caller
@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import functools
 import math
+import types
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from ... import registry
-from ...forms import COUNT, SoftmaxOf, SumNormalized, Threshold
+from .. import registry
+from ..forms import COUNT, SoftmaxOf, SumNormalized, Threshold
 
 FAMILY_CODES = {"softmax_of": 0, "sum_normalized": 1, "elementwise": 3, "threshold": 4}
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -49,7 +50,7 @@ def _interpreting() -> bool:
 
 
 def pieces_of(spec: registry.NormalizerSpec):
-    """The normalizer's :class:`~.pieces.TritonPieces` (built once per spec), or ``None``."""
+    """The normalizer's :class:`~softmaxkit.kernels.gpu.pieces.TritonPieces` (built once per spec), or ``None``."""
     if spec.triton is None:
         return None
     return _build_pieces(spec.triton)
@@ -155,11 +156,8 @@ def _blocks(lq: int, d: int, interpret: bool, threshold: bool) -> tuple[int, int
     return min(bm, max(16, 1 << max(lq - 1, 0).bit_length())), bn, warps, stages
 
 
-class _Config:
+class _Config(types.SimpleNamespace):
     """Everything the kernels take besides the tensors that receive gradients."""
-
-    def __init__(self, **kw):
-        self.__dict__.update(kw)
 
 
 def _launch_args(c: _Config):
@@ -170,7 +168,7 @@ def _launch_args(c: _Config):
 class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, par, c: _Config):
-        from . import _attention_kernels as kern
+        from ..kernels.gpu import _attention_kernels as kern
 
         b, h, lq, lk, dv = c.b, c.h, c.lq, c.lk, c.dv
         out = torch.empty(b, h, lq, dv, dtype=q.dtype, device=q.device)
@@ -198,7 +196,7 @@ class _FusedAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        from . import _attention_kernels as kern
+        from ..kernels.gpu import _attention_kernels as kern
 
         q, k, v, par, out, stats, sv = ctx.saved_tensors
         c = ctx.c
@@ -275,7 +273,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
     FlashAttention-2: Dao (2023), arXiv 2307.08691; the threshold family after AdaSplash,
     Gonçalves, Treviso & Martins (2025), arXiv 2502.12082.
     """
-    from ...attention.inputs import _check_mask
+    from .inputs import _check_mask
 
     spec = registry.get(normalizer)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -310,6 +308,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
                              f"{tuple(kdoc.shape)}")
         qdoc = qdoc.to(q.device, torch.int32).expand(b, lq)
         kdoc = kdoc.to(q.device, torch.int32).expand(b, lk)
+    assert form is not None  # fallback_reason returned None
     family = 2 if isinstance(form, SumNormalized) and form.signed else FAMILY_CODES[form.family]
     needs_n = pieces.uses_n or family == 4
     cnt = None
@@ -322,8 +321,9 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
         mask = mask.to(q.device)
     interp = _interpreting()
     u, alpha_kind = 0.0, 0
-    if family == 4:
+    if isinstance(form, Threshold):
         alpha = _alpha(form, merged)
+        assert alpha is not None  # fallback_reason checked it
         u = alpha - 1.0
         alpha_kind = 1 if alpha == 2.0 else 2 if alpha == 1.5 else 0
     low = q.dtype != torch.float32 if low_precision_products is None else bool(low_precision_products)
