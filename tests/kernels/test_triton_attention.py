@@ -248,3 +248,17 @@ def test_no_keys_gives_zeros_and_zero_gradients():
         assert out.shape == (1, 2, 5, 16) and out.abs().max().item() == 0.0
         (gq,) = torch.autograd.grad(out.sum(), (q,))
         assert gq.abs().max().item() == 0.0
+
+
+@pytest.mark.parametrize("alpha", [1.25, 1.75])
+def test_entmax_any_number_alpha(alpha):
+    check("entmax", torch.float32, params={"alpha": alpha}, lq=12, lk=16)
+
+
+@pytest.mark.parametrize("name", ["softmax", "softpick"])
+def test_packed_sequences_whose_tiles_are_hidden_entirely(name):
+    # two documents of 20: under the interpreter's 16 x 16 tiles, queries 32.. never see keys 0..15
+    ids = document_ids_from_cu_seqlens(torch.tensor([0, 20, 40]), 40)[None]
+    temperature = torch.tensor([0.8, 1.2], dtype=torch.float64).view(1, 2, 1, 1)
+    params = {"temperature": temperature} if name == "softmax" else {}
+    check(name, torch.float32, lq=40, lk=40, d=16, docs=(ids, ids), params=params)

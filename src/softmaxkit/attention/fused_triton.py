@@ -187,7 +187,7 @@ class _FusedAttention(torch.autograd.Function):
                                           ALPHA_KIND=c.alpha_kind, MAX_ITER=MAX_ITER, **common)
             else:
                 kern._fwd[grid](q, k, v, out, stats, par, c.cnt_arg, c.mask_arg, c.qdoc_arg, c.kdoc_arg,
-                                NP=c.np, scale=c.scale, eps=c.eps, FAMILY=c.family, **common)
+                                NP=c.np, scale=c.scale, eps=c.eps, FAMILY=c.family, SKIP=c.skip, **common)
         else:
             out.zero_()
         ctx.c = c
@@ -220,7 +220,7 @@ class _FusedAttention(torch.autograd.Function):
         if lq and lk:
             common = dict(**_launch_args(c), scale=c.scale, u=c.u, FN=c.pieces.fn, DFN=c.pieces.dfn,
                           FAMILY=c.family, ALPHA_KIND=c.alpha_kind, HAS_CNT=c.cnt is not None, CAUSAL=c.causal,
-                          MASK_KIND=c.mask_kind, DOCS=c.qdoc is not None, P_LOWP=c.p_lowp, BLOCK_M=bm,
+                          MASK_KIND=c.mask_kind, DOCS=c.qdoc is not None, P_LOWP=c.p_lowp, SKIP=c.skip, BLOCK_M=bm,
                           BLOCK_N=bn, BLOCK_D=c.block_d, BLOCK_DV=c.block_dv, DOT_PREC=c.dot_prec, UPCAST=c.upcast,
                           num_warps=warps, num_stages=stages)
             args = (q, k, v, dout, stats, delta, par, c.cnt_arg, c.mask_arg, c.qdoc_arg, c.kdoc_arg)
@@ -346,6 +346,6 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
         block_p=max(1, 1 << max(len(values) - 1, 0).bit_length()),
         block_d=max(16, 1 << max(d - 1, 0).bit_length()), block_dv=max(16, 1 << max(v.shape[-1] - 1, 0).bit_length()),
         dot_prec="ieee" if q.dtype == torch.float32 else "tf32", p_lowp=low,
-        upcast=interp and q.dtype == torch.bfloat16, fwd_blocks=fwd,
+        upcast=interp and q.dtype == torch.bfloat16, skip=mask is not None or qdoc is not None, fwd_blocks=fwd,
         bwd_blocks=(min(bwd[0], fwd[0]), bwd[1], bwd[2], bwd[3]))
     return _FusedAttention.apply(q.contiguous(), k.contiguous(), v.contiguous(), par, c)

@@ -155,7 +155,7 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
          smb, smh, smm, smn, sdq, sdk,
          H, G, Lq, Lk, D, DV, NP, scale, eps,
          FN: tl.constexpr, FAMILY: tl.constexpr, HAS_CNT: tl.constexpr, CAUSAL: tl.constexpr,
-         MASK_KIND: tl.constexpr, DOCS: tl.constexpr, P_LOWP: tl.constexpr,
+         MASK_KIND: tl.constexpr, DOCS: tl.constexpr, P_LOWP: tl.constexpr, SKIP: tl.constexpr,
          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
          DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     pid_m = tl.program_id(0)
@@ -182,44 +182,48 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < Lk
-        kt = tl.load(K + (kvh * Lk + offs_n[None, :]) * D + offs_d[:, None],
-                     mask=col_ok[None, :] & (offs_d[:, None] < D), other=0.0)
-        v = tl.load(V + (kvh * Lk + offs_n[:, None]) * DV + offs_dv[None, :],
-                    mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
-        x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
-        if FAMILY == 0:
-            z = tl.where(vis, FN(x, n, par), float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(z, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-            w = tl.exp(z - m_safe[:, None])
-            rescale = tl.exp(m_i - m_safe)
-            l_i = l_i * rescale + tl.sum(w, 1)
-            acc = acc * rescale[:, None]
-            m_i = m_new
-        elif FAMILY == 2:
-            xm = tl.where(vis, x, float("-inf"))
-            tmax = tl.max(xm, 1)
-            targ = (start_n + tl.argmax(xm, 1)).to(tl.float32)
-            arg = tl.where(tmax > m_i, targ, arg)
-            m_new = tl.maximum(m_i, tmax)
-            c_old = tl.maximum(m_i, 0.0)
-            c_new = tl.maximum(m_new, 0.0)
-            rescale = tl.exp(c_old - c_new)
-            a = tl.where(vis, FN(x, c_new[:, None], n, par), 0.0)
-            l_i = l_i * rescale + tl.sum(tl.abs(a), 1)
-            acc = acc * rescale[:, None]
-            w = tl.maximum(a, 0.0)
-            m_i = m_new
-        else:
-            w = tl.where(vis, FN(x, n, par), 0.0)
-            if FAMILY == 1:
-                l_i = l_i + tl.sum(w, 1)
-        if P_LOWP:
-            acc += _dot(w.to(v.dtype), v, DOT_PREC, UPCAST)
-        else:
-            acc += _dot(w, v.to(tl.float32), DOT_PREC, UPCAST)
+        live = True
+        if SKIP:  # a tile that masks or document ids hide entirely adds nothing
+            live = tl.max(tl.max(vis.to(tl.int32), 1), 0) > 0
+        if live:
+            kt = tl.load(K + (kvh * Lk + offs_n[None, :]) * D + offs_d[:, None],
+                         mask=col_ok[None, :] & (offs_d[:, None] < D), other=0.0)
+            v = tl.load(V + (kvh * Lk + offs_n[:, None]) * DV + offs_dv[None, :],
+                        mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+            x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
+            if FAMILY == 0:
+                z = tl.where(vis, FN(x, n, par), float("-inf"))
+                m_new = tl.maximum(m_i, tl.max(z, 1))
+                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+                w = tl.exp(z - m_safe[:, None])
+                rescale = tl.exp(m_i - m_safe)
+                l_i = l_i * rescale + tl.sum(w, 1)
+                acc = acc * rescale[:, None]
+                m_i = m_new
+            elif FAMILY == 2:
+                xm = tl.where(vis, x, float("-inf"))
+                tmax = tl.max(xm, 1)
+                targ = (start_n + tl.argmax(xm, 1)).to(tl.float32)
+                arg = tl.where(tmax > m_i, targ, arg)
+                m_new = tl.maximum(m_i, tmax)
+                c_old = tl.maximum(m_i, 0.0)
+                c_new = tl.maximum(m_new, 0.0)
+                rescale = tl.exp(c_old - c_new)
+                a = tl.where(vis, FN(x, c_new[:, None], n, par), 0.0)
+                l_i = l_i * rescale + tl.sum(tl.abs(a), 1)
+                acc = acc * rescale[:, None]
+                w = tl.maximum(a, 0.0)
+                m_i = m_new
+            else:
+                w = tl.where(vis, FN(x, n, par), 0.0)
+                if FAMILY == 1:
+                    l_i = l_i + tl.sum(w, 1)
+            if P_LOWP:
+                acc += _dot(w.to(v.dtype), v, DOT_PREC, UPCAST)
+            else:
+                acc += _dot(w, v.to(tl.float32), DOT_PREC, UPCAST)
     st = STATS + (bh * Lq + offs_m) * 4
     if FAMILY == 0:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -349,7 +353,8 @@ def _bwd_kv(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DK, DV_OUT,
             H, G, Lq, Lk, D, DV, NP, scale, u,
             FN: tl.constexpr, DFN: tl.constexpr, FAMILY: tl.constexpr, ALPHA_KIND: tl.constexpr, HAS_CNT: tl.constexpr,
             CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DOCS: tl.constexpr, P_LOWP: tl.constexpr,
-            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+            SKIP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+            BLOCK_DV: tl.constexpr,
             DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
     """``dk``, ``dv`` of one key block for one query head (GQA groups are summed in torch)."""
     pid_n = tl.program_id(0)
@@ -374,30 +379,34 @@ def _bwd_kv(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DK, DV_OUT,
     for start_m in range(lo, Lq, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         row_ok = offs_m < Lq
-        qt = tl.load(Q + (bh * Lq + offs_m[None, :]) * D + offs_d[:, None],
-                     mask=row_ok[None, :] & (offs_d[:, None] < D), other=0.0)
-        do = tl.load(DO + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :],
-                     mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        st = STATS + (bh * Lq + offs_m) * 4
-        s0 = tl.load(st, mask=row_ok, other=0.0)[None, :]
-        s1 = tl.load(st + 1, mask=row_ok, other=0.0)[None, :]
-        s2 = tl.load(st + 2, mask=row_ok, other=0.0)[None, :]
-        s3 = tl.load(st + 3, mask=row_ok, other=0.0)[None, :]
-        delta = tl.load(DELTA + bh * Lq + offs_m, mask=row_ok, other=0.0)[None, :]
-        n = _row_count(CNT, bh, offs_m, Lq, Lk, HAS_CNT, CAUSAL)[None, :]
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
-        vis = tl.trans(vis)
-        x = _scores(k, qt, scale, tl.trans(add), vis, MASK_KIND, DOT_PREC, UPCAST)
-        dp = _dot(v, tl.trans(do), DOT_PREC, UPCAST).to(tl.float32)
-        p, gz, dx = _tile_grads(x, vis, offs_n[:, None], n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
-                                FAMILY, ALPHA_KIND)
-        if P_LOWP:
-            dv += _dot(p.to(do.dtype), do, DOT_PREC, UPCAST)
-            dk += _dot(dx.to(qt.dtype), tl.trans(qt), DOT_PREC, UPCAST)
-        else:
-            dv += _dot(p, do.to(tl.float32), DOT_PREC, UPCAST)
-            dk += _dot(dx, tl.trans(qt).to(tl.float32), DOT_PREC, UPCAST)
+        live = True
+        if SKIP:
+            live = tl.max(tl.max(vis.to(tl.int32), 1), 0) > 0
+        if live:
+            qt = tl.load(Q + (bh * Lq + offs_m[None, :]) * D + offs_d[:, None],
+                         mask=row_ok[None, :] & (offs_d[:, None] < D), other=0.0)
+            do = tl.load(DO + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :],
+                         mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+            st = STATS + (bh * Lq + offs_m) * 4
+            s0 = tl.load(st, mask=row_ok, other=0.0)[None, :]
+            s1 = tl.load(st + 1, mask=row_ok, other=0.0)[None, :]
+            s2 = tl.load(st + 2, mask=row_ok, other=0.0)[None, :]
+            s3 = tl.load(st + 3, mask=row_ok, other=0.0)[None, :]
+            delta = tl.load(DELTA + bh * Lq + offs_m, mask=row_ok, other=0.0)[None, :]
+            n = _row_count(CNT, bh, offs_m, Lq, Lk, HAS_CNT, CAUSAL)[None, :]
+            vis_t = tl.trans(vis)
+            x = _scores(k, qt, scale, tl.trans(add), vis_t, MASK_KIND, DOT_PREC, UPCAST)
+            dp = _dot(v, tl.trans(do), DOT_PREC, UPCAST).to(tl.float32)
+            p, gz, dx = _tile_grads(x, vis_t, offs_n[:, None], n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
+                                    FAMILY, ALPHA_KIND)
+            if P_LOWP:
+                dv += _dot(p.to(do.dtype), do, DOT_PREC, UPCAST)
+                dk += _dot(dx.to(qt.dtype), tl.trans(qt), DOT_PREC, UPCAST)
+            else:
+                dv += _dot(p, do.to(tl.float32), DOT_PREC, UPCAST)
+                dk += _dot(dx, tl.trans(qt).to(tl.float32), DOT_PREC, UPCAST)
     mask_k = col_ok[:, None] & (offs_d[None, :] < D)
     tl.store(DK + (bh * Lk + offs_n[:, None]) * D + offs_d[None, :], dk * scale, mask=mask_k)
     tl.store(DV_OUT + (bh * Lk + offs_n[:, None]) * DV + offs_dv[None, :], dv,
@@ -411,7 +420,7 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
            FN: tl.constexpr, DFN: tl.constexpr, DPFN: tl.constexpr, FAMILY: tl.constexpr,
            ALPHA_KIND: tl.constexpr, HAS_CNT: tl.constexpr,
            CAUSAL: tl.constexpr, MASK_KIND: tl.constexpr, DOCS: tl.constexpr, P_LOWP: tl.constexpr,
-           PGRAD: tl.constexpr, ROW_DELTA: tl.constexpr,
+           PGRAD: tl.constexpr, ROW_DELTA: tl.constexpr, SKIP: tl.constexpr,
            BLOCK_P: tl.constexpr,
            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
            DOT_PREC: tl.constexpr, UPCAST: tl.constexpr):
@@ -453,22 +462,26 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
         for start_n in range(0, hi, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             col_ok = offs_n < Lk
-            k = tl.load(K + (kvh * Lk + offs_n[:, None]) * D + offs_d[None, :],
-                        mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-            vt = tl.load(V + (kvh * Lk + offs_n[None, :]) * DV + offs_dv[:, None],
-                         mask=col_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
             vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                    CAUSAL, MASK_KIND, DOCS)
-            x = _scores(q, tl.trans(k), scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
-            dp = _dot(do, vt, DOT_PREC, UPCAST).to(tl.float32)
-            if FAMILY == 1:
-                w = tl.where(vis, FN(x, n, par), 0.0)
-                den_b += tl.sum(w, 1)
-            else:
-                a = tl.where(vis, FN(x, s1, n, par), 0.0)
-                w = tl.maximum(a, 0.0)
-                den_b += tl.sum(tl.abs(a), 1)
-            acc_delta += tl.sum(w * dp, 1)
+            live = True
+            if SKIP:
+                live = tl.max(tl.max(vis.to(tl.int32), 1), 0) > 0
+            if live:
+                k = tl.load(K + (kvh * Lk + offs_n[:, None]) * D + offs_d[None, :],
+                            mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+                vt = tl.load(V + (kvh * Lk + offs_n[None, :]) * DV + offs_dv[:, None],
+                             mask=col_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
+                x = _scores(q, tl.trans(k), scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
+                dp = _dot(do, vt, DOT_PREC, UPCAST).to(tl.float32)
+                if FAMILY == 1:
+                    w = tl.where(vis, FN(x, n, par), 0.0)
+                    den_b += tl.sum(w, 1)
+                else:
+                    a = tl.where(vis, FN(x, s1, n, par), 0.0)
+                    w = tl.maximum(a, 0.0)
+                    den_b += tl.sum(tl.abs(a), 1)
+                acc_delta += tl.sum(w * dp, 1)
         if FAMILY == 1:
             den_b += eps
         else:
@@ -483,24 +496,28 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
     for start_n in range(0, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         col_ok = offs_n < Lk
-        k = tl.load(K + (kvh * Lk + offs_n[:, None]) * D + offs_d[None, :],
-                    mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
-        vt = tl.load(V + (kvh * Lk + offs_n[None, :]) * DV + offs_dv[:, None],
-                     mask=col_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
-        x = _scores(q, tl.trans(k), scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
-        dp = _dot(do, vt, DOT_PREC, UPCAST).to(tl.float32)
-        p, gz, dx = _tile_grads(x, vis, offs_n[None, :], n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
-                                FAMILY, ALPHA_KIND)
-        if P_LOWP:
-            dq += _dot(dx.to(k.dtype), k, DOT_PREC, UPCAST)
-        else:
-            dq += _dot(dx, k.to(tl.float32), DOT_PREC, UPCAST)
-        if PGRAD:
-            for kk in tl.static_range(NP):
-                term = tl.sum(tl.sum(tl.where(vis, gz * DPFN(x, n, par, kk), 0.0), 1), 0)
-                dpar += tl.where(offs_p == kk, term, 0.0)
+        live = True
+        if SKIP:
+            live = tl.max(tl.max(vis.to(tl.int32), 1), 0) > 0
+        if live:
+            k = tl.load(K + (kvh * Lk + offs_n[:, None]) * D + offs_d[None, :],
+                        mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+            vt = tl.load(V + (kvh * Lk + offs_n[None, :]) * DV + offs_dv[:, None],
+                         mask=col_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
+            x = _scores(q, tl.trans(k), scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
+            dp = _dot(do, vt, DOT_PREC, UPCAST).to(tl.float32)
+            p, gz, dx = _tile_grads(x, vis, offs_n[None, :], n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
+                                    FAMILY, ALPHA_KIND)
+            if P_LOWP:
+                dq += _dot(dx.to(k.dtype), k, DOT_PREC, UPCAST)
+            else:
+                dq += _dot(dx, k.to(tl.float32), DOT_PREC, UPCAST)
+            if PGRAD:
+                for kk in tl.static_range(NP):
+                    term = tl.sum(tl.sum(tl.where(vis, gz * DPFN(x, n, par, kk), 0.0), 1), 0)
+                    dpar += tl.where(offs_p == kk, term, 0.0)
     tl.store(DQ + (bh * Lq + offs_m[:, None]) * D + offs_d[None, :], dq * scale,
              mask=row_ok[:, None] & (offs_d[None, :] < D))
     if PGRAD:
