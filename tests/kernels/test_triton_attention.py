@@ -34,6 +34,7 @@ PER_HEAD = {
     "softmax": {"temperature": (0.7, 1.3)},
     "ssmax": {"s": (0.3, 0.6)},
     "sigmoid": {"bias_offset": (-0.5, 0.4)},
+    "as_entmax": {"beta": (0.5, 1.2), "gamma": (0.8, 1.1)},
 }
 
 

@@ -175,6 +175,7 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
     m_i = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
     l_i = tl.zeros([BLOCK_M], tl.float32)
     arg = tl.zeros([BLOCK_M], tl.float32) - 1.0
+    x_ref = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     hi = Lk
     if CAUSAL:
@@ -194,6 +195,7 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
                         mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
             x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
             if FAMILY == 0:
+                x_ref = tl.maximum(x_ref, tl.max(tl.where(vis, x, float("-inf")), 1))
                 z = tl.where(vis, FN(x, n, par), float("-inf"))
                 m_new = tl.maximum(m_i, tl.max(z, 1))
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -230,6 +232,7 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
         lse = tl.where(l_i > 0, tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(tl.where(l_i > 0, l_i, 1.0)),
                        float("inf"))
         tl.store(st, lse, mask=row_ok)
+        tl.store(st + 2, tl.where(x_ref > float("-inf"), x_ref, 0.0), mask=row_ok)
     elif FAMILY == 1:
         den = l_i + eps
         out = acc / tl.where(den > 0, den, 1.0)[:, None]
@@ -274,8 +277,9 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
     hi_n = Lk
     if CAUSAL:
         hi_n = tl.maximum(tl.minimum(Lk, (pid_m + 1) * BLOCK_M + Lk - Lq), 0)
-    # the row maximum of z = g(x) over visible keys
+    # the row maximum of z = g(x) over visible keys (and of x, the parameter gradient's reference)
     m_i = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
+    x_ref = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
     for start_n in range(0, hi_n, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kt = tl.load(K + (kvh * Lk + offs_n[None, :]) * D + offs_d[:, None],
@@ -285,6 +289,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
         x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
         z = tl.where(vis, FN(x, n, par), float("-inf"))
         m_i = tl.maximum(m_i, tl.max(z, 1))
+        x_ref = tl.maximum(x_ref, tl.max(tl.where(vis, x, float("-inf")), 1))
     empty = m_i == float("-inf")
     um = u * tl.where(empty, 0.0, m_i)
     lo = um - 1.0
@@ -342,6 +347,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
     st = STATS + (bh * Lq + offs_m) * 4
     tl.store(st, tau, mask=row_ok)
     tl.store(st + 1, s_tot, mask=row_ok)
+    tl.store(st + 2, tl.where(x_ref > float("-inf"), x_ref, 0.0), mask=row_ok)
     out_mask = row_ok[:, None] & (offs_dv[None, :] < DV)
     tl.store(O + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :], acc.to(O.dtype.element_ty), mask=out_mask)
     tl.store(SV + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :], acc_s, mask=out_mask)
@@ -516,7 +522,12 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
                 dq += _dot(dx, k.to(tl.float32), DOT_PREC, UPCAST)
             if PGRAD:
                 for kk in tl.static_range(NP):
-                    term = tl.sum(tl.sum(tl.where(vis, gz * DPFN(x, n, par, kk), 0.0), 1), 0)
+                    dpiece = DPFN(x, n, par, kk)
+                    if (FAMILY == 0) or (FAMILY == 4):
+                        # rows sum to one, so sum_j gz_j = 0 and a per-row constant can be taken
+                        # out: the piece's derivative at the row's largest score, against cancellation
+                        dpiece = dpiece - DPFN(s2 + tl.zeros(x.shape, tl.float32), n, par, kk)
+                    term = tl.sum(tl.sum(tl.where(vis, gz * dpiece, 0.0), 1), 0)
                     dpar += tl.where(offs_p == kk, term, 0.0)
     tl.store(DQ + (bh * Lq + offs_m[:, None]) * D + offs_d[None, :], dq * scale,
              mask=row_ok[:, None] & (offs_d[None, :] < D))
