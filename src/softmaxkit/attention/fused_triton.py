@@ -141,8 +141,9 @@ def _visible_counts(b, h, lq, lk, is_causal, mask, qdoc, kdoc, device, chunk=102
     return out.reshape(b * h, lq)
 
 
-def _blocks(lq: int, d: int, interpret: bool, threshold: bool) -> tuple[int, int, int, int]:
-    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the forward."""
+def _blocks(lq: int, d: int, interpret: bool, threshold: bool, wide: bool = False) -> tuple[int, int, int, int]:
+    """``(BLOCK_M, BLOCK_N, num_warps, num_stages)`` of the forward (``wide``: 4-byte inputs,
+    whose tiles take twice the shared memory: at most 64 query rows above ``D = 64``)."""
     if interpret:
         return 16, 16, 1, 1
     if d <= 64:
@@ -151,7 +152,7 @@ def _blocks(lq: int, d: int, interpret: bool, threshold: bool) -> tuple[int, int
         bm, bn, warps, stages = 128, 64, 8, 2
     else:
         bm, bn, warps, stages = 64, 32, 8, 1
-    if threshold:
+    if threshold or (wide and d > 64):
         bm = min(bm, 64)
     return min(bm, max(16, 1 << max(lq - 1, 0).bit_length())), bn, warps, stages
 
@@ -331,7 +332,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
     par = _pack(values, b, h, q.device)
     dummy = torch.zeros(1, dtype=torch.float32, device=q.device)
     idummy = torch.zeros(1, dtype=torch.int32, device=q.device)
-    fwd = _blocks(lq, max(d, v.shape[-1]), interp, family == 4)
+    fwd = _blocks(lq, max(d, v.shape[-1]), interp, family == 4, wide=q.dtype == torch.float32)
     bwd = (16, 16, 1, 1) if interp else (64, 64, 4 if max(d, v.shape[-1]) <= 64 else 8, 1)
     eps = merged.get("eps", 0.0) if isinstance(form, SumNormalized) else 0.0
     c = _Config(
