@@ -8,7 +8,8 @@ branches, constexpr misuse) and reports the shared memory each configuration nee
     python scripts/triton_compile_check.py                 # every template, bf16 and float32
     python scripts/triton_compile_check.py softpick:_fwd:bf16:1 sparsemax:_fwd_threshold:bf16:0
 
-Each item is ``normalizer:kernel:dtype:mask_kind`` (mask kind 0 none, 1 bool, 2 additive).
+Each item is ``normalizer:kernel:dtype:mask_kind[:head_dim]`` (mask kind 0 none, 1 bool,
+2 additive; head dim padded to a power of two, 128 by default).
 Exit status 1 when a compile fails. Needs ``TRITON_INTERPRET`` unset.
 """
 
@@ -24,7 +25,7 @@ DEFAULT = [
     "softpick:_fwd:bf16:0", "softpick:_bwd_kv:bf16:0", "softpick:_bwd_q:bf16:0",
     "relu_l1:_fwd:fp16:1", "relu_l1:_bwd_q:fp16:1", "sigmoid:_fwd:bf16:0", "sigmoid:_bwd_kv:bf16:0",
     "multimax:_bwd_q:bf16:0", "sparsemax:_fwd_threshold:bf16:1", "sparsemax:_bwd_q:bf16:1",
-    "entmax:_fwd_threshold:bf16:0", "as_entmax:_bwd_q:fp32:0",
+    "entmax:_fwd_threshold:bf16:0", "as_entmax:_bwd_q:fp32:0", "softmax:_fwd:bf16:0:256", "ssmax:_bwd_q:bf16:0:256",
 ]
 
 
@@ -38,7 +39,8 @@ def compile_one(item: str) -> tuple[bool, str]:
     from softmaxkit.forms import SumNormalized
     from softmaxkit.kernels.gpu import _attention_kernels as kernels
 
-    name, kernel, dtype, mask_kind = item.split(":")
+    name, kernel, dtype, mask_kind, *head = item.split(":")
+    block_d = int(head[0]) if head else 128
     mask_kind_i = int(mask_kind)
     spec = sk.registry.get(name)
     pieces = pieces_of(spec)
@@ -53,8 +55,9 @@ def compile_one(item: str) -> tuple[bool, str]:
         "MAX_ITER": 30, "HAS_CNT": False, "CAUSAL": True, "MASK_KIND": mask_kind_i, "DOCS": True,
         "P_LOWP": dtype != "fp32", "SKIP": True, "PGRAD": n_par > 0, "ROW_DELTA": family in (1, 2),
         "BLOCK_P": max(1, 1 << max(n_par - 1, 0).bit_length()),
-        "BLOCK_M": 64 if (kernel != "_fwd" or dtype == "fp32") else 128, "BLOCK_N": 64, "BLOCK_D": 128,
-        "BLOCK_DV": 128, "DOT_PREC": "ieee" if dtype == "fp32" else "tf32", "UPCAST": False, "NP": n_par,
+        "BLOCK_M": 64 if (kernel != "_fwd" or dtype == "fp32" or block_d > 128) else 128,
+        "BLOCK_N": 32 if block_d > 128 else 64, "BLOCK_D": block_d, "BLOCK_DV": block_d,
+        "DOT_PREC": "ieee" if dtype == "fp32" else "tf32", "UPCAST": False, "NP": n_par,
     }
     names = list(inspect.signature(fn.fn).parameters)
     signature, constexprs = {}, {}
@@ -71,7 +74,8 @@ def compile_one(item: str) -> tuple[bool, str]:
     start = time.perf_counter()
     try:
         compiled = triton.compile(ASTSource(fn=fn, signature=signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 2})
+                                  target=GPUTarget("cuda", 90, 32),
+                                  options={"num_warps": 8, "num_stages": 1 if block_d > 128 else 2})
     except Exception as err:  # report every failure, then exit 1
         return False, f"{item}: FAILED {type(err).__name__}: {str(err)[:400]}"
     return True, (f"{item}: ok in {time.perf_counter() - start:.1f} s, shared memory "
