@@ -1,8 +1,16 @@
 """Shared test fixtures: the parameters a normalizer needs (read from its spec), a seeded
 generator, and a user normalizer registered through the public API for the registry loops."""
 
+import os
+
 import pytest
 import torch
+
+# The Triton kernels run on CPU under Triton's interpreter, which must be chosen before
+# triton is first imported (its language functions are defined at import): set it here,
+# ahead of every test module, unless a GPU is present to run them compiled.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import softmaxkit as sk
 

@@ -41,6 +41,8 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("suites", nargs="*", default=["all"], metavar="SUITE",
                        help="suites to run: " + ", ".join(SUITES) + " or all (default: all)")
     bench.add_argument("--quick", action="store_true", help="small shapes and fewer repeats")
+    bench.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                       help="cuda: the GPU variant of a suite (attention: fused Triton kernels vs SDPA flash)")
 
     tasks = "\n".join(f"  {k:<14} {v}" for k, v in TASKS.items())
     arena = sub.add_parser(
@@ -113,7 +115,7 @@ def _cmd_bench(args) -> int:
     outcomes = []
     for name in names:
         print(f"running bench {name} ...", file=sys.stderr, flush=True)
-        outcome = bench.run_suite(name, quick=args.quick)
+        outcome = bench.run_suite(name, quick=args.quick, device=args.device)
         _print_outcomes([outcome])
         outcomes.append(outcome)
     return _exit_code(outcomes)

@@ -133,6 +133,9 @@ class NormalizerSpec:
         tsallis_alpha: for a normalizer that is alpha-entmax of the raw scores outside the
             threshold family (softmax: alpha = 1), alpha from the parameters, or ``None``.
         user: registered from user code with :func:`register_normalizer`.
+        triton: a factory (no arguments, imports triton lazily) returning the form's pieces as
+            Triton functions (:class:`softmaxkit.kernels.gpu.pieces.TritonPieces`) for the
+            fused GPU attention kernels; ``None``: those kernels fall back to the other paths.
     """
 
     name: str
@@ -150,6 +153,7 @@ class NormalizerSpec:
     examples: tuple[Example, ...] = ()
     tsallis_alpha: Callable[[Mapping[str, Any]], Any] | None = None
     user: bool = False
+    triton: Callable[[], Any] | None = None
 
     @property
     def family(self) -> str | None:
@@ -250,7 +254,8 @@ def builtin(fn: Callable[..., torch.Tensor], *, form: Form | None, formula: str,
             for_length: Mapping[str, Callable[[Any, int], Any]] | None = None,
             stream: Callable[[Mapping[str, Any]], StreamRule | None] | None = None,
             stream_passes: int | None = None, examples: tuple[Example, ...] = (),
-            tsallis_alpha: Callable[[Mapping[str, Any]], Any] | None = None) -> NormalizerSpec:
+            tsallis_alpha: Callable[[Mapping[str, Any]], Any] | None = None,
+            triton: Callable[[], Any] | None = None) -> NormalizerSpec:
     """Register a built-in normalizer from its reference function ``fn`` (its name is the
     registered name and its signature the parameter list) and return the spec."""
     learnable, sizes, for_length = learnable or {}, sizes or {}, for_length or {}
@@ -263,7 +268,7 @@ def builtin(fn: Callable[..., torch.Tensor], *, form: Form | None, formula: str,
     spec = NormalizerSpec(name=fn.__name__, fn=fn, formula=formula, reference=reference, form=form,
                           sums_to_one=sums_to_one, can_be_sparse=can_be_sparse, shift_invariant=shift_invariant,
                           can_be_negative=can_be_negative, param_specs=specs, stream=stream, stream_passes=stream_passes, examples=examples,
-                          tsallis_alpha=tsallis_alpha)
+                          tsallis_alpha=tsallis_alpha, triton=triton)
     _add(spec)
     return spec
 

@@ -13,7 +13,7 @@ from .dense import dense_attention
 from .inputs import AttentionInputs, prepare
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
-METHODS = ("auto", "sdpa", "streaming", "dense")
+METHODS = ("auto", "sdpa", "fused", "streaming", "dense")
 #: ``method="auto"`` takes the dense path when ``Lq * Lk`` is at most this (128 x 128): the
 #: score matrix is small and one dense pass beats the streaming loop there.
 SMALL_SCORES = 128 * 128
@@ -102,7 +102,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     Args:
         normalizer: a registered name (``softmaxkit list``).
         scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
-        method: ``"auto"``, ``"sdpa"`` (``softmax(a x)`` normalizers only), ``"streaming"`` or ``"dense"``.
+        method: ``"auto"``, ``"sdpa"`` (``softmax(a x)`` normalizers only), ``"fused"`` (on CUDA:
+            the Triton kernels of :mod:`softmaxkit.attention.fused_triton`, for normalizers that
+            declare Triton pieces; ``"auto"`` takes them there too), ``"streaming"`` or ``"dense"``.
             The streaming path has first derivatives only: a double backward
             (``create_graph=True``) through it raises ``RuntimeError``; use ``"dense"``.
         block_size: ``block`` or ``(block_q, block_k)`` for the streaming path.
@@ -127,6 +129,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
                              "with a number temperature) and no causal mask combined with attn_mask or with "
                              "Lq != Lk (Lq > 1)")
         return _sdpa(q, k, v, inp, factor)
+    if method in ("auto", "fused") and q.is_cuda:  # CUDA + triton: the fused Triton kernels
+        from .fused_triton import fallback_reason, fused_attention
+
+        reason = fallback_reason(spec, params, q, k, v)
+        if reason is None:
+            return fused_attention(q, k, v, normalizer, is_causal=is_causal, attn_mask=attn_mask, scale=scale,
+                                   **params)
+        if method == "fused":
+            raise ValueError(f"method='fused' cannot run normalizer {normalizer!r} here: {reason}")
     rule = spec.stream_rule(merged)
     streams = rule is not None and all(
         _per_head(val, spec.param(n).size, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))

@@ -31,10 +31,21 @@ def check_suites(names) -> list[str]:
     return expand_names(names, SUITES, "bench suite")
 
 
-def run_suite(name: str, quick: bool = False) -> Outcome:
-    """Run one suite; a missing or unfinished suite comes back as skipped with the reason."""
+def run_suite(name: str, quick: bool = False, device: str = "cpu") -> Outcome:
+    """Run one suite; a missing or unfinished suite comes back as skipped with the reason.
+    ``device="cuda"`` runs the suites that have a GPU variant (the others are skipped)."""
     check_suites([name])
-    return _run_producer("bench", name, f"{__name__}.{name}", lambda module: module.run(quick=quick))
+    if device == "cpu":
+        return _run_producer("bench", name, f"{__name__}.{name}", lambda module: module.run(quick=quick))
+
+    def on_device(module):
+        import inspect
+
+        if "device" not in inspect.signature(module.run).parameters:
+            raise NotImplementedError(f"bench {name} has no {device} variant")
+        return module.run(quick=quick, device=device)
+
+    return _run_producer("bench", name, f"{__name__}.{name}", on_device)
 
 
 def run(suites=("all",), quick: bool = False) -> list[Outcome]:

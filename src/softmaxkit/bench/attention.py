@@ -117,7 +117,11 @@ def _extrapolate(points: dict[int, float], length: int) -> float:
     return a * length ** 2 + b * length
 
 
-def run(quick: bool = False) -> list[Table]:
+def run(quick: bool = False, device: str = "cpu") -> list[Table]:
+    if device == "cuda":  # the fused Triton kernels against SDPA flash (skipped without CUDA)
+        from .attention_gpu import run as run_gpu
+
+        return run_gpu(quick=quick)
     header = machine_header()
     lengths = [256, 512] if quick else [1024, 4096, 16384]
     names = ["softpick", "adaptive_softmax"] if quick else ONE_PASS + TWO_PASS

@@ -88,8 +88,53 @@ def as_entmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     return entmax_from_rows(rows, z, alpha)
 
 
+#: ``triton.language``, bound by the factory below: a global, as Triton's interpreter requires.
+tl: Any = None
+
+
+def _triton_pieces():
+    """``g(x) = (delta + beta (log n)^gamma) x`` for the fused Triton threshold kernel
+    (packed: ``beta, gamma, delta``; the length term is 0 at ``n = 1``)."""
+    global tl
+    import triton
+    import triton.language as tl
+
+    from ..kernels.gpu.pieces import TritonPieces
+
+    # (Triton's interpreter resolves a piece's callees among module globals only, so the
+    # length term (log n)^gamma, 0 at n = 1, is written out in each piece)
+    @triton.jit
+    def g(x, n, par):
+        log_n = tl.log(n)
+        term = tl.where(log_n > 0, tl.exp(tl.load(par + 1) * tl.log(tl.where(log_n > 0, log_n, 1.0))), 0.0)
+        return x * (tl.load(par + 2) + tl.load(par) * term)
+
+    @triton.jit
+    def dg(x, n, par):
+        log_n = tl.log(n)
+        term = tl.where(log_n > 0, tl.exp(tl.load(par + 1) * tl.log(tl.where(log_n > 0, log_n, 1.0))), 0.0)
+        return tl.zeros(x.shape, tl.float32) + tl.load(par + 2) + tl.load(par) * term
+
+    @triton.jit
+    def dpar(x, n, par, K: tl.constexpr):
+        log_n = tl.log(n)
+        safe_log = tl.log(tl.where(log_n > 0, log_n, 1.0))
+        term = tl.where(log_n > 0, tl.exp(tl.load(par + 1) * safe_log), 0.0)
+        if K == 0:
+            out = x * term
+        elif K == 1:
+            out = x * tl.load(par) * term * safe_log
+        else:
+            out = x + tl.zeros(term.shape, tl.float32)
+        return out
+
+    return TritonPieces(fn=g, dfn=dg, dpar=dpar, values=lambda params: (params["beta"], params["gamma"],
+                                                                       params["delta"]), uses_n=True)
+
+
 SPEC = builtin(
     as_entmax, form=Threshold(alpha=lambda params: params["alpha"], g=scaled, dg=d_scaled),
+    triton=_triton_pieces,
     formula="entmax_alpha((delta + beta (log n)^gamma) x)",
     reference="Adaptive-Scalable Entmax, Vasylenko, Pitorro, Martins & Treviso 2025, arXiv 2506.16640",
     sums_to_one=True, can_be_sparse=True, shift_invariant=True,

@@ -50,8 +50,16 @@ def entmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     return entmax_reference(x, dim, mask, alpha)
 
 
+def _triton_pieces():
+    """The identity map for the fused Triton threshold kernel."""
+    from ..kernels.gpu.pieces import identity_pieces
+
+    return identity_pieces()
+
+
 SPEC = builtin(
     entmax, form=Threshold(alpha=lambda params: params["alpha"]),
+    triton=_triton_pieces,
     formula="[(alpha-1) x - tau]_+^(1/(alpha-1)) with sum 1",
     reference="Peters, Niculae & Martins 2019, arXiv 1905.05702; Correia et al. 2019, arXiv 1909.00015",
     sums_to_one=True, can_be_sparse=True, shift_invariant=True,

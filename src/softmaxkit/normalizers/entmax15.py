@@ -35,8 +35,16 @@ def entmax15(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -
     return entmax15_reference(x, dim, mask)
 
 
+def _triton_pieces():
+    """The identity map for the fused Triton threshold kernel."""
+    from ..kernels.gpu.pieces import identity_pieces
+
+    return identity_pieces()
+
+
 SPEC = builtin(
     entmax15, form=Threshold(alpha=lambda params: 1.5), formula="[(x/2 - tau)]_+^2 with sum 1",
+    triton=_triton_pieces,
     reference="Peters, Niculae & Martins 2019, arXiv 1905.05702",
     sums_to_one=True, can_be_sparse=True, shift_invariant=True,
     examples=(

@@ -70,8 +70,66 @@ def multimax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     return from_form(FORM, x, dim, mask, {"r": r, "t": t}, sizes={"r": 4, "t": 4})
 
 
+#: ``triton.language``, bound by the factory below: a global, as Triton's interpreter requires.
+tl: Any = None
+
+
+def _triton_pieces():
+    """The modulator and its derivatives for the fused Triton attention (packed: ``r1..r4, t1..t4``)."""
+    import triton
+    global tl
+    import triton.language as tl
+
+    from ..kernels.gpu.pieces import TritonPieces
+
+    @triton.jit
+    def g(x, n, par):
+        a = tl.maximum(tl.load(par) - x, 0.0)
+        b = tl.maximum(x - tl.load(par + 1), 0.0)
+        c = tl.maximum(tl.load(par + 2) - x, 0.0)
+        d = tl.maximum(x - tl.load(par + 3), 0.0)
+        return x + tl.load(par + 4) * a + tl.load(par + 5) * b + tl.load(par + 6) * c * c + tl.load(par + 7) * d * d
+
+    @triton.jit
+    def dg(x, n, par):
+        one = tl.full(x.shape, 1.0, tl.float32)
+        return (one - tl.load(par + 4) * tl.where(tl.load(par) - x > 0, 1.0, 0.0)
+                + tl.load(par + 5) * tl.where(x - tl.load(par + 1) > 0, 1.0, 0.0)
+                - 2.0 * tl.load(par + 6) * tl.maximum(tl.load(par + 2) - x, 0.0)
+                + 2.0 * tl.load(par + 7) * tl.maximum(x - tl.load(par + 3), 0.0))
+
+    @triton.jit
+    def dpar(x, n, par, K: tl.constexpr):
+        if K == 0:
+            out = tl.load(par + 4) * tl.where(tl.load(par) - x > 0, 1.0, 0.0)
+        elif K == 1:
+            out = -tl.load(par + 5) * tl.where(x - tl.load(par + 1) > 0, 1.0, 0.0)
+        elif K == 2:
+            out = 2.0 * tl.load(par + 6) * tl.maximum(tl.load(par + 2) - x, 0.0)
+        elif K == 3:
+            out = -2.0 * tl.load(par + 7) * tl.maximum(x - tl.load(par + 3), 0.0)
+        elif K == 4:
+            out = tl.maximum(tl.load(par) - x, 0.0)
+        elif K == 5:
+            out = tl.maximum(x - tl.load(par + 1), 0.0)
+        elif K == 6:
+            c = tl.maximum(tl.load(par + 2) - x, 0.0)
+            out = c * c
+        else:
+            d = tl.maximum(x - tl.load(par + 3), 0.0)
+            out = d * d
+        return out
+
+    def values(params):
+        r, t = params["r"], params["t"]
+        return tuple(r[i] for i in range(4)) + tuple(t[i] for i in range(4))
+
+    return TritonPieces(fn=g, dfn=dg, dpar=dpar, values=values)
+
+
 SPEC = builtin(
     multimax, form=FORM, formula="softmax(sigma(x)), piecewise-quadratic modulator sigma",
+    triton=_triton_pieces,
     reference="Zhou, Fritz & Keuper, ICML 2024, arXiv 2406.01189",
     sums_to_one=True, can_be_sparse=False, shift_invariant=False,
     sizes={"r": 4, "t": 4},

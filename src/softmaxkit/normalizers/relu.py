@@ -40,8 +40,32 @@ def relu(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> to
     return from_form(FORM, x, dim, mask, {})
 
 
+#: ``triton.language``, bound by the factory below: a global, as Triton's interpreter requires.
+tl: Any = None
+
+
+def _triton_pieces():
+    """``h = relu(x) / n`` for the fused Triton attention."""
+    import triton
+    global tl
+    import triton.language as tl
+
+    from ..kernels.gpu.pieces import TritonPieces
+
+    @triton.jit
+    def h(x, n, par):
+        return tl.maximum(x, 0.0) * (1.0 / n)
+
+    @triton.jit
+    def dh(x, n, par):
+        return tl.where(x > 0, 1.0, 0.0) / n
+
+    return TritonPieces(fn=h, dfn=dh, uses_n=True)
+
+
 SPEC = builtin(
     relu, form=FORM, formula="relu(x) / n", reference="Wortsman et al. 2023, arXiv 2309.08586",
+    triton=_triton_pieces,
     sums_to_one=False, can_be_sparse=True, shift_invariant=False,
     examples=(Example(x=(2.0, -1.0), expected=(1.0, 0.0)),),
 )

@@ -5,6 +5,8 @@ ReLU in place of softmax: Wortsman, Lee, Gilmer & Kornblith (2023), arXiv 2309.0
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .._checks import check_positive
@@ -39,8 +41,32 @@ def relu_l1(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None, ep
     return from_form(FORM, x, dim, mask, {"eps": eps})
 
 
+#: ``triton.language``, bound by the factory below: a global, as Triton's interpreter requires.
+tl: Any = None
+
+
+def _triton_pieces():
+    """``h = relu(x)`` for the fused Triton attention."""
+    import triton
+    global tl
+    import triton.language as tl
+
+    from ..kernels.gpu.pieces import TritonPieces
+
+    @triton.jit
+    def h(x, n, par):
+        return tl.maximum(x, 0.0)
+
+    @triton.jit
+    def dh(x, n, par):
+        return tl.where(x > 0, 1.0, 0.0)
+
+    return TritonPieces(fn=h, dfn=dh)
+
+
 SPEC = builtin(
     relu_l1, form=FORM, formula="relu(x) / (sum relu(x) + eps)",
+    triton=_triton_pieces,
     reference="l1-normalised ReLU (Wortsman et al. 2023, arXiv 2309.08586)",
     sums_to_one=False, can_be_sparse=True, shift_invariant=False,
     examples=(

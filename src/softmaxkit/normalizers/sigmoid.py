@@ -57,8 +57,51 @@ def sigmoid(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     return from_form(FORM, x, dim, mask, {"bias": bias, "bias_offset": bias_offset})
 
 
+#: ``triton.language``, bound by the factory below: a global, as Triton's interpreter requires.
+tl: Any = None
+
+
+def _triton_pieces():
+    """``h = sigmoid(x + b + delta)`` for the fused Triton attention (packed: ``[bias given], bias, delta``)."""
+    import triton
+    global tl
+    import triton.language as tl
+
+    from ..kernels.gpu.pieces import TritonPieces
+
+    @triton.jit
+    def h(x, n, par):
+        b = tl.where(tl.load(par) != 0, tl.load(par + 1), -tl.log(n))
+        return tl.sigmoid(x + b + tl.load(par + 2))
+
+    @triton.jit
+    def dh(x, n, par):
+        b = tl.where(tl.load(par) != 0, tl.load(par + 1), -tl.log(n))
+        s = tl.sigmoid(x + b + tl.load(par + 2))
+        return s * (1.0 - s)
+
+    @triton.jit
+    def dpar(x, n, par, K: tl.constexpr):
+        b = tl.where(tl.load(par) != 0, tl.load(par + 1), -tl.log(n))
+        s = tl.sigmoid(x + b + tl.load(par + 2))
+        if K == 0:
+            out = tl.zeros(x.shape, tl.float32)
+        elif K == 1:
+            out = tl.where(tl.load(par) != 0, s * (1.0 - s), 0.0)
+        else:
+            out = s * (1.0 - s)
+        return out
+
+    def values(params):
+        bias = params["bias"]
+        return (0.0 if bias is None else 1.0, 0.0 if bias is None else bias, params["bias_offset"])
+
+    return TritonPieces(fn=h, dfn=dh, dpar=dpar, values=values, uses_n=True)
+
+
 SPEC = builtin(
     sigmoid, form=FORM, formula="sigmoid(x + b), b = -log n by default",
+    triton=_triton_pieces,
     reference="Ramapuram et al. 2024, arXiv 2409.04431",
     sums_to_one=False, can_be_sparse=False, shift_invariant=False,
     learnable={"bias_offset": Learnable(0.0)},

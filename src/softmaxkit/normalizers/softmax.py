@@ -165,8 +165,37 @@ def _inverse_temperature(params: Any) -> float | None:
     return None if isinstance(t, torch.Tensor) else 1.0 / float(t)
 
 
+#: ``triton.language``, bound by the factory below: a global, as Triton's interpreter requires.
+tl: Any = None
+
+
+def _triton_pieces():
+    """``g(x) = x / T`` for the fused Triton attention (parameters packed: ``T``)."""
+    import triton
+    global tl
+    import triton.language as tl
+
+    from ..kernels.gpu.pieces import TritonPieces
+
+    @triton.jit
+    def g(x, n, par):
+        return x * (1.0 / tl.load(par))
+
+    @triton.jit
+    def dg(x, n, par):
+        return tl.full(x.shape, 1.0, tl.float32) / tl.load(par)
+
+    @triton.jit
+    def dpar(x, n, par, K: tl.constexpr):
+        t = tl.load(par)
+        return -x / (t * t)
+
+    return TritonPieces(fn=g, dfn=dg, dpar=dpar, values=lambda params: (params["temperature"],))
+
+
 SPEC = builtin(
     softmax, form=SoftmaxOf(g=scale_by_temperature, dg=d_scale_by_temperature, linear_factor=_inverse_temperature),
+    triton=_triton_pieces,
     formula="exp(x/T - m) / sum exp(x/T - m)",
     reference="Bridle 1990; temperature: Hinton et al. 2015, arXiv 1503.02531",
     sums_to_one=True, can_be_sparse=False, shift_invariant=True, tsallis_alpha=_is_plain_softmax,

@@ -6,6 +6,8 @@ Rectified Softmax", arXiv 2504.20966.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .._checks import check_positive
@@ -75,8 +77,32 @@ class SoftpickRule(StreamRule):
         return sums["num"] / (sums["den"] + st["params"]["eps"] * torch.exp(st["m0"] - st["c0"]))
 
 
+#: ``triton.language``, bound by the factory below: a global, as Triton's interpreter requires.
+tl: Any = None
+
+
+def _triton_pieces():
+    """``a = e^{x-c} - e^{-c}``, ``da/dx = e^{x-c}`` (row shift ``c``) for the fused Triton attention."""
+    import triton
+    global tl
+    import triton.language as tl
+
+    from ..kernels.gpu.pieces import TritonPieces
+
+    @triton.jit
+    def h(x, c, n, par):
+        return tl.exp(x - c) - tl.exp(-c)
+
+    @triton.jit
+    def dh(x, c, n, par):
+        return tl.exp(x - c)
+
+    return TritonPieces(fn=h, dfn=dh)
+
+
 SPEC = builtin(
     softpick, form=SumNormalized(h=shifted_gain, dh=d_shifted_gain, signed=True),
+    triton=_triton_pieces,
     formula="relu(e^x - 1) / (sum |e^x - 1| + eps)", reference="Zuhri et al. 2025, arXiv 2504.20966",
     sums_to_one=False, can_be_sparse=True, shift_invariant=False,
     stream=lambda params: SoftpickRule(), stream_passes=1,

@@ -3,6 +3,8 @@ linearly, not exponentially, in the score."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as torch_f
 
@@ -38,8 +40,32 @@ def softplus_l1(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None
     return from_form(FORM, x, dim, mask, {"eps": eps})
 
 
+#: ``triton.language``, bound by the factory below: a global, as Triton's interpreter requires.
+tl: Any = None
+
+
+def _triton_pieces():
+    """``h = softplus(x)``, ``dh = sigmoid(x)`` for the fused Triton attention."""
+    import triton
+    global tl
+    import triton.language as tl
+
+    from ..kernels.gpu.pieces import TritonPieces
+
+    @triton.jit
+    def h(x, n, par):
+        return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+
+    @triton.jit
+    def dh(x, n, par):
+        return tl.sigmoid(x)
+
+    return TritonPieces(fn=h, dfn=dh)
+
+
 SPEC = builtin(
     softplus_l1, form=FORM, formula="softplus(x) / (sum softplus(x) + eps)",
+    triton=_triton_pieces,
     reference="l1-normalised softplus (rectifier family of Wortsman et al. 2023, arXiv 2309.08586)",
     sums_to_one=False, can_be_sparse=False, shift_invariant=False,
     examples=(Example(x=(0.0, 0.0), expected=(0.5, 0.5), params={"eps": 1e-300}),),

@@ -39,8 +39,16 @@ def sparsemax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) 
     return sparsemax_reference(x, dim, mask)
 
 
+def _triton_pieces():
+    """The identity map for the fused Triton threshold kernel."""
+    from ..kernels.gpu.pieces import identity_pieces
+
+    return identity_pieces()
+
+
 SPEC = builtin(
     sparsemax, form=Threshold(alpha=lambda params: 2.0), formula="[x - tau]_+ with sum 1",
+    triton=_triton_pieces,
     reference="Martins & Astudillo 2016, arXiv 1602.02068",
     sums_to_one=True, can_be_sparse=True, shift_invariant=True,
     examples=(

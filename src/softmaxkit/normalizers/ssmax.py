@@ -53,8 +53,36 @@ def ssmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     return from_form(FORM, x, dim, mask, {"s": s, "n": n})
 
 
+#: ``triton.language``, bound by the factory below: a global, as Triton's interpreter requires.
+tl: Any = None
+
+
+def _triton_pieces():
+    """``g(x) = s log(n) x`` for the fused Triton attention (parameters packed: ``s``)."""
+    import triton
+    global tl
+    import triton.language as tl
+
+    from ..kernels.gpu.pieces import TritonPieces
+
+    @triton.jit
+    def g(x, n, par):
+        return x * (tl.log(n) * tl.load(par))
+
+    @triton.jit
+    def dg(x, n, par):
+        return tl.zeros(x.shape, tl.float32) + tl.log(n) * tl.load(par)
+
+    @triton.jit
+    def dpar(x, n, par, K: tl.constexpr):
+        return x * tl.log(n)
+
+    return TritonPieces(fn=g, dfn=dg, dpar=dpar, values=lambda params: (params["s"],), uses_n=True)
+
+
 SPEC = builtin(
     ssmax, form=FORM, formula="softmax(s log(n) x)", reference="Nakanishi 2025, arXiv 2501.19399",
+    triton=_triton_pieces,
     sums_to_one=True, can_be_sparse=False, shift_invariant=True,
     learnable={"s": Learnable(S_INIT)},
     examples=(

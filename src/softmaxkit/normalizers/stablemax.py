@@ -6,6 +6,8 @@ arXiv 2501.04697.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .._rows import nonzero_or_one, prepare_rows
@@ -51,8 +53,33 @@ def stablemax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) 
     return finish(rows, p)
 
 
+#: ``triton.language``, bound by the factory below: a global, as Triton's interpreter requires.
+tl: Any = None
+
+
+def _triton_pieces():
+    """``g(x) = sign(x) log(1 + |x|)``, ``dg = 1 / (1 + |x|)`` for the fused Triton attention."""
+    import triton
+    global tl
+    import triton.language as tl
+
+    from ..kernels.gpu.pieces import TritonPieces
+
+    @triton.jit
+    def g(x, n, par):
+        a = tl.log(1.0 + tl.abs(x))
+        return tl.where(x >= 0, a, -a)
+
+    @triton.jit
+    def dg(x, n, par):
+        return 1.0 / (1.0 + tl.abs(x))
+
+    return TritonPieces(fn=g, dfn=dg)
+
+
 SPEC = builtin(
     stablemax, form=SoftmaxOf(g=log_s, dg=d_log_s),
+    triton=_triton_pieces,
     formula="s(x) / sum s(x), s(x) = x+1 (x>=0), 1/(1-x) (x<0)",
     reference="Prieto et al. 2025, arXiv 2501.04697",
     sums_to_one=True, can_be_sparse=False, shift_invariant=False,
