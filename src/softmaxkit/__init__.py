@@ -32,6 +32,7 @@ from .functional import (
     stablemax,
 )
 from .kernels.dispatch import use_backend, softmax_topk, log_softmax_topk
+from .linear import linear_attention
 from .registry import NormalizerSpec, normalize, normalizers
 from .sampling import soften
 
@@ -42,5 +43,5 @@ __all__ = [
     "softmax", "log_softmax", "logsumexp", "adaptive_softmax", "ssmax", "sa_softmax", "multimax",
     "sparse_softmax", "sparsemax", "entmax15", "entmax", "as_entmax", "softpick", "stablemax",
     "clipped_softmax", "sigmoid", "relu", "relu_l1", "softplus_l1", "softmax_topk", "log_softmax_topk",
-    "soften", "algorithms", "functional", "hf", "losses", "nn", "ops", "sampling", "scores",
+    "soften", "linear_attention", "algorithms", "functional", "hf", "losses", "nn", "ops", "sampling", "scores",
 ]

@@ -122,3 +122,4 @@ class Normalizer(nn.Module):
 
 
 from .attention.modules import Attention  # noqa: E402
+from .linear.modules import LinearAttention  # noqa: E402, F401
