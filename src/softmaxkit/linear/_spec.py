@@ -62,6 +62,7 @@ class LinearMethod:
             positive factor (required by features that return a ``shift``).
         kernelised: False for SOFT, which provides ``compute`` instead.
         positional: the feature map depends on the token position (cosFormer).
+        uses_vsum: ``combine`` reads ``vsum`` (else the causal path may pass None).
     """
 
     name: str
@@ -77,13 +78,22 @@ class LinearMethod:
     shift_invariant: bool = False
     kernelised: bool = True
     positional: bool = False
+    uses_vsum: bool = True
     compute: Callable | None = None
 
 
 def ratio_combine(num, den, vsum, n, ctx):
     """``num / den`` (clamped at ``ctx["eps"]``): normalised linear attention; 0 with no key."""
     out = num / den.clamp_min(ctx["eps"])
-    return torch.where(n > 0, out, torch.zeros_like(out))
+    return zero_where_empty(out, n)
+
+
+def zero_where_empty(out, n):
+    """``out`` with 0 on the queries that see no key (``n == 0``); no copy when there are none."""
+    empty = n == 0
+    if bool(empty.any()):
+        return torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
+    return out
 
 
 def check_eps(value, name: str = "eps") -> float:

@@ -76,11 +76,11 @@ def _run_causal(spec, ctx, q, k, v, visible, qpos, kpos, sums0, chunk):
                             None if m is None else m[..., :offset], sums0)
         fk, v, m = fk[..., offset:, :], v[..., offset:, :], None if m is None else m[..., offset:]
     skip = max(0, -offset)  # queries before the first key see nothing
-    parts, last = causal_chunked(fq[..., skip:, :], fk, v, m, sums0, chunk)
+    parts, last = causal_chunked(fq[..., skip:, :], fk, v, m, sums0, chunk, spec.uses_vsum)
     if skip:
         b, h = q.shape[:2]
-        zeros = [torch.zeros(b, h, skip, p.shape[-1], dtype=v.dtype, device=v.device) for p in parts]
-        parts = tuple(torch.cat([z, p], dim=-2) for z, p in zip(zeros, parts))
+        parts = tuple(None if p is None else
+                      torch.cat([p.new_zeros(b, h, skip, p.shape[-1]), p], dim=-2) for p in parts)
     if shift is not None:
         last.shift = shift
     return parts, last

@@ -73,13 +73,15 @@ def one_pass(fq, fk, v, m, sums0: Sums | None = None):
     return (num, den, vs[..., None, :], n[..., None, None]), Sums(kv, kz, vs, n)
 
 
-def causal_chunked(fq, fk, v, m, sums0: Sums | None = None, chunk: int = DEFAULT_CHUNK):
+def causal_chunked(fq, fk, v, m, sums0: Sums | None = None, chunk: int = DEFAULT_CHUNK, need_vsum: bool = True):
     """Causal sums for ``T`` queries against the ``T`` keys at the same positions (query
     ``t`` sees keys ``<= t``) after the keys already summed in ``sums0``.
 
     ``fq`` ``(B, H, T, F)``, ``fk`` ``(B, H, T, F)`` (zero on invisible keys), ``v``
     ``(B, H, T, Dv)``, ``m`` ``(B, H|1, T)`` float or None. Returns
-    ``(num, den, vsum, n)`` per query and the :class:`Sums` after the last key.
+    ``(num, den, vsum, n)`` per query (``vsum`` None unless ``need_vsum``) and the
+    :class:`Sums` after the last key. The denominator rides along with the values as one
+    extra column (``[v, m]``), so each tile costs two matrix products.
     """
     b, h, t, f = fq.shape
     dv = v.shape[-1]
@@ -89,50 +91,56 @@ def causal_chunked(fq, fk, v, m, sums0: Sums | None = None, chunk: int = DEFAULT
     pad = nc * c - t
     if m is None:
         m = torch.ones(1, 1, t, dtype=dtype, device=device)
+        vm = v
+    else:
+        vm = v * m[..., None]
     mh = m.shape[1]
+    va = torch.cat([vm, m[..., None].expand(b, h, t, 1)], dim=-1)          # (B, H, T, Dv + 1)
     if pad:
         fq = torch.nn.functional.pad(fq, (0, 0, 0, pad))
         fk = torch.nn.functional.pad(fk, (0, 0, 0, pad))
-        v = torch.nn.functional.pad(v, (0, 0, 0, pad))
+        va = torch.nn.functional.pad(va, (0, 0, 0, pad))
         m = torch.nn.functional.pad(m, (0, pad))
     fq = fq.reshape(b, h, nc, c, f)
     fk = fk.reshape(b, h, nc, c, f)
-    v = v.reshape(b, h, nc, c, dv)
+    va = va.reshape(b, h, nc, c, dv + 1)
     m = m.reshape(m.shape[0], mh, nc, c)
-    vm = v * m[..., None]
-    tril = torch.ones(c, c, dtype=dtype, device=device).tril()
 
-    w = (fq @ fk.transpose(-2, -1)) * tril                      # (B, H, N, C, C)
-    num = w @ vm
-    den = w.sum(-1, keepdim=True)
-    vsum = tril @ vm
-    n = (m @ tril.T)[..., None]                                 # (B, H|1, N, C, 1)
-
-    kv = fk.transpose(-2, -1) @ vm                              # (B, H, N, F, Dv) per chunk
-    kz = fk.sum(-2)                                             # (B, H, N, F)
-    vs = vm.sum(-2)                                             # (B, H, N, Dv)
-    cnt = m.sum(-1)                                             # (B, H|1, N)
-    kv_in = kv.cumsum(2) - kv                                   # exclusive prefix sums
-    kz_in = kz.cumsum(2) - kz
-    vs_in = vs.cumsum(2) - vs
+    w = torch.tril(fq @ fk.transpose(-2, -1))                              # (B, H, N, C, C)
+    kva = fk.transpose(-2, -1) @ va                                        # (B, H, N, F, Dv+1) per chunk
+    cnt = m.sum(-1)                                                        # (B, H|1, N)
+    if kva.requires_grad:   # exclusive prefix sums over the chunks
+        kva_in = torch.cat([torch.zeros_like(kva[:, :, :1]), kva[:, :, :-1].cumsum(2)], dim=2)
+    else:
+        kva_in = torch.empty_like(kva)
+        kva_in[:, :, 0] = 0
+        kva_in[:, :, 1:] = kva[:, :, :-1].cumsum(2)
     cnt_in = cnt.cumsum(2) - cnt
     if sums0 is not None:
-        kv_in = kv_in + sums0.kv[:, :, None]
-        kz_in = kz_in + sums0.k[:, :, None]
-        vs_in = vs_in + sums0.v[:, :, None]
+        kva0 = torch.cat([sums0.kv, sums0.k[..., None]], dim=-1)
+        kva_in = kva_in + kva0[:, :, None]
         cnt_in = cnt_in + sums0.n[:, :, None]
-    num = num + fq @ kv_in
-    den = den + fq @ kz_in[..., None]
-    vsum = vsum + vs_in[..., None, :]
-    n = n + cnt_in[..., None, None]
-    n = n.expand(b, h, nc, c, 1)
+    out = (fq @ kva_in).add_(w @ va)                                       # (B, H, N, C, Dv+1)
+    n = (torch.cumsum(m, -1) + cnt_in[..., None])[..., None].expand(b, h, nc, c, 1)
+    vsum = None
+    if need_vsum:
+        vs = va[..., :dv].cumsum(-2)                                       # inclusive, inside a chunk
+        vtot = vs[..., -1, :]
+        vs_in = vtot.cumsum(2) - vtot
+        if sums0 is not None:
+            vs_in = vs_in + sums0.v[:, :, None]
+        vsum = vs + vs_in[..., None, :]
 
     def rows(x):
         return x.reshape(b, h, nc * c, x.shape[-1])[:, :, :t]
 
-    last = Sums(kv_in[:, :, -1] + kv[:, :, -1], kz_in[:, :, -1] + kz[:, :, -1],
-                vs_in[:, :, -1] + vs[:, :, -1], (cnt_in[:, :, -1] + cnt[:, :, -1]).expand(b, h))
-    return (rows(num), rows(den), rows(vsum), rows(n)), last
+    total = kva_in[:, :, -1] + kva[:, :, -1]
+    if need_vsum:
+        vlast = vs_in[:, :, -1] + vtot[:, :, -1]
+    else:   # the methods that skip vsum never read it
+        vlast = torch.zeros(b, h, dv, dtype=dtype, device=device)
+    last = Sums(total[..., :dv], total[..., dv], vlast, (cnt_in[:, :, -1] + cnt[:, :, -1]).expand(b, h))
+    return (rows(out[..., :dv]), rows(out[..., dv:]), None if vsum is None else rows(vsum), rows(n)), last
 
 
 def dense(fq, fk, v, visible):

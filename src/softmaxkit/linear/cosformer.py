@@ -47,5 +47,5 @@ METHOD = LinearMethod(
     formula="relu(q_i).relu(k_j) cos(pi (p_i - p_j) / 2M), row-normalised",
     paper="Qin et al. 2022, arXiv 2202.08791",
     causal=True, decoding=True, params={"max_len": None, "eps": 1e-6},
-    check=_check, features=_features, combine=ratio_combine, shift_invariant=True, positional=True,
+    check=_check, features=_features, combine=ratio_combine, shift_invariant=True, uses_vsum=False, positional=True,
 )

@@ -22,7 +22,7 @@ def _check(params, head_dim, dtype, device):
 
 
 def _features(x, positions, ctx, is_query, visible):
-    return Features(torch_f.elu(x) + 1.0)
+    return Features(torch_f.elu(x).add_(1.0))
 
 
 METHOD = LinearMethod(
@@ -31,5 +31,5 @@ METHOD = LinearMethod(
     formula="phi(q_i).phi(k_j) / sum_j' phi(q_i).phi(k_j')",
     paper="Katharopoulos et al. 2020, arXiv 2006.16236",
     causal=True, decoding=True, params={"eps": 1e-6},
-    check=_check, features=_features, combine=ratio_combine, shift_invariant=True,
+    check=_check, features=_features, combine=ratio_combine, shift_invariant=True, uses_vsum=False,
 )

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as torch_f
 
-from ._spec import Features, LinearMethod
+from ._spec import Features, LinearMethod, zero_where_empty
 
 KERNELS = ("identity", "relu", "leakyrelu", "exp")
 
@@ -57,7 +57,7 @@ def _combine(num, den, vsum, n, ctx):
     scale = ctx["scale"]
     safe = torch.where(n > 0, n, torch.ones_like(n))
     out = vsum / safe + (scale / safe) * (num - (den / safe) * vsum)
-    return torch.where(n > 0, out, torch.zeros_like(out))
+    return zero_where_empty(out, n)
 
 
 METHOD = LinearMethod(

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as torch_f
 
-from ._spec import Features, LinearMethod, check_eps
+from ._spec import Features, LinearMethod, check_eps, zero_where_empty
 
 
 def _check(params, head_dim, dtype, device):
@@ -37,7 +37,7 @@ def _check(params, head_dim, dtype, device):
 
 
 def _features(x, positions, ctx, is_query, visible):
-    return Features(torch_f.elu(x) + 1.0)
+    return Features(torch_f.elu(x).add_(1.0))
 
 
 def _combine(num, den, vsum, n, ctx):
@@ -45,7 +45,7 @@ def _combine(num, den, vsum, n, ctx):
     safe = torch.where(n > 0, n, torch.ones_like(n))
     z = scale * den / safe
     out = (1.0 + 1.0 / (z + ctx["eps"])) * (scale / safe) * num - (z / safe) * vsum
-    return torch.where(n > 0, out, torch.zeros_like(out))
+    return zero_where_empty(out, n)
 
 
 METHOD = LinearMethod(

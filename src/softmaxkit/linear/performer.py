@@ -102,5 +102,5 @@ METHOD = LinearMethod(
     paper="Choromanski et al. 2020, arXiv 2009.14794",
     causal=True, decoding=True,
     params={"nb_features": 256, "orthogonal": True, "generator": None, "projection": None, "eps": 1e-6},
-    check=_check, features=_features, combine=ratio_combine, shift_invariant=True,
+    check=_check, features=_features, combine=ratio_combine, shift_invariant=True, uses_vsum=False,
 )
