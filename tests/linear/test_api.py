@@ -124,15 +124,15 @@ def test_performer_generator_reproducible_and_redrawn():
 
 
 @pytest.mark.parametrize("bad,match", [
-    (dict(method="nope"), "unknown linear attention method 'nope'; accepted: linear, performer"),
-    (dict(method="soft", is_causal=True), "no causal form"),
-    (dict(method="soft", rank=40), "rank=40 must be at most the sequence length"),
-    (dict(method="soft", rank=0), "rank must be a positive int"),
-    (dict(method="performer", nb_features=0), "nb_features must be a positive int"),
-    (dict(method="inline", kernel="tanh"), "kernel must be one of identity, relu, leakyrelu, exp"),
-    (dict(method="cosformer", max_len=10), "beyond max_len=10"),
-    (dict(method="linear", chunk_size=0), "chunk_size must be a positive int"),
-    (dict(method="linear", eps=-1.0), "eps must be a positive number"),
+    ({"method": "nope"}, "unknown linear attention method 'nope'; accepted: linear, performer"),
+    ({"method": "soft", "is_causal": True}, "no causal form"),
+    ({"method": "soft", "rank": 40}, "rank=40 must be at most the sequence length"),
+    ({"method": "soft", "rank": 0}, "rank must be a positive int"),
+    ({"method": "performer", "nb_features": 0}, "nb_features must be a positive int"),
+    ({"method": "inline", "kernel": "tanh"}, "kernel must be one of identity, relu, leakyrelu, exp"),
+    ({"method": "cosformer", "max_len": 10}, "beyond max_len=10"),
+    ({"method": "linear", "chunk_size": 0}, "chunk_size must be a positive int"),
+    ({"method": "linear", "eps": -1.0}, "eps must be a positive number"),
 ])
 def test_bad_input_value_error(bad, match):
     q, k, v = _qkv()

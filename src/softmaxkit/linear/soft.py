@@ -16,7 +16,9 @@ without autograd tracking; its gradient is taken once, in closed form
 (:class:`NewtonPinv`). ``normalize="symmetric"`` applies SOFT++'s symmetric normalisation
 ``D_q^{-1/2} A D_k^{-1/2}`` with ``D_q = A 1`` and ``D_k = A^T 1`` (clamped at ``eps``), for dense
 prediction. Cost ``O((Lq + Lk) r D + r^3)``; non-causal only (the landmarks pool over the
-whole sequence, so a query would see future keys).
+whole sequence, so a query would see future keys). With a key-padding mask and
+``Lq == Lk`` (self-attention), padded positions are left out of the query landmarks too, so
+padding changes no visible output.
 
 Lu, Yao, Zhang, Zhu, Xu, Gao, Xiang, Xiang, Zhang 2021, "SOFT: Softmax-free Transformer
 with Linear Complexity", NeurIPS 2021, arXiv 2110.11945; symmetric normalisation: Lu et al.
@@ -89,22 +91,33 @@ def gaussian_kernel(a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Ten
 
 
 def landmarks(x: torch.Tensor, rank: int, weights: torch.Tensor | None = None) -> torch.Tensor:
-    """Means of ``rank`` contiguous segments of ``x`` ``(B, H, L, D)`` (segment ``s`` is
-    ``[floor(s L / r), ceil((s+1) L / r))``, adaptive average pooling); ``weights``
-    ``(B, H|1, L)`` restricts each mean to the visible rows (a segment with none keeps
-    its plain mean)."""
+    """Means of ``rank`` contiguous segments of the rows of ``x`` ``(B, H, L, D)``: segment ``s``
+    holds rows ``floor(s n / r) .. ceil((s + 1) n / r) - 1`` (adaptive average pooling). With
+    ``weights`` ``(B, H|1, L)`` (1 = visible) the segments split the ``n`` visible rows only,
+    so the landmarks never depend on masked rows; when ``n < rank`` an empty segment takes
+    the mean of all visible rows."""
     length = x.shape[-2]
-    idx = torch.arange(length, device=x.device)
-    starts = (torch.arange(rank, device=x.device) * length) // rank
-    ends = -((-(torch.arange(rank, device=x.device) + 1) * length) // rank)
-    seg = ((idx[None, :] >= starts[:, None]) & (idx[None, :] < ends[:, None])).to(x.dtype)  # (r, L)
-    plain = (seg @ x) / seg.sum(-1, keepdim=True)
+    dtype, device = x.dtype, x.device
+    s_idx = torch.arange(rank, device=device)
     if weights is None:
-        return plain
-    w = seg * weights[..., None, :]                                        # (B, H|1, r, L)
-    total = w.sum(-1, keepdim=True)
-    masked = (w @ x) / torch.where(total > 0, total, torch.ones_like(total))
-    return torch.where(total > 0, masked, plain)
+        pos = torch.arange(length, device=device, dtype=dtype)
+        n = torch.tensor(float(length), dtype=dtype, device=device)
+        w = torch.ones(length, dtype=dtype, device=device)
+    else:
+        w = weights
+        pos = w.cumsum(-1) - 1                                            # rank among the visible rows
+        n = w.sum(-1, keepdim=True)
+    start = torch.floor(s_idx.to(dtype)[:, None] * n[..., None] / rank) if weights is not None else \
+        ((s_idx * length) // rank).to(dtype)[:, None]
+    end = torch.ceil((s_idx.to(dtype)[:, None] + 1) * n[..., None] / rank) if weights is not None else \
+        (-((-(s_idx + 1) * length) // rank)).to(dtype)[:, None]
+    seg = ((pos[..., None, :] >= start) & (pos[..., None, :] < end)).to(dtype) * w[..., None, :]  # (.., r, L)
+    total = seg.sum(-1, keepdim=True)
+    means = (seg @ x) / torch.where(total > 0, total, torch.ones_like(total))
+    if weights is None:
+        return means
+    visible_mean = (w[..., None, :] @ x) / torch.where(n > 0, n, torch.ones_like(n))[..., None]
+    return torch.where(total > 0, means, visible_mean)
 
 
 def _check(params, head_dim, dtype, device):
@@ -127,7 +140,7 @@ def soft_attention(q, k, v, visible, ctx):
     if rank > min(lq, lk):
         raise ValueError(f"rank={rank} must be at most the sequence length (Lq={lq}, Lk={lk})")
     weights = None if visible is None else visible.to(v.dtype)
-    q_land = landmarks(q, rank)
+    q_land = landmarks(q, rank, weights if lq == lk else None)
     k_land = landmarks(k, rank, weights)
     left = gaussian_kernel(q, k_land, scale)                                 # (B, H, Lq, r)
     core = NewtonPinv.apply(gaussian_kernel(q_land, k_land, scale), ctx["newton_iters"])
