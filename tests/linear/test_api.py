@@ -154,3 +154,14 @@ def test_soft_rejects_query_varying_masks():
     q, k, v = _qkv(lq=8, lk=8)
     with pytest.raises(ValueError, match="key-padding"):
         sk.linear_attention(q, k, v, "soft", rank=2, attn_mask=torch.ones(8, 8, dtype=torch.bool).tril())
+
+
+def test_softmaxkit_list_prints_the_linear_methods(capsys):
+    from softmaxkit.cli import main
+
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("method "))
+    rows = lines[header + 2: header + 2 + len(sk.linear.methods())]
+    assert [row.split()[0] for row in rows] == [m.name for m in sk.linear.methods()]
+    assert rows[-1].split()[0] == "soft" and "  no  " in rows[-1]   # SOFT: not causal, no decoding

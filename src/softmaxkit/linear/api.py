@@ -18,6 +18,19 @@ def methods() -> list[LinearMethod]:
     return list(_METHODS.values())
 
 
+def table():
+    """The linear-attention methods as a :class:`softmaxkit._table.Table` (``softmaxkit list``),
+    built from each method's declaration."""
+    from .._table import Table
+
+    out = Table(title="Linear and softmax-free attention (softmaxkit.linear_attention)",
+                columns=["method", "feature map / formula", "causal", "decoding", "paper"])
+    for spec in methods():
+        out.add(spec.name, f"{spec.feature_map}; a_ij = {spec.formula}", "yes" if spec.causal else "no",
+                "O(1)/token" if spec.decoding else "no", spec.paper)
+    return out
+
+
 def get(method) -> LinearMethod:
     """The declaration of ``method``; ``ValueError`` listing the accepted names otherwise."""
     if not isinstance(method, str) or method not in _METHODS:

@@ -159,7 +159,7 @@ def soft_attention(q, k, v, visible, ctx):
 METHOD = LinearMethod(
     name="soft",
     feature_map="Gaussian kernel exp(-scale |q - k|^2 / 2), Nystrom rank r",
-    formula="K(Q, K~) K(Q~, K~)^+ K(Q~, K) V  (Newton-Schulz pinv)",
+    formula="[K(Q, K~) K(Q~, K~)^+ K(Q~, K)]_ij (Newton-Schulz pinv)",
     paper="Lu et al. 2021, arXiv 2110.11945",
     causal=False, decoding=False,
     params={"rank": 32, "newton_iters": 20, "normalize": None, "eps": 1e-6},
