@@ -29,7 +29,7 @@ import warnings
 
 from . import registry
 
-__all__ = ["register", "swap", "implementation_name", "PREFIX", "SPARSE_SOFTMAX_K", "LINEAR_PREFIX"]
+__all__ = ["register", "swap", "implementation_name", "PREFIX", "SPARSE_SOFTMAX_K"]
 
 PREFIX = "softmaxkit_"
 #: ``k`` of ``softmaxkit_sparse_softmax`` when the layer carries no normalizer module.

@@ -7,7 +7,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-import softmaxkit as sk  # noqa: E402
+import softmaxkit as sk
 
 CAUSAL = [spec.name for spec in sk.linear.methods() if spec.causal]
 

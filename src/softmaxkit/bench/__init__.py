@@ -20,6 +20,7 @@ SUITES: dict[str, str] = {
     "attention": "attention with any normalizer against torch scaled_dot_product_attention",
     "losses": "linear cross-entropy and Fenchel-Young losses against plain torch",
     "ops": "soft-NMS, MaxSim and SoftPool against ensemble-boxes and plain torch",
+    "linear": "linear and softmax-free attention (chunked causal) against torch SDPA: time, memory, crossover L",
 }
 
 __all__ = ["SUITES", "run_suite", "run", "machine_header"]
