@@ -165,3 +165,15 @@ def test_softmaxkit_list_prints_the_linear_methods(capsys):
     rows = lines[header + 2: header + 2 + len(sk.linear.methods())]
     assert [row.split()[0] for row in rows] == [m.name for m in sk.linear.methods()]
     assert rows[-1].split()[0] == "soft" and "  no  " in rows[-1]   # SOFT: not causal, no decoding
+
+
+@pytest.mark.parametrize("method", KERNELISED)
+def test_attention_weights_are_the_quadratic_forms(method):
+    from softmaxkit.linear import attention_weights
+
+    from ._quadratic import weights
+
+    q, k, _ = _qkv(lq=9, lk=9)
+    params = _params(method, 8)
+    got = attention_weights(q, k, method, is_causal=True, **params)
+    torch.testing.assert_close(got, weights(method, q, k, True, **params), rtol=0, atol=1e-10)

@@ -6,9 +6,16 @@ decodes causally one token at a time with a constant-size state;
 :func:`methods` lists the declarations (``softmaxkit list`` prints them).
 """
 
-from .api import LinearAttentionState, get, linear_attention, methods, table
+from .api import (
+           LinearAttentionState,
+           attention_weights,
+           get,
+           linear_attention,
+           methods,
+           table,
+)
 from .performer import draw_projection
 from .soft import NewtonPinv, newton_pinv
 
-__all__ = ["LinearAttentionState", "NewtonPinv", "draw_projection", "get", "linear_attention", "methods",
-           "newton_pinv", "table"]
+__all__ = ["LinearAttentionState", "NewtonPinv", "attention_weights", "draw_projection", "get",
+           "linear_attention", "methods", "newton_pinv", "table"]

@@ -186,6 +186,16 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: 
     return spec.combine(*parts, ctx).to(inp.out_dtype)
 
 
+def attention_weights(q: torch.Tensor, k: torch.Tensor, method: str = "linear", *, is_causal: bool = False,
+                      attn_mask: torch.Tensor | None = None, scale: float | None = None, **params) -> torch.Tensor:
+    """The ``(B, H, Lq, Lk)`` attention weights ``a_ij`` that :func:`linear_attention` applies to the
+    values, for inspection (``O(Lq Lk)`` memory): the output with the identity matrix as
+    values, so it is exactly the same computation. Zero on invisible keys."""
+    lk = k.shape[-2]
+    eye = torch.eye(lk, dtype=k.dtype, device=k.device).expand(k.shape[0], k.shape[1], lk, lk)
+    return linear_attention(q, k, eye, method, is_causal=is_causal, attn_mask=attn_mask, scale=scale, **params)
+
+
 class LinearAttentionState:
     """Recurrent decoding state of a causal linear-attention method: ``O(F Dv)`` per head.
 
