@@ -83,16 +83,21 @@ def _check(params, head_dim, dtype, device):
 
 def _features(x, positions, ctx, is_query, visible):
     w = ctx["projection"]
-    root = math.sqrt(ctx["scale"])
-    xs = x * root
-    u = xs @ w.T - 0.5 * (xs * xs).sum(-1, keepdim=True)        # log of sqrt(m) * phi
+    xs = x * math.sqrt(ctx["scale"])
+    # u = log(sqrt(m) phi(x)) = W x - |x|^2 / 2; the 1/sqrt(m) is folded into the shift below
+    u = xs @ w.T
+    inplace = not (torch.is_grad_enabled() and u.requires_grad)
+    half_norm = 0.5 * (xs * xs).sum(-1, keepdim=True)
+    u = u.sub_(half_norm) if inplace else u - half_norm
+    log_m = 0.5 * math.log(w.shape[0])
     if is_query:
-        u = u - u.amax(-1, keepdim=True).detach()
-        return Features(torch.exp(u) / math.sqrt(w.shape[0]))
+        shift = u.amax(-1, keepdim=True).detach() + log_m
+        return Features(u.sub_(shift).exp_() if inplace else torch.exp(u - shift))
     masked = u if visible is None else u.masked_fill(~visible[..., None], float("-inf"))
     shift = masked.amax(dim=(-2, -1), keepdim=True).detach()
     shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-    return Features(torch.exp(u - shift) / math.sqrt(w.shape[0]), shift)
+    phi = u.sub_(shift + log_m).exp_() if inplace else torch.exp(u - (shift + log_m))
+    return Features(phi, shift)
 
 
 METHOD = LinearMethod(
