@@ -30,8 +30,10 @@ class LinearAttention(nn.Module):
 
     Example:
         >>> layer = LinearAttention(64, heads=4, method="performer", kv_heads=2, is_causal=True)
-        >>> y = layer(torch.randn(2, 100, 64))
-        >>> state = layer.new_state(); y1 = layer.step(x[:, :1], state)   # decoding
+        >>> x = torch.randn(2, 100, 64)
+        >>> y = layer(x)
+        >>> state = layer.new_state()
+        >>> y0 = layer.step(x[:, :1], state)   # decoding, one token at a time
     """
 
     def __init__(self, dim: int, heads: int, method: str = "linear", kv_heads: int | None = None,
