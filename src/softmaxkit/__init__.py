@@ -34,12 +34,11 @@ from .functional import (
     stablemax,
 )
 from .kernels.dispatch import log_softmax_topk, softmax_topk, use_backend
-
-# ``sk.normalizers()`` is the registry's list; the package softmaxkit.normalizers holds the modules.
+from .linear import linear_attention
 from .registry import (
     NormalizerSpec,
     normalize,
-    normalizers,  # type: ignore[no-redef]  # noqa: I001
+    normalizers,  # type: ignore[no-redef]  # sk.normalizers() is the registry's list
     register_normalizer,
     unregister_normalizer,
 )
@@ -51,11 +50,13 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 __all__ = [
-    "normalize", "normalizers", "NormalizerSpec", "register_normalizer", "unregister_normalizer", "OnlineSoftmaxState", "attention", "use_backend",
+    "normalize", "normalizers", "NormalizerSpec", "register_normalizer", "unregister_normalizer",
+    "OnlineSoftmaxState", "attention", "use_backend",
     "softmax", "log_softmax", "logsumexp", "adaptive_softmax", "ssmax", "sa_softmax", "multimax",
     "sparse_softmax", "sparsemax", "entmax15", "entmax", "as_entmax", "softpick", "stablemax",
     "clipped_softmax", "sigmoid", "relu", "relu_l1", "softplus_l1", "softmax_topk", "log_softmax_topk",
-    "soften", "algorithms", "distributed", "functional", "hf", "losses", "nn", "ops", "sampling", "scores",
+    "soften", "linear_attention", "algorithms", "distributed", "functional", "hf", "losses", "nn", "ops",
+    "sampling", "scores",
 ]
 
 for _name in functional.__all__:  # normalizer modules added after the list above

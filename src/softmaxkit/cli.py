@@ -103,6 +103,10 @@ def _cmd_list(args) -> int:
     from .report.text import render_text
 
     print(render_text(table(), width=120))
+    from .linear import table as linear_table
+
+    print()
+    print(render_text(linear_table(), width=120))
     return 0
 
 

@@ -82,7 +82,7 @@ def register() -> list[str]:
         AttentionInterface.register(impl, _attention_function(name))
         AttentionMaskInterface.register(impl, sdpa_mask)
         names.append(impl)
-    return names
+    return names + _register_linear(AttentionInterface, AttentionMaskInterface, sdpa_mask)
 
 
 def _attention_layers(model):
@@ -122,3 +122,101 @@ def swap(model, normalizer: str, learnable: bool = True, **params):
     else:
         model.config._attn_implementation = impl
     return model
+
+
+# --- softmax-free / linear attention: softmaxkit_linear_<method> for the causal methods ---
+
+#: ``attn_implementation`` prefix of the linear-attention methods.
+LINEAR_PREFIX = PREFIX + "linear_"
+#: Performer's random projection in layer ``i`` is drawn from seed ``PERFORMER_SEED + i``.
+PERFORMER_SEED = 0
+
+
+def _linear_params(module, method, query) -> dict:
+    from .linear import draw_projection, get
+
+    spec = get(method)
+    params = {}
+    if "projection" in spec.params:
+        proj = getattr(module, "softmaxkit_linear_projection", None)
+        if proj is None or proj.shape[-1] != query.shape[-1]:
+            seed = PERFORMER_SEED + int(getattr(module, "layer_idx", 0) or 0)
+            proj = draw_projection(spec.params["nb_features"], query.shape[-1],
+                                   generator=_generator(seed)).to(query.device)
+            module.softmaxkit_linear_projection = proj
+        params["projection"] = proj
+    if "max_len" in spec.params:
+        params["max_len"] = int(module.config.max_position_embeddings)
+    return params
+
+
+def _generator(seed: int):
+    import torch
+
+    return torch.Generator().manual_seed(seed)
+
+
+def _linear_function(method: str):
+    """The attention function of ``softmaxkit_linear_<method>``.
+
+    Causal layers run :func:`softmaxkit.linear_attention` with the key-padding mask read
+    from the boolean mask (a key is visible when some query sees it). Without autograd
+    (generation), each layer keeps a :class:`softmaxkit.linear.LinearAttentionState` in
+    ``layer._softmaxkit_linear_state``: a call that continues the sequence it has seen (the
+    cache holds exactly its keys plus the new ones, the last key it saw unchanged) costs
+    ``O(new tokens)``, whatever the cache length; any other call starts a new state.
+    """
+    from .linear import LinearAttentionState, linear_attention
+
+    def softmaxkit_linear_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                                            scaling: float | None = None, is_causal: bool | None = None,
+                                            **kwargs):
+        import torch
+
+        causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+        params = _linear_params(module, method, query)
+        key_mask = None
+        if attention_mask is not None:
+            if attention_mask.dtype != torch.bool:
+                attention_mask = attention_mask == 0 if attention_mask.is_floating_point() else attention_mask.bool()
+            key_mask = attention_mask.any(-2, keepdim=True)
+        lq, lk = query.shape[2], key.shape[2]
+        if not causal or torch.is_grad_enabled():
+            out = linear_attention(query, key, value, method, is_causal=causal, attn_mask=key_mask,
+                                   scale=scaling, **params)
+            return out.transpose(1, 2).contiguous(), None
+        held = getattr(module, "_softmaxkit_linear_state", None)
+        new_mask = None if key_mask is None else key_mask[..., lk - lq:]
+        if held is not None:
+            state, last_key = held
+            seen = state.position
+            if (seen == lk - lq and seen > 0 and last_key.shape == key[:, :, seen - 1].shape
+                    and torch.equal(last_key, key[:, :, seen - 1])):
+                out = state.step(query, key[:, :, seen:], value[:, :, seen:], key_mask=new_mask)
+                module._softmaxkit_linear_state = (state, key[:, :, -1].clone())
+                return out.transpose(1, 2).contiguous(), None
+        if lq != lk:   # a cache this layer did not see being filled: recompute, keep no state
+            out = linear_attention(query, key, value, method, is_causal=True, attn_mask=key_mask,
+                                   scale=scaling, **params)
+            return out.transpose(1, 2).contiguous(), None
+        state = LinearAttentionState(method, scale=scaling, **params)
+        out = state.step(query, key, value, key_mask=new_mask)
+        module._softmaxkit_linear_state = (state, key[:, :, -1].clone())
+        return out.transpose(1, 2).contiguous(), None
+
+    softmaxkit_linear_attention_forward.__name__ = f"{LINEAR_PREFIX}{method}_attention_forward"
+    return softmaxkit_linear_attention_forward
+
+
+def _register_linear(attention_interface, mask_interface, sdpa_mask) -> list[str]:
+    """Register ``softmaxkit_linear_<method>`` for every causal linear-attention method."""
+    from .linear import methods
+
+    names = []
+    for spec in methods():
+        if spec.causal:
+            impl = LINEAR_PREFIX + spec.name
+            attention_interface.register(impl, _linear_function(spec.name))
+            mask_interface.register(impl, sdpa_mask)
+            names.append(impl)
+    return names

@@ -20,6 +20,7 @@ TASKS: dict[str, str] = {
     "ood": "d. OOD detection, calibration and early exit on scikit-learn's digits",
     "soft_nms": "e. Soft-NMS against NMS, AP@0.5 on synthetic crowded scenes",
     "negation": "f. MaxSim against Signed MaxSim, nDCG@10 on negation queries",
+    "linear": "g. linear / softmax-free attention: error vs exact attention, InLine's and MALA's claims",
 }
 
 __all__ = ["TASKS", "run_task", "run"]

@@ -23,6 +23,9 @@ from torch import nn
 
 from .. import nn as sknn
 from .._table import Table, verdict_of
+from ..linear import draw_projection, linear_attention
+from ..linear import get as get_linear
+from ..linear import methods as linear_methods
 from ._plot import line_style
 from ._runtime import cell_for, generator, map_jobs, skipped_note, why_skipped
 
@@ -43,6 +46,14 @@ NORMALIZERS: tuple[tuple[str, str, str | None], ...] = (
     ("stablemax", "stablemax", None),
     ("multimax", "multimax", None),
 )
+
+#: Rows for softmax-free / linear attention (softmaxkit.linear_attention, one learned query over the items):
+#: training name ``"linear:<method>"``. SOFT is left out: with one query its rank is at most Lq = 1.
+LINEAR_TAG = "linear:"
+NORMALIZERS += tuple((f"linear attn: {spec.name}", LINEAR_TAG + spec.name, None)
+                     for spec in linear_methods() if spec.kernelised)
+#: quick mode keeps two linear rows (plain linear attention and MALA) so that its run time stays as it was.
+QUICK_LINEAR = ("linear", "mala")
 
 
 @dataclass(frozen=True)
@@ -73,7 +84,12 @@ class MaxRetriever(nn.Module):
         self.value = nn.Embedding(classes, width)
         self.query = nn.Parameter(torch.randn(width) / math.sqrt(width))
         self.readout = nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, classes))
-        self.normalizer = sknn.Normalizer(normalizer)  # last: the other weights start equal for every normalizer
+        self.linear = normalizer[len(LINEAR_TAG):] if normalizer.startswith(LINEAR_TAG) else None
+        # last: the other weights start equal for every normalizer (a linear method keeps an unused softmax)
+        self.normalizer = sknn.Normalizer("softmax" if self.linear else normalizer)
+        self.linear_params = {}
+        if self.linear and "projection" in get_linear(self.linear).params:   # performer: fixed features
+            self.linear_params["projection"] = draw_projection(64, width, generator=generator(0))
 
     def weights(self, priority: torch.Tensor, mask: torch.Tensor | None, normalizer: str | None = None):
         """Attention weights over the items, shape ``(sets, items)``."""
@@ -84,6 +100,13 @@ class MaxRetriever(nn.Module):
         return sknn.Normalizer(normalizer).to(scores.dtype)(scores, mask=mask)
 
     def forward(self, priority, classes, mask=None, normalizer: str | None = None):
+        if self.linear:
+            keys = self.key(priority.unsqueeze(-1)).unsqueeze(1)                  # (sets, 1, items, width)
+            q = self.query.expand(keys.shape[0], 1, 1, keys.shape[-1])
+            visible = None if mask is None else mask[:, None, None, :]
+            attended = linear_attention(q, keys, self.value(classes).unsqueeze(1), self.linear, attn_mask=visible,
+                                        **self.linear_params)[:, 0, 0]
+            return self.readout(attended)
         w = self.weights(priority, mask, normalizer)
         attended = (w.unsqueeze(-1) * self.value(classes)).sum(-2)
         return self.readout(attended)
@@ -228,6 +251,12 @@ def _verdict(cfg: Config, results: dict[str, list[float]]) -> str:
             parts.append(f"adaptive temperature at inference: {gains[i]:+.3f} vs softmax at best "
                          f"({sizes[i]} items), {gains[-1]:+.3f} at {sizes[-1]}"
                          + (" (helps at moderate sizes only)" if gains[i] > 0.01 >= gains[-1] else ""))
+    linear = {k: v for k, v in results.items() if k.startswith("linear attn")}
+    if linear and "softmax" in results:
+        top = max(linear, key=lambda k: linear[k][0])
+        parts.append(f"linear attention (claimed close to softmax in quality): best {top} "
+                     f"{linear[top][0]:.3f} vs softmax {results['softmax'][0]:.3f} at {sizes[0]} items, "
+                     f"{linear[top][-1]:.3f} vs {results['softmax'][-1]:.3f} at {sizes[-1]}")
     best = max(results, key=lambda k: results[k][-1])
     parts.append(f"best at {sizes[-1]} items: {best} ({results[best][-1]:.3f})")
     return "; ".join(parts) + "."
@@ -256,7 +285,9 @@ def run(quick: bool = False, seed: int = 0, config: Config | None = None, worker
         show_progress: bool = True) -> list[Table]:
     """The max-retrieval accuracy table and plot (``config`` overrides the quick/full sizes)."""
     cfg = config or (QUICK if quick else FULL)
-    results, skipped, learned = measure(cfg, seed, workers=workers, show_progress=show_progress)
+    rows = tuple(r for r in NORMALIZERS
+                 if not (quick and r[1].startswith(LINEAR_TAG) and r[1][len(LINEAR_TAG):] not in QUICK_LINEAR))
+    results, skipped, learned = measure(cfg, seed, normalizers=rows, workers=workers, show_progress=show_progress)
     table = Table(title="max-retrieval: accuracy vs number of items (trained on 2-16)",
                   columns=["normalizer"] + [f"{n} items" for n in cfg.test_sizes] + ["learned parameters"],
                   claim=CLAIM)
@@ -269,7 +300,10 @@ def run(quick: bool = False, seed: int = 0, config: Config | None = None, worker
     notes = (f"{cfg.classes} classes (chance {1 / cfg.classes:.2f}); width {cfg.width}; {cfg.steps} Adam steps "
              f"(lr {cfg.lr}, cosine) of {cfg.batch} sets with {cfg.train_sizes[0]}-{cfg.train_sizes[1]} items; "
              f"{cfg.test_sets} test sets per size; seed {seed}. Every model sees the same data and the same "
-             f"initial weights; learnable normalizer parameters are trained with softmaxkit.nn.Normalizer.")
+             f"initial weights; learnable normalizer parameters are trained with softmaxkit.nn.Normalizer. "
+             f"'linear attn: <method>' rows replace the normalised scores by softmaxkit.linear_attention with the "
+             f"same learned query, keys and values (performer: 64 fixed random features; SOFT left out: rank <= "
+             f"1 query)" + (f"; quick mode runs only {', '.join(QUICK_LINEAR)} of them." if quick else "."))
     notes += skipped_note(skipped)
     table.notes = notes
     table.figures.append(("accuracy vs items", _figure(cfg, results)))

@@ -48,6 +48,9 @@ from torch import nn
 
 from .. import nn as sknn
 from .._table import Table, verdict_of
+from ..linear import attention_weights, draw_projection, linear_attention
+from ..linear import get as get_linear
+from ..linear import methods as linear_methods
 from ._runtime import cell_for, generator, map_jobs, skipped_note, why_skipped
 
 CLAIM = ("Softpick attention has a 0% attention-sink rate, far lower hidden-state kurtosis (340 vs 33,510) and "
@@ -64,6 +67,12 @@ NORMALIZERS = ("softmax", "ssmax", "sa_softmax", "multimax", "stablemax", "softp
                "clipped_softmax", "sparsemax", "entmax15")
 
 SINK_THRESHOLD = 0.3
+
+#: Rows for the causal softmax-free / linear attention methods (softmaxkit.linear_attention, chunked causal
+#: path): normalizer name ``"linear:<method>"``; quick mode runs QUICK_LINEAR only, to keep its run time.
+LINEAR_TAG = "linear:"
+LINEAR = tuple(LINEAR_TAG + spec.name for spec in linear_methods() if spec.causal)
+QUICK_LINEAR = (LINEAR_TAG + "linear", LINEAR_TAG + "mala")
 
 
 @dataclass(frozen=True)
@@ -145,8 +154,16 @@ def rotary(x: torch.Tensor) -> torch.Tensor:
     return torch.cat([a * cos - b * sin, a * sin + b * cos, x[..., 2 * half:]], dim=-1)
 
 
-def attend(q, k, v, normalizer: sknn.Normalizer, keep_weights: bool = False):
-    """Causal attention ``(batch, heads, length, head_dim)``; returns the output and the weights (or None)."""
+def attend(q, k, v, normalizer: sknn.Normalizer, keep_weights: bool = False, linear: str | None = None,
+           linear_params: dict | None = None):
+    """Causal attention ``(batch, heads, length, head_dim)``; returns the output and the weights (or None).
+
+    ``linear``: a causal method of :func:`softmaxkit.linear_attention` used instead of the normalizer."""
+    if linear is not None:
+        if keep_weights:
+            weights = attention_weights(q, k, linear, is_causal=True, **(linear_params or {}))
+            return weights @ v, weights
+        return linear_attention(q, k, v, linear, is_causal=True, **(linear_params or {})), None
     if USE_SOFTMAXKIT_ATTENTION and not keep_weights and normalizer.spec.passes is not None:
         import softmaxkit
 
@@ -173,7 +190,11 @@ class Block(nn.Module):
     def forward(self, x, keep_weights: bool = False):
         batch, length, width = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(batch, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        out, weights = attend(rotary(q), rotary(k), v, self.normalizer, keep_weights)
+        linear = getattr(self, "linear", None)
+        if linear is None:
+            out, weights = attend(rotary(q), rotary(k), v, self.normalizer, keep_weights)
+        else:
+            out, weights = attend(rotary(q), rotary(k), v, self.normalizer, keep_weights, linear, self.linear_params)
         x = x + self.proj(out.transpose(1, 2).reshape(batch, length, width))
         return x + self.mlp(self.ln2(x)), weights
 
@@ -202,8 +223,15 @@ def build(normalizer: str, cfg: Config, seed: int) -> TinyLM:
     """A fresh model; all weights except the normalizer's parameters equal across normalizers."""
     torch.manual_seed(seed)
     model = TinyLM("softmax", cfg)
-    for block in model.blocks:
-        block.normalizer = sknn.Normalizer(normalizer, param_shape=(cfg.heads, 1, 1))
+    linear = normalizer[len(LINEAR_TAG):] if normalizer.startswith(LINEAR_TAG) else None
+    for i, block in enumerate(model.blocks):
+        block.normalizer = sknn.Normalizer("softmax" if linear else normalizer, param_shape=(cfg.heads, 1, 1))
+        if linear:
+            block.linear = linear
+            block.linear_params = {}
+            if "projection" in get_linear(linear).params:   # performer: fixed random features per layer
+                block.linear_params["projection"] = draw_projection(
+                    get_linear(linear).params["nb_features"], cfg.width // cfg.heads, generator=generator(seed + i))
     return model
 
 
@@ -400,15 +428,26 @@ def _verdict(results: dict[str, dict]) -> str:
         ss = results["ssmax"]
         parts.append(f"loss growth from L to 4L: ssmax {ss['loss at 4x context'] - ss['val loss']:+.3f}, "
                      f"softmax {base['loss at 4x context'] - base['val loss']:+.3f}")
+    linear = {n: r for n, r in results.items() if n.startswith(LINEAR_TAG)}
+    if linear:
+        top = min(linear, key=lambda n: linear[n]["val loss"])
+        parts.append(f"linear attention at the same token budget (claimed close to softmax in quality): best "
+                     f"{top} val loss {linear[top]['val loss']:.3f} vs softmax {base['val loss']:.3f} "
+                     f"({linear[top]['val loss'] - base['val loss']:+.3f})")
     best = min(results, key=lambda n: results[n]["val loss"])
     parts.append(f"lowest val loss: {best} ({results[best]['val loss']:.3f})")
     return "; ".join(parts) + ". At this scale (a few hundred steps, 2 layers) these are indications, not replications."
 
 
-def run(quick: bool = False, seed: int = 0, config: Config | None = None, normalizers=NORMALIZERS,
+def run(quick: bool = False, seed: int = 0, config: Config | None = None, normalizers=None,
         workers: int | None = None, show_progress: bool = True) -> list[Table]:
-    """One tiny LM per normalizer; the metrics table and a plot (``config`` overrides quick/full)."""
+    """One tiny LM per normalizer; the metrics table and a plot (``config`` overrides quick/full).
+
+    ``normalizers`` defaults to :data:`NORMALIZERS` and the linear-attention rows (:data:`LINEAR`,
+    :data:`QUICK_LINEAR` in quick mode)."""
     cfg = config or (QUICK if quick else FULL)
+    if normalizers is None:
+        normalizers = NORMALIZERS + (QUICK_LINEAR if quick else LINEAR)
     outputs = map_jobs(run_one, [(name, cfg, seed) for name in normalizers], desc="tiny_lm",
                        workers=workers, show_progress=show_progress)
     results = {n: r for n, r in zip(normalizers, outputs) if isinstance(r, dict)}
@@ -427,7 +466,10 @@ def run(quick: bool = False, seed: int = 0, config: Config | None = None, normal
              f"{cfg.width}, {cfg.heads} heads, {cfg.layers} layers, rotary positions; {cfg.steps} AdamW steps of "
              f"{cfg.batch} windows = {cfg.tokens:,} training tokens; seed {seed}. Sink rate: share of heads whose "
              f"mean weight on the first token (queries L/2..L-1) exceeds {SINK_THRESHOLD}. Kurtosis: Pearson, 3 "
-             f"for a Gaussian. int8/int4: symmetric per-channel round-to-nearest of all linear weights.")
+             f"for a Gaussian. int8/int4: symmetric per-channel round-to-nearest of all linear weights. "
+             f"'linear:<method>' rows: softmaxkit.linear_attention (chunked causal) instead of normalised scores, "
+             f"same weights and batches; their sink rate and zero weights come from the exact weights "
+             f"(softmaxkit.linear.attention_weights; InLine's and MALA's may be negative).")
     notes += skipped_note(skipped)
     table.notes = notes
     if results:

@@ -21,6 +21,7 @@ SUITES: dict[str, str] = {
     "losses": "linear cross-entropy and Fenchel-Young losses against plain torch",
     "ops": "soft-NMS, MaxSim and SoftPool against ensemble-boxes and plain torch",
     "distributed": "ring attention on 1, 2, 4 gloo processes: memory per rank, communication, time; modelled scaling",
+    "linear": "linear and softmax-free attention (chunked causal) against torch SDPA: time, memory, crossover L",
 }
 
 __all__ = ["SUITES", "run_suite", "run", "machine_header"]

@@ -1,0 +1,102 @@
+r"""The declaration every linear-attention method makes, and the table of methods.
+
+A method of the kernelised family writes its attention weights as
+
+.. math:: a_{ij} = A_i\, \phi(q_i)^\top \phi(k_j) + B_i
+
+over the keys ``j`` visible to query ``i``, where ``A_i`` and ``B_i`` depend on ``q_i`` only
+through ``num_i = sum_j phi(q_i).phi(k_j) v_j``, ``den_i = phi(q_i).sum_j phi(k_j)``, the sum
+of the visible values and their count ``n_i``. Every such method is therefore computed from
+the four running sums ``(sum phi(k) v^T, sum phi(k), sum v, n)``: in one pass for
+non-causal attention, chunk by chunk for causal attention, one token at a time when
+decoding (:mod:`softmaxkit.linear.chunked`). A method declares its feature map
+(:attr:`LinearMethod.features`) and how the sums combine (:attr:`LinearMethod.combine`);
+nothing outside its module switches on its name.
+
+SOFT (:mod:`softmaxkit.linear.soft`) is not of this form (a Nystrom approximation of a
+Gaussian kernel); it declares ``kernelised=False`` and its own ``compute``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Features:
+    """Feature vectors of a block of queries or keys.
+
+    ``phi`` is ``(B, H, L, F)``. ``shift`` (keys only, ``(B, H, 1, 1)`` or None) says that
+    ``phi`` was divided by ``exp(shift)`` for numerical range: a factor common to every key
+    cancels in methods whose ``combine`` is invariant to it (``shift_invariant``).
+    """
+
+    phi: torch.Tensor
+    shift: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class LinearMethod:
+    """One softmax-free / linear attention method.
+
+    Attributes:
+        name: the ``method`` string of :func:`softmaxkit.linear_attention`.
+        feature_map: the feature map or kernel, in words (for ``softmaxkit list``).
+        formula: the attention weights (for ``softmaxkit list``).
+        paper: authors, year, arXiv id.
+        causal: supports ``is_causal=True``.
+        decoding: supports O(1)-per-token recurrent decoding (:class:`LinearAttentionState`).
+        params: accepted parameters and their defaults.
+        check: ``check(params, head_dim, dtype, device) -> ctx``: validates the parameters
+            (``ValueError``/``TypeError`` naming them) and returns what ``features`` needs.
+        features: ``features(x, positions, ctx, is_query, visible) -> Features`` with
+            ``x`` ``(B, H, L, D)``, ``positions`` ``(L,)`` absolute positions (float),
+            ``visible`` ``(B, H|1, L)`` bool or None (keys only).
+        combine: ``combine(num, den, vsum, n, ctx) -> out`` (the weights above).
+        shift_invariant: ``combine`` is unchanged when every ``phi(k)`` is scaled by one
+            positive factor (required by features that return a ``shift``).
+        kernelised: False for SOFT, which provides ``compute`` instead.
+        positional: the feature map depends on the token position (cosFormer).
+        uses_vsum: ``combine`` reads ``vsum`` (else the causal path may pass None).
+    """
+
+    name: str
+    feature_map: str
+    formula: str
+    paper: str
+    causal: bool
+    decoding: bool
+    params: dict[str, Any] = field(default_factory=dict)
+    check: Callable | None = None
+    features: Callable | None = None
+    combine: Callable | None = None
+    shift_invariant: bool = False
+    kernelised: bool = True
+    positional: bool = False
+    uses_vsum: bool = True
+    compute: Callable | None = None
+
+
+def ratio_combine(num, den, vsum, n, ctx):
+    """``num / den`` (clamped at ``ctx["eps"]``): normalised linear attention; 0 with no key."""
+    out = num / den.clamp_min(ctx["eps"])
+    return zero_where_empty(out, n)
+
+
+def zero_where_empty(out, n):
+    """``out`` with 0 on the queries that see no key (``n == 0``); no copy when there are none."""
+    empty = n == 0
+    if bool(empty.any()):
+        return torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
+    return out
+
+
+def check_eps(value, name: str = "eps") -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isnan(value):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)

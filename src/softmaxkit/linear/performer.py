@@ -1,0 +1,111 @@
+r"""``"performer"``: FAVOR+, positive orthogonal random features (Choromanski et al. 2020).
+
+.. math:: \phi(x) = \frac{1}{\sqrt m}\exp\!\Big(W x - \frac{\lVert x\rVert^2}{2}\Big),\qquad
+          \mathbb{E}_W\big[\phi(x)^\top \phi(y)\big] = \exp(x^\top y)
+
+with ``x = sqrt(scale) q`` and ``y = sqrt(scale) k``, so that ``phi(q).phi(k)`` is an
+unbiased estimate of the softmax kernel ``exp(scale q.k)``; the output is
+``sum_j phi(q_i).phi(k_j) v_j / sum_j phi(q_i).phi(k_j)``. ``W`` is ``(m, D)`` with rows
+``w_r ~ N(0, I_D)``; with ``orthogonal=True`` (default) the rows are drawn in blocks of ``D``
+orthogonal directions (QR of a Gaussian matrix) whose lengths are redrawn as the norms of
+independent Gaussian vectors, so every row is still marginally ``N(0, I)`` and the estimate
+stays unbiased (Choromanski, Likhosherstov, Dohan, Song, Gane, Sarlos, Hawkins, Davis,
+Mohiuddin, Kaiser, Belanger, Colwell, Weller 2020, "Rethinking Attention with Performers",
+ICLR 2021, arXiv 2009.14794).
+
+Parameters: ``nb_features`` (``m``, default 256), ``orthogonal``, ``generator`` (a
+``torch.Generator`` for a reproducible draw; each call draws anew from it), or
+``projection`` (a fixed ``(m, D)`` matrix from :func:`draw_projection`: redraw by drawing
+another), ``eps`` for the denominator (default 1e-6).
+
+Numerical range: each query's features are divided by their maximum, and every key's by
+the maximum over the keys (``Features.shift``); both factors cancel in the ratio.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._spec import Features, LinearMethod, check_eps, ratio_combine
+
+
+def draw_projection(nb_features: int, head_dim: int, *, orthogonal: bool = True,
+                    generator: torch.Generator | None = None, dtype=torch.float32, device=None) -> torch.Tensor:
+    """A random ``(nb_features, head_dim)`` projection ``W`` for FAVOR+ (rows marginally ``N(0, I)``).
+
+    ``orthogonal=True``: blocks of ``head_dim`` mutually orthogonal rows (QR of a Gaussian
+    matrix), each row rescaled to the norm of an independent ``N(0, I)`` vector
+    (Choromanski et al. 2020, arXiv 2009.14794, section 2.4).
+    """
+    for name, value in (("nb_features", nb_features), ("head_dim", head_dim)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    dev = generator.device if generator is not None else device
+    g = torch.randn(nb_features, head_dim, generator=generator, dtype=torch.float64, device=dev)
+    if orthogonal:
+        blocks = []
+        for r0 in range(0, nb_features, head_dim):
+            rows = min(head_dim, nb_features - r0)
+            a = torch.randn(head_dim, head_dim, generator=generator, dtype=torch.float64, device=dev)
+            qmat, rmat = torch.linalg.qr(a)
+            qmat = qmat * torch.sign(torch.diagonal(rmat)).where(torch.diagonal(rmat) != 0,
+                                                                  torch.ones(head_dim, dtype=torch.float64, device=dev))
+            blocks.append(qmat.T[:rows])
+        w = torch.cat(blocks) * g.norm(dim=1, keepdim=True)
+    else:
+        w = g
+    return w.to(dtype=dtype, device=device if device is not None else w.device)
+
+
+def _check(params, head_dim, dtype, device):
+    proj = params["projection"]
+    if proj is None:
+        m = params["nb_features"]
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"nb_features must be a positive int, got {m!r}")
+        if not isinstance(params["orthogonal"], bool):
+            raise TypeError(f"orthogonal must be a bool, got {type(params['orthogonal']).__name__}")
+        proj = draw_projection(m, head_dim, orthogonal=params["orthogonal"], generator=params["generator"],
+                               dtype=dtype, device=device)
+    else:
+        if not isinstance(proj, torch.Tensor) or not proj.is_floating_point():
+            raise TypeError("projection must be a floating-point tensor (nb_features, head_dim)")
+        if proj.dim() != 2 or proj.shape[1] != head_dim:
+            raise ValueError(f"projection must have shape (nb_features, head_dim={head_dim}), "
+                             f"got {tuple(proj.shape)}")
+        proj = proj.to(dtype=dtype, device=device)
+    return {"eps": check_eps(params["eps"]), "projection": proj}
+
+
+def _features(x, positions, ctx, is_query, visible):
+    w = ctx["projection"]
+    xs = x * math.sqrt(ctx["scale"])
+    # u = log(sqrt(m) phi(x)) = W x - |x|^2 / 2; the 1/sqrt(m) is folded into the shift below
+    u = xs @ w.T
+    inplace = not (torch.is_grad_enabled() and u.requires_grad)
+    half_norm = 0.5 * (xs * xs).sum(-1, keepdim=True)
+    u = u.sub_(half_norm) if inplace else u - half_norm
+    log_m = 0.5 * math.log(w.shape[0])
+    if is_query:
+        shift = u.amax(-1, keepdim=True).detach() + log_m
+        return Features(u.sub_(shift).exp_() if inplace else torch.exp(u - shift))
+    masked = u if visible is None else u.masked_fill(~visible[..., None], float("-inf"))
+    shift = masked.amax(dim=(-2, -1), keepdim=True).detach()
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    phi = u.sub_(shift + log_m).exp_() if inplace else torch.exp(u - (shift + log_m))
+    return Features(phi, shift)
+
+
+METHOD = LinearMethod(
+    name="performer",
+    feature_map="exp(W x - |x|^2/2) / sqrt(m), W orthogonal random",
+    formula="phi(q_i).phi(k_j) / sum_j' phi(q_i).phi(k_j')  (E = softmax kernel)",
+    paper="Choromanski et al. 2020, arXiv 2009.14794",
+    causal=True, decoding=True,
+    params={"nb_features": 256, "orthogonal": True, "generator": None, "projection": None, "eps": 1e-6},
+    check=_check, features=_features, combine=ratio_combine, shift_invariant=True, uses_vsum=False,
+)

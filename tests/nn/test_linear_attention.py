@@ -1,0 +1,63 @@
+"""softmaxkit.nn.LinearAttention: shapes, GQA, padding, decoding, performer's buffer."""
+
+import pytest
+import torch
+
+import softmaxkit as sk
+
+METHODS = ["linear", "performer", "cosformer", "inline", "mala"]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_forward_backward_and_step_equal_full(method):
+    torch.manual_seed(0)
+    params = {"max_len": 32} if method == "cosformer" else {}
+    layer = sk.nn.LinearAttention(16, heads=4, method=method, kv_heads=2, is_causal=True, seed=0, **params).double()
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    y = layer(x)
+    y.sum().backward()
+    assert y.shape == x.shape and layer.q_proj.weight.grad.abs().sum() > 0
+    state = layer.new_state()
+    with torch.no_grad():
+        steps = torch.cat([layer.step(x[:, :5], state)] + [layer.step(x[:, t:t + 1], state) for t in range(5, 12)], 1)
+    torch.testing.assert_close(steps, y.detach(), rtol=0, atol=1e-10)
+
+
+def test_soft_module_and_padding():
+    torch.manual_seed(0)
+    layer = sk.nn.LinearAttention(16, heads=2, method="soft", rank=4)
+    x = torch.randn(2, 12, 16)
+    pad = torch.ones(2, 12, dtype=torch.bool)
+    pad[1, 8:] = False
+    y = layer(x, key_padding_mask=pad)
+    x2 = x.clone()
+    x2[1, 8:] = 100.0   # padded positions change: the visible outputs do not
+    torch.testing.assert_close(layer(x2, key_padding_mask=pad)[1, :8], y[1, :8])
+    with pytest.raises(ValueError, match="no causal form"):
+        sk.nn.LinearAttention(16, heads=2, method="soft", is_causal=True)
+
+
+def test_performer_projection_is_a_saved_buffer_and_redrawn():
+    layer = sk.nn.LinearAttention(16, heads=2, method="performer", nb_features=8, seed=1)
+    assert layer.state_dict()["projection"].shape == (8, 8)
+    x = torch.randn(1, 5, 16)
+    before = layer(x)
+    clone = sk.nn.LinearAttention(16, heads=2, method="performer", nb_features=8, seed=2)
+    clone.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(clone(x), before)
+    layer.redraw_features(seed=3)
+    assert not torch.allclose(layer(x), before)
+    with pytest.raises(ValueError, match="no random features"):
+        sk.nn.LinearAttention(16, heads=2, method="linear").redraw_features()
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="kv_heads"):
+        sk.nn.LinearAttention(16, heads=4, kv_heads=3)
+    with pytest.raises(TypeError, match="unexpected parameter"):
+        sk.nn.LinearAttention(16, heads=4, method="linear", rank=2)
+    with pytest.raises(ValueError, match="unknown linear attention method"):
+        sk.nn.LinearAttention(16, heads=4, method="nope")
+    layer = sk.nn.LinearAttention(16, heads=4)
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        layer(torch.randn(2, 5, 16), key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
