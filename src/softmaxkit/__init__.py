@@ -31,7 +31,8 @@ from .functional import (
     ssmax,
     stablemax,
 )
-from .kernels.dispatch import use_backend, softmax_topk, log_softmax_topk
+from .kernels.dispatch import use_backend
+from .topk import log_softmax_topk, softmax_topk
 from .registry import NormalizerSpec, normalize, normalizers
 from .sampling import soften
 

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from .._table import Table
 from ..losses import linear_cross_entropy
 from ..losses.linear_cross_entropy import default_chunk_size, default_vocab_block
-from ..kernels.dispatch import softmax_topk
+from ..topk import softmax_topk
 from ..sampling import _blocked_topk, sample
 from ._measure import machine_header, median_time, peak_memory_bytes
 

@@ -80,7 +80,9 @@ def log_softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     d_safe = nonzero_or_one(d)
     out = z_safe - m - torch.log(d_safe)
     out = torch.where(inf_rows, torch.log(_infinite_limit(z.detach(), visible)), out)
-    return torch.where(visible, out, torch.full_like(out, float("-inf")))
+    # z = -inf at a visible entry (x / T overflowing) of a row without NaN: probability 0, log -inf
+    dead = (z == float("-inf")) & ~torch.isnan(d)
+    return torch.where(visible & ~dead, out, torch.full_like(out, float("-inf")))
 
 
 def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -123,9 +125,10 @@ def softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
         temperature: ``T > 0``, a number or a tensor broadcastable to ``x``.
     """
     check_positive(temperature, "temperature")
-    fast = dispatch.select("softmax", x, dim, mask, temperature=temperature)
-    if fast is not None:
-        return fast()
+    return dispatch.run("softmax", _softmax_reference, x, dim, mask, temperature=temperature)
+
+
+def _softmax_reference(x, dim=-1, mask=None, temperature=1.0):
     rows = prepare_rows(x, dim, mask)
     z = _scaled(rows, 1.0 / temperature if not isinstance(temperature, torch.Tensor)
                 else temperature.reciprocal(), "temperature")
@@ -142,9 +145,10 @@ def log_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None
     logarithm of their probability 0, with zero gradient.
     """
     check_positive(temperature, "temperature")
-    fast = dispatch.select("log_softmax", x, dim, mask, temperature=temperature)
-    if fast is not None:
-        return fast()
+    return dispatch.run("log_softmax", _log_softmax_reference, x, dim, mask, temperature=temperature)
+
+
+def _log_softmax_reference(x, dim=-1, mask=None, temperature=1.0):
     rows = prepare_rows(x, dim, mask)
     z = _scaled(rows, 1.0 / temperature if not isinstance(temperature, torch.Tensor)
                 else temperature.reciprocal(), "temperature")
@@ -159,9 +163,10 @@ def logsumexp(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
 
     A row with nothing visible gives ``-inf`` (the log of an empty sum), with zero gradient.
     """
-    fast = dispatch.select("logsumexp", x, dim, mask, keepdim=keepdim)
-    if fast is not None:
-        return fast()
+    return dispatch.run("logsumexp", _logsumexp_reference, x, dim, mask, keepdim=keepdim)
+
+
+def _logsumexp_reference(x, dim=-1, mask=None, keepdim=False):
     rows = prepare_rows(x, dim, mask)
     z = torch.where(rows.visible, rows.x, rows.safe_x)
     return rows.restore(logsumexp_rows(z, rows.visible), reduced=True, keepdim=keepdim)

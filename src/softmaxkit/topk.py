@@ -1,11 +1,15 @@
-"""``softmax_topk`` / ``log_softmax_topk``: the k largest probabilities without the full output."""
+"""``softmax_topk`` / ``log_softmax_topk``: the k largest probabilities without the full output.
+
+The public functions; the fused kernel is :mod:`softmaxkit.kernels.cpu.topk`, picked by
+:func:`softmaxkit.kernels.dispatch.run`.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from .._rows import check_dim, check_floating, check_int_in_range
-from . import dispatch
+from ._rows import check_dim, check_floating, check_int_in_range
+from .kernels import dispatch
 
 
 def _check(x, k, dim):
@@ -16,20 +20,28 @@ def _check(x, k, dim):
     return k, d
 
 
-def _reference(x, k, dim, log):
-    from ..functional.softmax import log_softmax, softmax
-    with dispatch.use_backend("reference"):
-        p = (log_softmax if log else softmax)(x, dim=dim)
-    return torch.topk(p, k, dim=dim)
+def _top(p, k, dim):
+    """The documented order: decreasing value, equal values by increasing index (a stable
+    sort; ``torch.topk`` leaves the order of equal values unspecified)."""
+    values, indices = torch.sort(p, dim=dim, descending=True, stable=True)
+    return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
+
+
+def _softmax_topk_reference(x, dim=-1, mask=None, k=1):
+    from .functional.softmax import _softmax_reference
+    return _top(_softmax_reference(x, dim, mask), k, dim)
+
+
+def _log_softmax_topk_reference(x, dim=-1, mask=None, k=1):
+    from .functional.softmax import _log_softmax_reference
+    return _top(_log_softmax_reference(x, dim, mask), k, dim)
 
 
 def _topk(x, k, dim, log):
     k, d = _check(x, k, dim)
-    fast = dispatch.select("log_softmax_topk" if log else "softmax_topk", x, dim, k=k)
-    if fast is not None:
-        return fast()
-    values, indices = _reference(x, k, d, log)
-    return values, indices
+    if log:
+        return dispatch.run("log_softmax_topk", _log_softmax_topk_reference, x, d, k=k)
+    return dispatch.run("softmax_topk", _softmax_topk_reference, x, d, k=k)
 
 
 def softmax_topk(x: torch.Tensor, k: int, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,10 +52,11 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1) -> tuple[torch.Tensor, 
     Same values and indices as ``torch.softmax(x, dim).topk(k, dim)``. The numba kernel
     fuses both (Milakov & Gimelshein 2018, "Online normalizer calculation for softmax",
     arXiv 1805.02867): one read of ``x``, the online normaliser and a size-``k`` heap,
-    and only ``k`` values per row written. Tie rule: entries are sorted by decreasing
-    score, equal scores by increasing index; where different scores round to the same
-    probability (e.g. several that underflow to 0), the larger score ranks first, so
-    indices can then differ from ``torch.topk``'s own order among equal values.
+    and only ``k`` values per row written. Order (the same on the kernel and the
+    reference path): decreasing probability, equal probabilities by increasing index,
+    over the whole row; so where several scores round to the same probability (e.g.
+    ones that underflow to 0) the smallest indices among them are returned. (``torch.topk``
+    leaves the order of equal values unspecified.)
 
     Args:
         x: scores, float tensor, any shape.
