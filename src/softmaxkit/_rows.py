@@ -52,6 +52,8 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def check_positive(value, name: str, *, allow_tensor: bool = True) -> None:
     """Raise ``ValueError`` unless ``value`` (a number or a tensor) is > 0 everywhere."""
+    if type(value) is float and 0.0 < value <= math.inf:   # the common case, at no cost
+        return
     _check_number(value, name, allow_tensor)
     if isinstance(value, torch.Tensor):
         if not bool((value > 0).all()):

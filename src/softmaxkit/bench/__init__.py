@@ -20,6 +20,7 @@ SUITES: dict[str, str] = {
     "attention": "attention with any normalizer against torch scaled_dot_product_attention",
     "losses": "linear cross-entropy and Fenchel-Young losses against plain torch",
     "ops": "soft-NMS, MaxSim and SoftPool against ensemble-boxes and plain torch",
+    "dispatch": "the default auto backend against torch and the numba kernel; page faults and THP",
 }
 
 __all__ = ["SUITES", "run_suite", "run", "machine_header"]

@@ -38,6 +38,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
+import functools
+import math
 import importlib.util
 from dataclasses import dataclass
 from typing import Callable
@@ -100,10 +103,12 @@ def current_backend() -> str:
     return _current.get().backend
 
 
+@functools.lru_cache(maxsize=None)
 def numba_available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
+@functools.lru_cache(maxsize=None)
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
@@ -169,10 +174,13 @@ def shape_class(n: int) -> str:
     return SHAPE_CLASSES[-1][0]
 
 
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
+
+
 def _numba_wins(op, x, threads=None) -> bool:
     wants_grad = torch.is_grad_enabled() and x.requires_grad
     threads = torch.get_num_threads() if threads is None else threads
-    key = (op, str(x.dtype).replace("torch.", ""), "fwd+bwd" if wants_grad else "fwd",
+    key = (op, _DTYPE_NAMES.get(x.dtype), "fwd+bwd" if wants_grad else "fwd",
            shape_class(x.shape[-1]), threads)
     return key in NUMBA_WINS
 
@@ -182,6 +190,7 @@ def _numba_wins(op, x, threads=None) -> bool:
 # ----------------------------------------------------------------------------------------
 
 _ATEN_OPS = ("softmax", "log_softmax", "logsumexp")
+_NUMBA_DTYPES = (torch.float32, torch.float64)
 
 
 def plan(op: str, x, dim=-1, mask=None, **params) -> str:
@@ -193,6 +202,21 @@ def plan(op: str, x, dim=-1, mask=None, **params) -> str:
     backend = _current.get().backend
     if backend == "reference":
         return "reference"
+    if backend == "auto" and op in _ATEN_OPS:
+        # the common case first, with the fewest checks: aten unless numba measurably wins
+        if (not NUMBA_WINS and mask is None and type(x) is torch.Tensor and x.is_cpu and type(dim) is int
+                and x.dtype in _NUMBA_DTYPES and _plain_params(op, params)):
+            nd = x.dim()
+            if nd and -nd <= dim < nd and x.layout is torch.strided and not x.is_nested:
+                return "aten"
+        if NUMBA_WINS and type(x) is torch.Tensor and x.is_cpu and mask is None and x.dtype in _NUMBA_DTYPES \
+                and _numba_wins(op, x) and _numba_covers(x, dim, mask, backend) \
+                and _numba_params(op, x, params):
+            return "numba"
+        if (op == "softmax" and isinstance(x, torch.Tensor) and x.is_cuda
+                and _triton_covers(x, dim, mask) and _float_temperature(params)):
+            return "triton"
+        return "aten" if _aten_covers(op, x, dim, mask, params) else "reference"
     if backend in ("numba", "auto") and _numba_covers(x, dim, mask, backend) and _numba_params(op, x, params):
         if backend == "numba" or op not in _ATEN_OPS or _numba_wins(op, x):
             return "numba"
@@ -241,6 +265,13 @@ def select(op: str, x, dim=-1, mask=None, **params):
 # ----------------------------------------------------------------------------------------
 # numba
 # ----------------------------------------------------------------------------------------
+
+def _plain_params(op, params) -> bool:
+    if op == "logsumexp":
+        return type(params.get("keepdim", False)) is bool
+    t = params.get("temperature", 1.0)
+    return t == 1.0 and type(t) in (float, int)
+
 
 def _float_temperature(params) -> bool:
     t = params.get("temperature", 1.0)
@@ -325,17 +356,20 @@ _ATEN_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def _aten_covers(op, x, dim, mask, params) -> bool:
-    if not isinstance(x, torch.Tensor) or x.layout != torch.strided or x.is_nested:
+    if not isinstance(x, torch.Tensor) or x.dtype not in _ATEN_DTYPES or x.layout != torch.strided:
         return False
-    if x.dtype not in _ATEN_DTYPES or x.dim() == 0:
-        return False
-    if isinstance(dim, bool) or not isinstance(dim, int) or not -x.dim() <= dim < x.dim():
+    nd = x.dim()
+    if nd == 0 or type(dim) is not int or not -nd <= dim < nd or x.is_nested:
         return False
     if op == "logsumexp":
-        if not isinstance(params.get("keepdim", False), bool):
+        if type(params.get("keepdim", False)) is not bool:
             return False
-    elif not _float_temperature(params):
-        return False
+    elif params:
+        t = params.get("temperature", 1.0)
+        if t != 1.0 and not _float_temperature(params):
+            return False
+        if type(t) is bool or not isinstance(t, (int, float)):
+            return False
     if mask is not None:
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.device != x.device:
             return False
@@ -370,45 +404,74 @@ class _LogSoftmaxZeroInvisible(torch.autograd.Function):
         return dx.masked_fill(y == float("-inf"), 0), None
 
 
+_CTYPES = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
+
+
+def _first_column_sum(out, d) -> float:
+    """The sum of ``out``'s entries at index 0 along ``d``, read at the lowest fixed cost
+    (NaN if any is NaN)."""
+    if out.is_cpu and out.dtype in _CTYPES:
+        if out.numel() == out.shape[d]:   # one row: read its first element in place
+            return _CTYPES[out.dtype].from_address(out.data_ptr()).value
+        a = out.detach().numpy()
+        return float(a[(slice(None),) * d + (0,)].sum())
+    return float(out.narrow(d, 0, 1).sum())
+
+
+def _sum(out) -> float:
+    if out.is_cpu and out.dtype in _CTYPES:
+        if out.numel() == 1:
+            return _CTYPES[out.dtype].from_address(out.data_ptr()).value
+        return float(out.detach().numpy().sum())
+    return float(out.sum())
+
+
+def _aten_op(op, z, d):
+    if op == "logsumexp":
+        return torch.logsumexp(z, d, keepdim=True)
+    if op == "softmax":
+        return torch.softmax(z, d)
+    if torch.is_grad_enabled() and z.requires_grad:
+        return _LogSoftmaxZeroInvisible.apply(z, d)
+    return torch.log_softmax(z, d)
+
+
 def _run_aten(op, reference, x, dim, mask, params):
     d = dim % x.dim()
     half = x.dtype in (torch.float16, torch.bfloat16)
     z = x.float() if half else x
     if op == "logsumexp":
-        keepdim = params.get("keepdim", False)
         if mask is not None:
             z = z.masked_fill(~mask, float("-inf"))
         out = torch.logsumexp(z, d, keepdim=True)
+        if math.isfinite(_sum(out)):
+            out = out if params.get("keepdim", False) else out.squeeze(d)
+            return out.to(x.dtype) if half else out
         bad = ~torch.isfinite(out)          # NaN rows, and inf rows whose gradient differs
-        if not keepdim:
-            out = out.squeeze(d)
     else:
         temperature = params.get("temperature", 1.0)
         if temperature != 1:
             z = z * (1.0 / temperature)
         if mask is not None:
             z = z.masked_fill(~mask, float("-inf"))
-        if op == "softmax":
-            out = torch.softmax(z, d)
-        elif torch.is_grad_enabled() and z.requires_grad:
-            out = _LogSoftmaxZeroInvisible.apply(z, d)
-        else:
-            out = torch.log_softmax(z, d)
-        if out.shape[d] == 0:
-            return out.to(x.dtype) if half else out
+        out = _aten_op(op, z, d)
         # A row aten does not define as the reference (a NaN, a +inf, nothing visible)
         # comes out all NaN; every other row has no NaN. One column tells them apart.
-        first = out.narrow(d, 0, 1)
-        bad = torch.isnan(first)
-    if half:
-        out = out.to(x.dtype)
-    if not bool(bad.any()):
-        return out
-    return _aten_fix_rows(op, reference, x, d, mask, params, out, bad)
+        if out.shape[d] == 0 or not math.isnan(_first_column_sum(out, d)):
+            return out.to(x.dtype) if half else out
+        bad = torch.isnan(out.narrow(d, 0, 1))
+    # rare: recompute without those rows (their NaN would reach the gradient), then put
+    # the reference's rows in
+    out = _aten_op(op, torch.where(bad, torch.zeros((), dtype=z.dtype), z), d)
+    out = _aten_fix_rows(op, reference, x, d, mask, params, out, bad, half)
+    if op == "logsumexp" and not params.get("keepdim", False):
+        out = out.squeeze(d)
+    return out
 
 
-def _aten_fix_rows(op, reference, x, d, mask, params, out, bad):
-    """Recompute with ``reference`` the rows marked in ``bad`` (keepdim along ``d``)."""
+def _aten_fix_rows(op, reference, x, d, mask, params, out, bad, half):
+    """``out`` (compute dtype; keepdim along ``d`` for logsumexp) with the rows marked in
+    ``bad`` recomputed by ``reference``, in ``x``'s dtype."""
     rows = bad.squeeze(d).reshape(-1).nonzero().flatten()
     xr = x.movedim(d, -1)
     n = xr.shape[-1]
@@ -418,14 +481,14 @@ def _aten_fix_rows(op, reference, x, d, mask, params, out, bad):
         sub_mask = mask.expand(x.shape).movedim(d, -1).reshape(-1, n)[rows]
     ref_params = dict(params, keepdim=False) if op == "logsumexp" else params
     ref = reference(sub, dim=-1, mask=sub_mask, **ref_params)
+    if half:
+        out = out.to(x.dtype)
     if op == "logsumexp":
-        shape = out.shape
         flat = out.reshape(-1).index_put((rows,), ref.to(out.dtype))
-        return flat.reshape(shape)
+        return flat.reshape(out.shape)
     outr = out.movedim(d, -1)
-    shape = outr.shape
     flat = outr.reshape(-1, n).index_put((rows,), ref.to(out.dtype))
-    return flat.reshape(shape).movedim(-1, d)
+    return flat.reshape(outr.shape).movedim(-1, d)
 
 
 def _entmax_alpha(x, alpha):
