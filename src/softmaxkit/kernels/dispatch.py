@@ -45,6 +45,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 
 BACKENDS = ("reference", "numba", "triton", "auto")
@@ -407,23 +408,22 @@ class _LogSoftmaxZeroInvisible(torch.autograd.Function):
 _CTYPES = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
 
 
-def _first_column_sum(out, d) -> float:
-    """The sum of ``out``'s entries at index 0 along ``d``, read at the lowest fixed cost
-    (NaN if any is NaN)."""
+def _first_column_has_nan(out, d) -> bool:
+    """Whether ``out`` has a NaN at index 0 along ``d``, read at the lowest fixed cost."""
     if out.is_cpu and out.dtype in _CTYPES:
         if out.numel() == out.shape[d]:   # one row: read its first element in place
-            return _CTYPES[out.dtype].from_address(out.data_ptr()).value
+            return math.isnan(_CTYPES[out.dtype].from_address(out.data_ptr()).value)
         a = out.detach().numpy()
-        return float(a[(slice(None),) * d + (0,)].sum())
-    return float(out.narrow(d, 0, 1).sum())
+        return bool(np.isnan(a[(slice(None),) * d + (0,)]).any())
+    return bool(torch.isnan(out.narrow(d, 0, 1)).any())
 
 
-def _sum(out) -> float:
+def _all_finite(out) -> bool:
     if out.is_cpu and out.dtype in _CTYPES:
         if out.numel() == 1:
-            return _CTYPES[out.dtype].from_address(out.data_ptr()).value
-        return float(out.detach().numpy().sum())
-    return float(out.sum())
+            return math.isfinite(_CTYPES[out.dtype].from_address(out.data_ptr()).value)
+        return bool(np.isfinite(out.detach().numpy()).all())
+    return bool(torch.isfinite(out).all())
 
 
 def _aten_op(op, z, d):
@@ -444,7 +444,7 @@ def _run_aten(op, reference, x, dim, mask, params):
         if mask is not None:
             z = z.masked_fill(~mask, float("-inf"))
         out = torch.logsumexp(z, d, keepdim=True)
-        if math.isfinite(_sum(out)):
+        if _all_finite(out):
             out = out if params.get("keepdim", False) else out.squeeze(d)
             return out.to(x.dtype) if half else out
         bad = ~torch.isfinite(out)          # NaN rows, and inf rows whose gradient differs
@@ -457,7 +457,7 @@ def _run_aten(op, reference, x, dim, mask, params):
         out = _aten_op(op, z, d)
         # A row aten does not define as the reference (a NaN, a +inf, nothing visible)
         # comes out all NaN; every other row has no NaN. One column tells them apart.
-        if out.shape[d] == 0 or not math.isnan(_first_column_sum(out, d)):
+        if out.shape[d] == 0 or not _first_column_has_nan(out, d):
             return out.to(x.dtype) if half else out
         bad = torch.isnan(out.narrow(d, 0, 1))
     # rare: recompute without those rows (their NaN would reach the gradient), then put

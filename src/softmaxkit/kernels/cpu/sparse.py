@@ -132,8 +132,12 @@ def _threshold(vals, idx, count, n, u):
     hi = -math.exp(-u * math.log(n)) / u
     theta = lo
     tol = 4e-16 * max(1.0, count)
+    best, best_f = theta, math.inf
+    prev_f = math.inf
     for _ in range(MAX_STEPS):
         F, D, size = _evaluate(vals, count, theta, u)
+        if abs(F) < best_f:
+            best, best_f = theta, abs(F)
         if F > 0:
             lo = theta
         else:
@@ -141,12 +145,17 @@ def _threshold(vals, idx, count, n, u):
         if abs(F) <= tol or size == 0:
             break
         count = _compact(vals, idx, count, lo)
+        mid = 0.5 * (lo + hi)
+        if not (lo < mid < hi):
+            break   # the bracket is two adjacent floats
         step = theta + F / D
-        if not (lo < step < hi):
-            step = 0.5 * (lo + hi)
-        if step == theta or hi - lo <= 1e-15 * max(1.0, abs(lo)):
-            break
+        # Newton inside the bracket, unless it failed to halve |f| (concave f for
+        # alpha > 2, or a root next to a support entry, where f' is unbounded)
+        if not (lo < step < hi) or step == theta or abs(F) > 0.5 * prev_f:
+            step = mid
+        prev_f = abs(F)
         theta = step
+    theta = best
     if u == 1.0 or u == 0.5:
         # exact on the support found; repeat while the support it implies differs
         for _ in range(8):
