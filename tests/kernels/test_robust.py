@@ -45,7 +45,7 @@ def _row(kind, n, dtype, g):
 
 
 def _tol(dtype):
-    return dict(rtol=2e-5, atol=1e-6) if dtype == F32 else dict(rtol=1e-10, atol=1e-13)
+    return {"rtol": 2e-5, "atol": 1e-6} if dtype == F32 else {"rtol": 1e-10, "atol": 1e-13}
 
 
 def _call(op, x, param):
@@ -66,6 +66,10 @@ def _same(a, b, dtype):
             torch.testing.assert_close(u, v, equal_nan=True, **_tol(dtype))
         else:
             assert torch.equal(u, v)
+
+
+def _rows_of(out, keep):
+    return tuple(u[keep] for u in out) if isinstance(out, tuple) else out[keep]
 
 
 def _exact(a, b):
@@ -134,8 +138,7 @@ def test_one_bad_row_leaves_the_good_rows_exact(threads, op, param, dtype):
                 out = _call(op, x, param)
                 keep = torch.ones(48, dtype=torch.bool)
                 keep[20] = False
-                pick = (lambda t: tuple(u[keep] for u in t)) if isinstance(out, tuple) else (lambda t: t[keep])
-                _exact(pick(out), pick(alone))
+                _exact(_rows_of(out, keep), _rows_of(alone, keep))
                 with sk.use_backend("reference"):
                     _same(out, _call(op, x, param), dtype)
     finally:
@@ -306,6 +309,6 @@ def test_aten_path_matches_the_reference_with_masks_and_gradients(op, dtype):
                 gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(11), dtype=F64).to(dtype)
                 (grad,) = torch.autograd.grad(y, xi, gy)
                 outs.append((y, grad))
-            tol = dict(rtol=1e-3, atol=1e-3) if dtype == torch.float16 else {}
+            tol = {"rtol": 1e-3, "atol": 1e-3} if dtype == torch.float16 else {}
             torch.testing.assert_close(outs[0][0], outs[1][0], equal_nan=True, **tol)
             torch.testing.assert_close(outs[0][1], outs[1][1], equal_nan=True, **tol)

@@ -40,10 +40,10 @@ import contextlib
 import contextvars
 import ctypes
 import functools
-import math
 import importlib.util
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -104,12 +104,12 @@ def current_backend() -> str:
     return _current.get().backend
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def numba_available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
@@ -247,14 +247,12 @@ def plan(op: str, x, dim=-1, mask=None, **params) -> str:
                 and _triton_covers(x, dim, mask) and _float_temperature(params)):
             return "triton"
         return "aten" if _aten_covers(op, x, dim, mask, params) else "reference"
+    # here backend is "numba" or "triton", or "auto" for an op without an aten equivalent
     if backend in ("numba", "auto") and _numba_covers(x, dim, mask, backend) and _numba_params(op, x, params):
-        if backend == "numba" or op not in _ATEN_OPS or _numba_wins(op, x):
-            return "numba"
+        return "numba"
     if (backend in ("triton", "auto") and op == "softmax" and _triton_covers(x, dim, mask)
             and _float_temperature(params)):
         return "triton"
-    if backend == "auto" and op in _ATEN_OPS and _aten_covers(op, x, dim, mask, params):
-        return "aten"
     return "reference"
 
 
@@ -279,19 +277,6 @@ def run(op: str, reference: Callable, x, dim=-1, mask=None, **params):
     return reference(x, dim=dim, mask=mask, **params)
 
 
-def select(op: str, x, dim=-1, mask=None, **params):
-    """Deprecated name kept for callers of the previous protocol: ``None`` unless a kernel
-    (numba or Triton) would run; then a callable computing the op (reference for flagged
-    rows taken from :mod:`softmaxkit`)."""
-    how = plan(op, x, dim, mask, **params)
-    if how not in ("numba", "triton"):
-        return None
-    import softmaxkit as sk
-    public = getattr(sk, op)
-    return lambda: public(x, dim=dim, **params) if op not in ("softmax_topk", "log_softmax_topk") \
-        else public(x, params["k"], dim=dim)
-
-
 # ----------------------------------------------------------------------------------------
 # numba
 # ----------------------------------------------------------------------------------------
@@ -305,7 +290,7 @@ def _plain_params(op, params) -> bool:
 
 def _float_temperature(params) -> bool:
     t = params.get("temperature", 1.0)
-    return _plain_float(t) and t > 0 and t == t
+    return _plain_float(t) and t > 0 and not math.isnan(t)
 
 
 def _numba_params(op, x, params) -> bool:
@@ -401,9 +386,8 @@ def _aten_covers(op, x, dim, mask, params) -> bool:
         if type(t) is bool or not isinstance(t, (int, float)):
             return False
     if mask is not None:
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.device != x.device:
-            return False
-        if mask.dim() > x.dim():
+        if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.device != x.device
+                or mask.dim() > x.dim()):
             return False
         try:
             if torch.broadcast_shapes(mask.shape, x.shape) != x.shape:
@@ -538,5 +522,14 @@ def _entmax_alpha(x, alpha):
     return alpha.reshape(shape).expand(x.shape[:-1] + (1,)).squeeze(-1)
 
 
-__all__ = ["use_backend", "current_backend", "plan", "run", "BACKENDS", "OPS", "AUTO_MIN_NUMEL",
-           "NUMBA_WINS", "SHAPE_CLASSES"]
+__all__ = [
+    "AUTO_MIN_NUMEL",
+    "BACKENDS",
+    "NUMBA_WINS",
+    "OPS",
+    "SHAPE_CLASSES",
+    "current_backend",
+    "plan",
+    "run",
+    "use_backend",
+]

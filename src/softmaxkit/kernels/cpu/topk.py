@@ -26,7 +26,6 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ._exp import exp
 from ._intrinsics import cast_like
 from .softmax import _max, _sum_exp, merge_state
 
