@@ -240,7 +240,7 @@ def plan(op: str, x, dim=-1, mask=None, **params) -> str:
             if nd and -nd <= dim < nd and x.layout is torch.strided and not x.is_nested:
                 return "aten"
         if NUMBA_WINS and type(x) is torch.Tensor and x.is_cpu and mask is None and x.dtype in _NUMBA_DTYPES \
-                and _numba_wins(op, x) and _numba_covers(x, dim, mask, backend) \
+                and x.dim() and _numba_wins(op, x) and _numba_covers(x, dim, mask, backend) \
                 and _numba_params(op, x, params):
             return "numba"
         if (op == "softmax" and isinstance(x, torch.Tensor) and x.is_cuda
@@ -452,6 +452,8 @@ def _aten_op(op, z, d):
 
 def _run_aten(op, reference, x, dim, mask, params):
     d = dim % x.dim()
+    if x.shape[d] == 0:
+        return reference(x, dim=dim, mask=mask, **params)
     half = x.dtype in (torch.float16, torch.bfloat16)
     z = x.float() if half else x
     if op == "logsumexp":
