@@ -91,6 +91,7 @@ def _inputs(shape, dtype, pass_):
 
 
 def grid_table(shapes, repeats: int) -> Table:
+    """The grid; call it outside any ``use_backend`` block (``auto`` is timed as the default)."""
     table = Table("sk (auto backend) against torch and the numba kernel", [
         "shape", "kind", "op", "dtype", "pass", "torch ms", "kernel ms", "auto ms", "auto picks",
         "torch / auto", "auto / best"])
@@ -101,9 +102,10 @@ def grid_table(shapes, repeats: int) -> Table:
                 for op in OPS:
                     with dispatch.use_backend("auto"):
                         picked = dispatch.plan(op, x, -1, None)
+                    # auto is the default backend: called as a user calls it, with no context manager
                     fns = [_callable(_TORCH[op], x, pass_),
                            _callable(_in_backend("numba", _sk(op)), x, pass_),
-                           _callable(_in_backend("auto", _sk(op)), x, pass_)]
+                           _callable(_sk(op), x, pass_)]
                     t_torch, t_kernel, t_auto = interleaved_medians(fns, repeats)
                     table.add("x".join(map(str, shape)), kind, op, str(dtype).replace("torch.", ""), pass_,
                               t_torch * 1e3, t_kernel * 1e3, t_auto * 1e3, picked, t_torch / t_auto,
