@@ -19,7 +19,7 @@ def test_check_tasks_expands_all_and_keeps_order_without_duplicates():
 def test_unknown_names_list_the_accepted_ones():
     with pytest.raises(ValueError, match="accepted: dispersion, max_retrieval"):
         arena.check_tasks(["nope"])
-    with pytest.raises(ValueError, match="accepted: kernels, attention, losses, ops, all"):
+    with pytest.raises(ValueError, match="accepted: kernels, attention, losses, ops, dispatch, all"):
         bench.check_suites(["nope"])
 
 
