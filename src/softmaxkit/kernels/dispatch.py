@@ -285,7 +285,7 @@ def _plain_params(op, params) -> bool:
     if op == "logsumexp":
         return type(params.get("keepdim", False)) is bool
     t = params.get("temperature", 1.0)
-    return t == 1.0 and type(t) in (float, int)
+    return type(t) in (float, int) and t == 1.0
 
 
 def _float_temperature(params) -> bool:
@@ -380,10 +380,7 @@ def _aten_covers(op, x, dim, mask, params) -> bool:
         if type(params.get("keepdim", False)) is not bool:
             return False
     elif params:
-        t = params.get("temperature", 1.0)
-        if t != 1.0 and not _float_temperature(params):
-            return False
-        if type(t) is bool or not isinstance(t, (int, float)):
+        if not _float_temperature(params):   # a tensor temperature: the reference
             return False
     if mask is not None:
         if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.device != x.device
