@@ -196,6 +196,9 @@ NUMBA_WINS: frozenset = frozenset({
 })
 
 
+_WIN_OPS = frozenset(key[0] for key in NUMBA_WINS)
+
+
 def shape_class(n: int) -> str:
     """The row-length class of a row of ``n`` entries (:data:`SHAPE_CLASSES`)."""
     for name, top in SHAPE_CLASSES:
@@ -234,14 +237,16 @@ def plan(op: str, x, dim=-1, mask=None, **params) -> str:
         return "reference"
     if backend == "auto" and op in _ATEN_OPS:
         # the common case first, with the fewest checks: aten unless numba measurably wins
-        if (not NUMBA_WINS and mask is None and type(x) is torch.Tensor and x.is_cpu and type(dim) is int
+        if (type(x) is torch.Tensor and mask is None and type(dim) is int and x.is_cpu
                 and x.dtype in _NUMBA_DTYPES and _plain_params(op, params)):
             nd = x.dim()
             if nd and -nd <= dim < nd and x.layout is torch.strided and not x.is_nested:
+                if op in _WIN_OPS and _numba_wins(op, x) and _numba_covers(x, dim, None, backend):
+                    return "numba"
                 return "aten"
-        if NUMBA_WINS and type(x) is torch.Tensor and x.is_cpu and mask is None and x.dtype in _NUMBA_DTYPES \
-                and x.dim() and _numba_wins(op, x) and _numba_covers(x, dim, mask, backend) \
-                and _numba_params(op, x, params):
+        if (NUMBA_WINS and type(x) is torch.Tensor and x.is_cpu and mask is None and x.dtype in _NUMBA_DTYPES
+                and x.dim() and _numba_wins(op, x) and _numba_covers(x, dim, mask, backend)
+                and _numba_params(op, x, params)):
             return "numba"
         if (op == "softmax" and isinstance(x, torch.Tensor) and x.is_cuda
                 and _triton_covers(x, dim, mask) and _float_temperature(params)):
@@ -394,28 +399,6 @@ def _aten_covers(op, x, dim, mask, params) -> bool:
     return True
 
 
-class _LogSoftmaxZeroInvisible(torch.autograd.Function):
-    """aten log-softmax with the reference's gradient: ``-inf`` entries (masked, or ``-inf``
-    scores) are constants, so their incoming gradient is dropped (aten's own backward
-    gives them ``g_j`` and adds their ``g_j`` to every other entry's sum)."""
-
-    @staticmethod
-    def forward(ctx, z, dim):
-        y = torch.log_softmax(z, dim)
-        ctx.save_for_backward(y)
-        ctx.dim = dim
-        return y
-
-    @staticmethod
-    def backward(ctx, grad):
-        (y,) = ctx.saved_tensors
-        # -inf outputs are constants: their gradient neither flows nor enters the sum
-        grad = grad.masked_fill(y == float("-inf"), 0)
-        if torch.is_grad_enabled():
-            return grad - torch.exp(y) * grad.sum(ctx.dim, keepdim=True), None
-        return torch._log_softmax_backward_data(grad, y, ctx.dim, y.dtype), None
-
-
 _CTYPES = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
 
 
@@ -437,14 +420,25 @@ def _all_finite(out) -> bool:
     return bool(torch.isfinite(out).all())
 
 
+def _drop_invisible_grad(y, grad):
+    """The reference's log-softmax gradient from aten's: ``-inf`` outputs (masked entries,
+    ``-inf`` scores) are constants, so their incoming gradient is dropped before aten's
+    backward (which would give them ``g_j`` and add their ``g_j`` to every other entry's
+    sum). One reduction finds whether there is any; only then is the gradient rewritten."""
+    if not (y.numel() and float(y.amin()) == float("-inf")):
+        return None
+    return grad.masked_fill(y == float("-inf"), 0)
+
+
 def _aten_op(op, z, d):
     if op == "logsumexp":
         return torch.logsumexp(z, d, keepdim=True)
     if op == "softmax":
         return torch.softmax(z, d)
-    if torch.is_grad_enabled() and z.requires_grad:
-        return _LogSoftmaxZeroInvisible.apply(z, d)
-    return torch.log_softmax(z, d)
+    y = torch.log_softmax(z, d)
+    if y.requires_grad:
+        y.register_hook(functools.partial(_drop_invisible_grad, y.detach()))
+    return y
 
 
 def _run_aten(op, reference, x, dim, mask, params):
