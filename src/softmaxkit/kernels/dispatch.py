@@ -384,9 +384,8 @@ def _aten_covers(op, x, dim, mask, params) -> bool:
     if op == "logsumexp":
         if type(params.get("keepdim", False)) is not bool:
             return False
-    elif params:
-        if not _float_temperature(params):   # a tensor temperature: the reference
-            return False
+    elif params and not _float_temperature(params):   # a tensor temperature: the reference
+        return False
     if mask is not None:
         if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.device != x.device
                 or mask.dim() > x.dim()):
@@ -501,7 +500,7 @@ def _aten_fix_rows(op, reference, x, d, mask, params, out, bad, half):
 def _entmax_alpha(x, alpha):
     """A float alpha, or a per-row alpha tensor of shape ``x.shape[:-1]``; ``None`` if not covered."""
     if _plain_float(alpha):
-        return float(alpha) if alpha >= ENTMAX_MIN_ALPHA and alpha == alpha and alpha < float("inf") else None
+        return float(alpha) if ENTMAX_MIN_ALPHA <= alpha < float("inf") else None
     if not isinstance(alpha, torch.Tensor) or not alpha.is_floating_point() or alpha.device != x.device:
         return None
     if alpha.dim() > x.dim():
