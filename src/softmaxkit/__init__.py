@@ -33,16 +33,17 @@ from .functional import (
     ssmax,
     stablemax,
 )
-from .kernels.dispatch import log_softmax_topk, softmax_topk, use_backend
+from .kernels.dispatch import use_backend
 from .linear import linear_attention
 from .registry import (
     NormalizerSpec,
     normalize,
-    normalizers,  # type: ignore[no-redef]  # sk.normalizers() is the registry's list
+    normalizers,  # type: ignore[no-redef]  # noqa: I001  (sk.normalizers() is the registry's list)
     register_normalizer,
     unregister_normalizer,
 )
 from .sampling import soften
+from .topk import log_softmax_topk, softmax_topk
 
 try:  # the version lives in pyproject.toml only
     __version__ = version("softmaxkit")

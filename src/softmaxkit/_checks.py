@@ -74,6 +74,8 @@ def check_finite(value: object, name: str, *, allow_tensor: bool = True) -> None
 
 def check_positive(value: object, name: str, *, allow_tensor: bool = True) -> None:
     """Raise ``ValueError`` unless ``value`` (a number or a tensor) is > 0 everywhere."""
+    if type(value) is float and 0.0 < value <= math.inf:  # the common case, at no cost
+        return
     check_number(value, name, allow_tensor=allow_tensor)
     if isinstance(value, torch.Tensor):
         if not bool((value > 0).all()):

@@ -29,6 +29,8 @@ from ._rows import compute_dtype, nonzero_or_one, prepare_rows
 __all__ = ["OnlineSoftmaxState", "three_pass_softmax", "two_pass_softmax", "online_softmax"]
 
 _LOG2E = 1.0 / math.log(2.0)
+#: Largest |score| whose range reduction the two-pass form keeps exact (as the kernel's).
+TWO_PASS_LIMIT = 1.0e6
 # Cody-Waite split of ln 2: n * hi is exact for the exponents that occur, so that
 # x - n ln 2 loses no accuracy (fdlibm's constants for float64; 9 significant bits for float32).
 _LN2_SPLIT = {
@@ -146,12 +148,15 @@ def three_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None
     if done is not None:
         return done
     z = rows.x
-    finite = rows.visible & ~torch.isinf(z)
+    return rows.restore(_three_pass_rows(z, rows.visible & ~torch.isinf(z)))
+
+
+def _three_pass_rows(z, finite):
     m = z.detach().masked_fill(~finite, float("-inf")).amax(-1, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     e = torch.where(finite, torch.exp(torch.where(finite, z, m) - m), torch.zeros_like(z))
     d = e.sum(-1, keepdim=True)
-    return rows.restore(e / nonzero_or_one(d))
+    return e / nonzero_or_one(d)
 
 
 def two_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:
@@ -165,12 +170,18 @@ def two_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None =
     (no maximum of ``x`` is needed first, and nothing overflows: every term is at most
     :math:`\sqrt 2`). Pass 2 recomputes the pairs and writes :math:`y_i = \mu_i 2^{n_i - N} / S`.
     Dukhan & Ablavatski (2020), "Two-Pass Softmax Algorithm", arXiv 2001.04438.
+
+    The range reduction ``x - n ln 2`` is exact only while ``|x| <=`` :data:`TWO_PASS_LIMIT`;
+    rows with a larger finite score are computed with the row maximum (three-pass), as
+    the numba kernel does.
     """
     rows, done = _rows_or_result(x, dim, mask)
     if done is not None:
         return done
     z = rows.x
     finite = rows.visible & ~torch.isinf(z)
+    big = (finite & (z.detach().abs() > TWO_PASS_LIMIT)).any(-1, keepdim=True)
+    finite = finite & ~big
     zs = torch.where(finite, z, torch.zeros_like(z))
     n = torch.round(zs.detach() * _LOG2E)
     ln2_hi, ln2_lo = _LN2_SPLIT[z.dtype]
@@ -181,7 +192,10 @@ def two_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None =
     shift = torch.where(finite, n - top, torch.zeros_like(n))
     scaled = torch.where(finite, mantissa * torch.exp2(shift), torch.zeros_like(mantissa))
     total = scaled.sum(-1, keepdim=True)
-    return rows.restore(scaled / nonzero_or_one(total))
+    p = scaled / nonzero_or_one(total)
+    if bool(big.any()):
+        p = torch.where(big, _three_pass_rows(z, rows.visible & ~torch.isinf(z)), p)
+    return rows.restore(p)
 
 
 def online_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,

@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 
 from . import functional as F
+from . import topk as _topk
 from ._checks import check_dim, check_floating, check_int_in_range, check_positive
 from ._rows import compute_dtype
-from .kernels import dispatch
 
 __all__ = ["soften", "gumbel_softmax", "straight_through", "sample"]
 
@@ -151,12 +151,12 @@ def _top_probs(scaled: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     and their indices (``scaled`` 2-d).
 
     The one place that picks the implementation: the fused kernel
-    :func:`softmaxkit.kernels.dispatch.softmax_topk` (one pass: online normaliser and a
+    :func:`softmaxkit.softmax_topk` (one pass: online normaliser and a
     size-``k`` heap) where it is implemented, otherwise ``logsumexp`` plus
     :func:`_blocked_topk`.
     """
     try:
-        probs, indices = dispatch.softmax_topk(scaled, k, dim=-1)
+        probs, indices = _topk.softmax_topk(scaled, k, dim=-1)
     except NotImplementedError:
         values, indices = _blocked_topk(scaled, k)
         return torch.exp(values - torch.logsumexp(scaled, dim=-1, keepdim=True)), indices
@@ -246,7 +246,7 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     no exponentials; the temperature does not change which tokens they are). ``top_p``
     without ``top_k`` needs probabilities over the whole row: it takes them, for a
     growing number of candidates, from the fused kernel
-    :func:`softmaxkit.kernels.dispatch.softmax_topk` where it exists (see :func:`_top_probs`).
+    :func:`softmaxkit.softmax_topk` where it exists (see :func:`_top_probs`).
 
     Args:
         logits: ``(..., V)`` scores; ``-inf`` entries are never drawn.

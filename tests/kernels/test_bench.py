@@ -14,3 +14,24 @@ def test_tables_on_tiny_shapes():
             assert len(row) == len(table.columns)
             assert all(math.isfinite(v) and v > 0 for v in row if isinstance(v, float))
     assert [row[1] for row in tables[3].rows] == ["sparsemax", "entmax15", "entmax alpha=1.3"]
+
+
+def test_bench_dispatch_quick_runs(monkeypatch, capsys):
+    """``softmaxkit bench dispatch --quick``: the grid and the page-fault table come out
+    well formed, with a status computed from their numbers (no assertion on time)."""
+    from softmaxkit._table import VERDICTS
+    from softmaxkit.bench import dispatch as bench_dispatch
+    from softmaxkit.cli import main
+
+    tables = bench_dispatch.run(quick=True)
+    grid, thp = tables
+    assert len(grid.rows) == (len(bench_dispatch.QUICK_SHAPES) * len(bench_dispatch.OPS)
+                              * len(bench_dispatch.PASSES) * len(bench_dispatch.DTYPES))
+    assert grid.status in VERDICTS and grid.claim and grid.verdict
+    for row in grid.rows:
+        assert row[8] in ("aten", "numba", "reference", "triton")
+        assert all(math.isfinite(v) and v > 0 for v in row if isinstance(v, float))
+    assert len(thp.rows) == 1 and "THP_MEM_ALLOC_ENABLE=1" in thp.notes
+    monkeypatch.setattr(bench_dispatch, "run", lambda quick=False: tables)
+    assert main(["bench", "dispatch", "--quick"]) == 0
+    assert "sk (auto backend) against torch and the numba kernel" in capsys.readouterr().out

@@ -50,14 +50,14 @@ def test_choice_is_per_thread():
 
 def _chooses_kernel(op, x, backend, **kw):
     with sk.use_backend(backend):
-        return dispatch.select(op, x, kw.pop("dim", -1), kw.pop("mask", None), **kw) is not None
+        return dispatch.plan(op, x, kw.pop("dim", -1), kw.pop("mask", None), **kw) in ("numba", "triton")
 
 
 def test_covered_inputs():
     big = torch.randn(4, dispatch.AUTO_MIN_NUMEL // 4)
     small = torch.randn(2, 8)
-    assert _chooses_kernel("softmax", big, "auto")
-    assert not _chooses_kernel("softmax", small, "auto")          # too small for auto
+    assert _chooses_kernel("sparsemax", big, "auto")
+    assert not _chooses_kernel("sparsemax", small, "auto")        # too small for auto
     assert _chooses_kernel("softmax", small, "numba")             # forced
     assert _chooses_kernel("softmax", big.double(), "numba")
     assert not _chooses_kernel("softmax", big, "reference")

@@ -8,7 +8,7 @@ from scipy.stats import chisquare
 
 import softmaxkit as sk
 from softmaxkit import sampling
-from softmaxkit.kernels import dispatch
+from softmaxkit import topk as _topk_module
 from softmaxkit.sampling import gumbel_softmax, sample, soften, straight_through
 
 DRAWS = 20_000
@@ -186,12 +186,12 @@ def test_blocked_topk_is_exact(length, k):
 def _force_fallback(monkeypatch):
     def unavailable(x, k, dim=-1):
         raise NotImplementedError("forced fallback")
-    monkeypatch.setattr(dispatch, "softmax_topk", unavailable)
+    monkeypatch.setattr(_topk_module, "softmax_topk", unavailable)
 
 
 def _fused_available():
     try:
-        dispatch.softmax_topk(torch.randn(2, 10), 3)
+        _topk_module.softmax_topk(torch.randn(2, 10), 3)
     except NotImplementedError:
         return False
     return True

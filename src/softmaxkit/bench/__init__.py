@@ -22,6 +22,7 @@ SUITES: dict[str, str] = {
     "ops": "soft-NMS, MaxSim and SoftPool against ensemble-boxes and plain torch",
     "distributed": "ring attention on 1, 2, 4 gloo processes: memory per rank, communication, time; modelled scaling",
     "linear": "linear and softmax-free attention (chunked causal) against torch SDPA: time, memory, crossover L",
+    "dispatch": "the default auto backend against torch and the numba kernel; page faults and THP",
 }
 
 __all__ = ["SUITES", "run_suite", "run", "machine_header"]

@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from .._table import Table, verdict_of
-from ..kernels.dispatch import softmax_topk
 from ..losses import linear_cross_entropy
 from ..losses.linear_cross_entropy import default_chunk_size, default_vocab_block
 from ..sampling import _blocked_topk, sample
+from ..topk import softmax_topk
 from ._measure import machine_header, median_time, peak_memory_bytes
 
 MIB = 2**20

@@ -1,22 +1,34 @@
-"""The one place that decides which backend computes an op: reference, numba or Triton.
+"""The one place that decides which backend computes an op: reference, aten, numba or Triton.
 
-Public functions (``softmax``, ``log_softmax``, ``logsumexp``, ``sparsemax``,
-``entmax15``, ``entmax``, ``softmax_topk``) ask :func:`select` first; it returns a
-zero-argument callable computing the op with a kernel, or ``None``, in which case the
-caller runs its reference code. Asking for a kernel that does not cover an input is
-never an error: the reference is used.
+Public functions call :func:`run` with their reference implementation::
+
+    return dispatch.run("softmax", _softmax_reference, x, dim, mask, temperature=temperature)
+
+``reference`` is a callable with the public signature ``reference(x, dim=..., mask=...,
+**params)``; it is used when no faster path applies and for the rows a kernel flags.
+
+Kernel protocol: a kernel returns its output and a bool tensor of the rows it did not
+compute (``x.shape[:-1]``); :func:`run` recomputes exactly those rows with ``reference``
+and splices them in (differentiably). A kernel never returns unwritten memory: rows it
+did not finish, for any reason, are flagged (see :mod:`softmaxkit.kernels.cpu`).
 
 Backends (:func:`use_backend`):
 
 * ``"reference"``: always the plain-PyTorch definition.
 * ``"numba"``: the CPU kernels for every input they cover (CPU tensor, float32 or
   float64, C-contiguous, normalised along the last axis, no ``mask``; op-specific
-  parameters such as a float temperature, see :func:`select`), whatever its size.
+  parameters such as a float temperature, see :func:`plan`), whatever its size.
 * ``"triton"``: the GPU kernels (softmax forward and backward) for CUDA inputs when
   Triton is importable.
-* ``"auto"`` (default): numba for covered CPU inputs of at least
-  :data:`AUTO_MIN_NUMEL` elements, Triton on CUDA when importable, the reference
-  otherwise.
+* ``"auto"`` (default): for ``softmax`` / ``log_softmax`` / ``logsumexp``, the numba
+  kernel only where it measurably beats aten (:data:`NUMBA_WINS`, measured per op,
+  dtype, forward or forward+backward, row-length class and thread count), aten
+  (``torch.softmax`` / ``log_softmax`` / ``logsumexp``, masks applied with
+  ``masked_fill``, rows aten does not define as the reference does recomputed by it)
+  otherwise, so that ``sk.softmax`` is never measurably slower than ``torch.softmax``.
+  For the ops without an aten equivalent (sparsemax, entmax, fused top-k) numba for
+  covered CPU inputs of at least :data:`AUTO_MIN_NUMEL` elements, Triton on CUDA when
+  importable, the reference otherwise.
 
 The choice is a context variable: it is per thread (and per asyncio task), and
 ``use_backend`` blocks nest, the innermost winning.
@@ -26,10 +38,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
+import functools
 import importlib.util
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
+import numpy as np
 import torch
 
 BACKENDS = ("reference", "numba", "triton", "auto")
@@ -88,10 +104,12 @@ def current_backend() -> str:
     return _current.get().backend
 
 
+@functools.cache
 def numba_available() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
+@functools.cache
 def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
@@ -131,68 +149,358 @@ def _plain_float(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def select(op: str, x, dim=-1, mask=None, **params) -> Callable[[], torch.Tensor] | None:
-    """A callable computing ``op`` with a kernel, or ``None`` to run the reference.
+# ----------------------------------------------------------------------------------------
+# measured crossovers: where a numba kernel beats aten
+# ----------------------------------------------------------------------------------------
 
-    Params by op: ``softmax`` / ``log_softmax``: ``temperature`` (a number is covered, a
-    tensor is not); ``logsumexp``: ``keepdim``; ``entmax``: ``alpha`` (a number
-    ``>= ENTMAX_MIN_ALPHA`` or a tensor with one value per row, all ``>= ENTMAX_MIN_ALPHA``);
-    ``softmax_topk`` / ``log_softmax_topk``: ``k`` (already validated).
-    Inputs the caller has not validated are fine: anything unusual returns ``None`` and
-    the reference then raises the proper error.
-    """
+#: Row-length classes of the crossover table: (name, largest row length in the class).
+SHAPE_CLASSES = (("short", 2048), ("medium", 65536), ("long", float("inf")))
+
+#: Cells (op, dtype, pass, shape class, threads) where the numba kernel measurably beat
+#: aten; everywhere else ``auto`` calls aten. A cell is a win when, over the shapes of
+#: the class in the dispatch benchmark's grid, the median of kernel time / torch time is
+#: <= 0.9 and none is above 1.05 (medians of interleaved runs). ``pass`` is ``"fwd"``
+#: when no gradient is recorded, ``"fwd+bwd"`` when ``x`` requires grad under grad mode.
+#: Thread counts not listed (not measured) use aten.
+#:
+#: Measured 2026-11-30 on the shared 2-core development machine (Intel Xeon, torch
+#: 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, with
+#:   ``PYTHONPATH=src python -m softmaxkit.bench.dispatch --crossovers --threads 1 2``
+#: which prints the per-shape table and this set. Result: softmax and log_softmax never
+#: won consistently (kernel / torch between 0.8 and 2.4, and 100x slower on one short
+#: row, where the kernel's thread hand-off dominates), so ``auto`` leaves them to aten;
+#: torch.logsumexp is a composite of five full-size ops, and the one-pass kernel was
+#: 2-5x faster on every shape with more than one row (0.17-0.79 forward, 0.36-0.80
+#: forward+backward).
+NUMBA_WINS: frozenset = frozenset({
+    ('logsumexp', 'float32', 'fwd', 'long', 1),
+    ('logsumexp', 'float32', 'fwd', 'long', 2),
+    ('logsumexp', 'float32', 'fwd', 'medium', 1),
+    ('logsumexp', 'float32', 'fwd', 'medium', 2),
+    ('logsumexp', 'float32', 'fwd', 'short', 1),
+    ('logsumexp', 'float32', 'fwd', 'short', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'long', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'long', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'medium', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'short', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'short', 2),
+    ('logsumexp', 'float64', 'fwd', 'long', 1),
+    ('logsumexp', 'float64', 'fwd', 'long', 2),
+    ('logsumexp', 'float64', 'fwd', 'medium', 1),
+    ('logsumexp', 'float64', 'fwd', 'short', 1),
+    ('logsumexp', 'float64', 'fwd', 'short', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'long', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'long', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'short', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'short', 2),
+})
+
+
+_WIN_OPS = frozenset(key[0] for key in NUMBA_WINS)
+
+
+def shape_class(n: int) -> str:
+    """The row-length class of a row of ``n`` entries (:data:`SHAPE_CLASSES`)."""
+    for name, top in SHAPE_CLASSES:
+        if n <= top:
+            return name
+    return SHAPE_CLASSES[-1][0]
+
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+def _numba_wins(op, x, threads=None) -> bool:
+    wants_grad = torch.is_grad_enabled() and x.requires_grad
+    threads = torch.get_num_threads() if threads is None else threads
+    key = (op, _DTYPE_NAMES.get(x.dtype), "fwd+bwd" if wants_grad else "fwd",
+           shape_class(x.shape[-1]), threads)
+    return key in NUMBA_WINS
+
+
+# ----------------------------------------------------------------------------------------
+# the plan and the run
+# ----------------------------------------------------------------------------------------
+
+_ATEN_OPS = ("softmax", "log_softmax", "logsumexp")
+_NUMBA_DTYPES = (torch.float32, torch.float64)
+
+
+def plan(op: str, x, dim=-1, mask=None, **params) -> str:
+    """The backend :func:`run` uses for this call: ``"numba"``, ``"triton"``, ``"aten"`` or
+    ``"reference"``. Inputs the caller has not validated are fine: anything unusual plans
+    the reference, which then raises the proper error."""
     if op not in OPS:
         raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
-    choice = _current.get()
-    if choice.backend == "reference":
-        return None
-    if choice.backend in ("numba", "auto") and _numba_covers(x, dim, mask, choice.backend):
-        return _numba_call(op, x, choice.algorithm, params)
-    if choice.backend in ("triton", "auto") and op == "softmax" and _triton_covers(x, dim, mask):
-        temperature = params.get("temperature", 1.0)
-        if _plain_float(temperature) and temperature > 0:
-            from .gpu import softmax as gpu_softmax
-            return lambda: gpu_softmax.softmax(x, temperature=float(temperature))
-    return None
+    backend = _current.get().backend
+    if backend == "reference":
+        return "reference"
+    if backend == "auto" and op in _ATEN_OPS:
+        # the common case first, with the fewest checks: aten unless numba measurably wins
+        if (type(x) is torch.Tensor and mask is None and type(dim) is int and x.is_cpu
+                and x.dtype in _NUMBA_DTYPES and _plain_params(op, params)):
+            nd = x.dim()
+            if nd and -nd <= dim < nd and x.layout is torch.strided and not x.is_nested:
+                if op in _WIN_OPS and _numba_wins(op, x) and _numba_covers(x, dim, None, backend):
+                    return "numba"
+                return "aten"
+        if (NUMBA_WINS and type(x) is torch.Tensor and x.is_cpu and mask is None and x.dtype in _NUMBA_DTYPES
+                and x.dim() and _numba_wins(op, x) and _numba_covers(x, dim, mask, backend)
+                and _numba_params(op, x, params)):
+            return "numba"
+        if (op == "softmax" and isinstance(x, torch.Tensor) and x.is_cuda
+                and _triton_covers(x, dim, mask) and _float_temperature(params)):
+            return "triton"
+        return "aten" if _aten_covers(op, x, dim, mask, params) else "reference"
+    # here backend is "numba" or "triton", or "auto" for an op without an aten equivalent
+    if backend in ("numba", "auto") and _numba_covers(x, dim, mask, backend) and _numba_params(op, x, params):
+        return "numba"
+    if (backend in ("triton", "auto") and op == "softmax" and _triton_covers(x, dim, mask)
+            and _float_temperature(params)):
+        return "triton"
+    return "reference"
 
 
-def _numba_call(op, x, algorithm, params):
+def run(op: str, reference: Callable, x, dim=-1, mask=None, **params):
+    """Compute ``op`` on the backend :func:`plan` picks.
+
+    Args:
+        op: one of :data:`OPS`.
+        reference: the op's reference, ``reference(x, dim=dim, mask=mask, **params)``;
+            it computes the result when no faster path applies, and the rows a kernel
+            (or aten) does not compute as the reference defines them.
+        x, dim, mask, params: the public function's arguments.
+    """
+    how = plan(op, x, dim, mask, **params)
+    if how == "aten":
+        return _run_aten(op, reference, x, dim, mask, params)
+    if how == "numba":
+        return _run_numba(op, reference, x, params)
+    if how == "triton":
+        from .gpu import softmax as gpu_softmax
+        return gpu_softmax.softmax(x, temperature=float(params.get("temperature", 1.0)))
+    return reference(x, dim=dim, mask=mask, **params)
+
+
+# ----------------------------------------------------------------------------------------
+# numba
+# ----------------------------------------------------------------------------------------
+
+def _plain_params(op, params) -> bool:
+    if op == "logsumexp":
+        return type(params.get("keepdim", False)) is bool
+    t = params.get("temperature", 1.0)
+    return type(t) in (float, int) and t == 1.0
+
+
+def _float_temperature(params) -> bool:
+    t = params.get("temperature", 1.0)
+    return _plain_float(t) and t > 0 and not math.isnan(t)
+
+
+def _numba_params(op, x, params) -> bool:
     if op in ("softmax", "log_softmax"):
-        temperature = params.get("temperature", 1.0)
-        if not (_plain_float(temperature) and temperature > 0):
-            return None
+        return _float_temperature(params)
+    if op == "logsumexp":
+        return isinstance(params.get("keepdim", False), bool)
+    if op in ("softmax_topk", "log_softmax_topk"):
+        # the fused kernel has no backward; the reference keeps the graph
+        return not (torch.is_grad_enabled() and x.requires_grad)
+    if op == "entmax":
+        return _entmax_alpha(x, params.get("alpha", 1.5)) is not None
+    return True
+
+
+def _run_numba(op, reference, x, params):
+    algorithm = _current.get().algorithm
+    if op in ("softmax", "log_softmax"):
         from .cpu import functions
         fn = functions.softmax if op == "softmax" else functions.log_softmax
-        return lambda: fn(x, temperature=float(temperature), algorithm=algorithm)
-    if op == "logsumexp":
-        keepdim = params.get("keepdim", False)
-        if not isinstance(keepdim, bool):
-            return None
+        out, todo = fn(x, temperature=float(params.get("temperature", 1.0)), algorithm=algorithm)
+        out = _splice(out, todo, reference, x, params)
+    elif op == "logsumexp":
         from .cpu import functions
-
-        def run():
-            out = functions.logsumexp(x, algorithm=algorithm)
-            return out.unsqueeze(-1) if keepdim else out
-        return run
-    if op in ("softmax_topk", "log_softmax_topk"):
-        if torch.is_grad_enabled() and x.requires_grad:
-            return None  # the fused kernel has no backward; the reference keeps the graph
+        out, todo = functions.logsumexp(x, algorithm=algorithm)
+        out = _splice(out, todo, reference, x, dict(params, keepdim=False))
+        if params.get("keepdim", False):
+            out = out.unsqueeze(-1)
+    elif op in ("softmax_topk", "log_softmax_topk"):
         from .cpu import topk
-        return lambda: topk.softmax_topk(x, params["k"], log=op == "log_softmax_topk")
-    if op in ("sparsemax", "entmax15", "entmax"):
+        values, indices, todo = topk.softmax_topk(x, params["k"], log=op == "log_softmax_topk")
+        out = _splice((values, indices), todo, reference, x, params)
+    else:
         alpha = {"sparsemax": 2.0, "entmax15": 1.5}.get(op, params.get("alpha", 1.5))
-        alpha = _entmax_alpha(x, alpha)
-        if alpha is None:
-            return None
         from .cpu import sparse_functions
-        return lambda: sparse_functions.entmax(x, alpha)
-    return None
+        out, todo = sparse_functions.entmax(x, _entmax_alpha(x, alpha))
+        out = _splice(out, todo, reference, x, params)
+    return out
+
+
+def _row_params(params, x, rows):
+    """Params restricted to the flagged rows: a per-row tensor (entmax alpha) is expanded
+    to ``x.shape[:-1] + (1,)`` and indexed; numbers pass through."""
+    out = {}
+    for name, value in params.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            full = value.expand(x.shape[:-1] + (1,)) if value.dim() <= x.dim() else value
+            value = full.reshape(-1, 1)[rows]
+        out[name] = value
+    return out
+
+
+def _splice(out, todo, reference, x, params):
+    """``out`` (a tensor, or a tuple of tensors, with rows first) with the rows marked in
+    ``todo`` recomputed by ``reference`` on the last axis."""
+    if not bool(todo.any()):
+        return out
+    rows = todo.reshape(-1).nonzero().flatten()
+    n = x.shape[-1]
+    sub = x.reshape(-1, n)[rows]
+    ref = reference(sub, dim=-1, mask=None, **_row_params(params, x, rows))
+    if isinstance(out, tuple):
+        return tuple(_put_rows(o, r, rows, todo.numel()) for o, r in zip(out, ref))
+    return _put_rows(out, ref, rows, todo.numel())
+
+
+def _put_rows(out, ref, rows, count):
+    flat = out.reshape(count, -1)
+    flat = flat.index_put((rows,), ref.reshape(rows.numel(), -1).to(flat.dtype))
+    return flat.reshape(out.shape)
+
+
+# ----------------------------------------------------------------------------------------
+# aten
+# ----------------------------------------------------------------------------------------
+
+_ATEN_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _aten_covers(op, x, dim, mask, params) -> bool:
+    if not isinstance(x, torch.Tensor) or x.dtype not in _ATEN_DTYPES or x.layout != torch.strided:
+        return False
+    nd = x.dim()
+    if nd == 0 or type(dim) is not int or not -nd <= dim < nd or x.is_nested:
+        return False
+    if op == "logsumexp":
+        if type(params.get("keepdim", False)) is not bool:
+            return False
+    elif params and not _float_temperature(params):   # a tensor temperature: the reference
+        return False
+    if mask is not None:
+        if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.device != x.device
+                or mask.dim() > x.dim()):
+            return False
+        try:
+            if torch.broadcast_shapes(mask.shape, x.shape) != x.shape:
+                return False
+        except RuntimeError:
+            return False
+    return True
+
+
+_CTYPES = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
+
+
+def _first_column_has_nan(out, d) -> bool:
+    """Whether ``out`` has a NaN at index 0 along ``d``, read at the lowest fixed cost."""
+    if out.is_cpu and out.dtype in _CTYPES:
+        if out.numel() == out.shape[d]:   # one row: read its first element in place
+            return math.isnan(_CTYPES[out.dtype].from_address(out.data_ptr()).value)
+        a = out.detach().numpy()
+        return bool(np.isnan(a[(slice(None),) * d + (0,)]).any())
+    return bool(torch.isnan(out.narrow(d, 0, 1)).any())
+
+
+def _all_finite(out) -> bool:
+    if out.is_cpu and out.dtype in _CTYPES:
+        if out.numel() == 1:
+            return math.isfinite(_CTYPES[out.dtype].from_address(out.data_ptr()).value)
+        return bool(np.isfinite(out.detach().numpy()).all())
+    return bool(torch.isfinite(out).all())
+
+
+def _drop_invisible_grad(y, grad):
+    """The reference's log-softmax gradient from aten's: ``-inf`` outputs (masked entries,
+    ``-inf`` scores) are constants, so their incoming gradient is dropped before aten's
+    backward (which would give them ``g_j`` and add their ``g_j`` to every other entry's
+    sum). One reduction finds whether there is any; only then is the gradient rewritten."""
+    if not (y.numel() and float(y.amin()) == float("-inf")):
+        return None
+    return grad.masked_fill(y == float("-inf"), 0)
+
+
+def _aten_op(op, z, d):
+    if op == "logsumexp":
+        return torch.logsumexp(z, d, keepdim=True)
+    if op == "softmax":
+        return torch.softmax(z, d)
+    y = torch.log_softmax(z, d)
+    if y.requires_grad:
+        y.register_hook(functools.partial(_drop_invisible_grad, y.detach()))
+    return y
+
+
+def _run_aten(op, reference, x, dim, mask, params):
+    d = dim % x.dim()
+    if x.shape[d] == 0:
+        return reference(x, dim=dim, mask=mask, **params)
+    half = x.dtype in (torch.float16, torch.bfloat16)
+    z = x.float() if half else x
+    if op == "logsumexp":
+        if mask is not None:
+            z = z.masked_fill(~mask, float("-inf"))
+        out = torch.logsumexp(z, d, keepdim=True)
+        if _all_finite(out):
+            out = out if params.get("keepdim", False) else out.squeeze(d)
+            return out.to(x.dtype) if half else out
+        bad = ~torch.isfinite(out)          # NaN rows, and inf rows whose gradient differs
+    else:
+        temperature = params.get("temperature", 1.0)
+        if temperature != 1:
+            z = z * (1.0 / temperature)
+        if mask is not None:
+            z = z.masked_fill(~mask, float("-inf"))
+        out = _aten_op(op, z, d)
+        # A row aten does not define as the reference (a NaN, a +inf, nothing visible)
+        # comes out all NaN; every other row has no NaN. One column tells them apart.
+        if out.shape[d] == 0 or not _first_column_has_nan(out, d):
+            return out.to(x.dtype) if half else out
+        bad = torch.isnan(out.narrow(d, 0, 1))
+    # rare: recompute without those rows (their NaN would reach the gradient), then put
+    # the reference's rows in
+    out = _aten_op(op, torch.where(bad, torch.zeros((), dtype=z.dtype), z), d)
+    out = _aten_fix_rows(op, reference, x, d, mask, params, out, bad, half)
+    if op == "logsumexp" and not params.get("keepdim", False):
+        out = out.squeeze(d)
+    return out
+
+
+def _aten_fix_rows(op, reference, x, d, mask, params, out, bad, half):
+    """``out`` (compute dtype; keepdim along ``d`` for logsumexp) with the rows marked in
+    ``bad`` recomputed by ``reference``, in ``x``'s dtype."""
+    rows = bad.squeeze(d).reshape(-1).nonzero().flatten()
+    xr = x.movedim(d, -1)
+    n = xr.shape[-1]
+    sub = xr.reshape(-1, n)[rows]
+    sub_mask = None
+    if mask is not None:
+        sub_mask = mask.expand(x.shape).movedim(d, -1).reshape(-1, n)[rows]
+    ref_params = dict(params, keepdim=False) if op == "logsumexp" else params
+    ref = reference(sub, dim=-1, mask=sub_mask, **ref_params)
+    if half:
+        out = out.to(x.dtype)
+    if op == "logsumexp":
+        flat = out.reshape(-1).index_put((rows,), ref.to(out.dtype))
+        return flat.reshape(out.shape)
+    outr = out.movedim(d, -1)
+    flat = outr.reshape(-1, n).index_put((rows,), ref.to(out.dtype))
+    return flat.reshape(outr.shape).movedim(-1, d)
 
 
 def _entmax_alpha(x, alpha):
     """A float alpha, or a per-row alpha tensor of shape ``x.shape[:-1]``; ``None`` if not covered."""
     if _plain_float(alpha):
-        return float(alpha) if alpha >= ENTMAX_MIN_ALPHA and alpha == alpha and alpha < float("inf") else None
+        return float(alpha) if ENTMAX_MIN_ALPHA <= alpha < float("inf") else None
     if not isinstance(alpha, torch.Tensor) or not alpha.is_floating_point() or alpha.device != x.device:
         return None
     if alpha.dim() > x.dim():
@@ -206,7 +514,14 @@ def _entmax_alpha(x, alpha):
     return alpha.reshape(shape).expand(x.shape[:-1] + (1,)).squeeze(-1)
 
 
-from .topk import log_softmax_topk, softmax_topk  # noqa: E402  (public names live here too)
-
-__all__ = ["use_backend", "current_backend", "select", "softmax_topk", "log_softmax_topk", "BACKENDS",
-           "AUTO_MIN_NUMEL"]
+__all__ = [
+    "AUTO_MIN_NUMEL",
+    "BACKENDS",
+    "NUMBA_WINS",
+    "OPS",
+    "SHAPE_CLASSES",
+    "current_backend",
+    "plan",
+    "run",
+    "use_backend",
+]

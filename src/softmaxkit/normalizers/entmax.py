@@ -44,10 +44,7 @@ def entmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
 
     Peters, Niculae & Martins (2019), "Sparse Sequence-to-Sequence Models", arXiv 1905.05702.
     """
-    fast = dispatch.select("entmax", x, dim, mask, alpha=alpha)
-    if fast is not None:
-        return fast()
-    return entmax_reference(x, dim, mask, alpha)
+    return dispatch.run("entmax", entmax_reference, x, dim, mask, alpha=alpha)
 
 
 def _triton_pieces():

@@ -29,10 +29,7 @@ def entmax15(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -
     ``g = sqrt(p)``. Peters, Niculae & Martins (2019), "Sparse Sequence-to-Sequence
     Models", arXiv 1905.05702.
     """
-    fast = dispatch.select("entmax15", x, dim, mask)
-    if fast is not None:
-        return fast()
-    return entmax15_reference(x, dim, mask)
+    return dispatch.run("entmax15", entmax15_reference, x, dim, mask)
 
 
 def _triton_pieces():

@@ -64,7 +64,9 @@ def log_softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     z_safe = torch.where(visible & ~torch.isinf(z), z, m)
     out = z_safe - m - torch.log(nonzero_or_one(d))
     out = torch.where(inf_rows, torch.log(infinite_limit(z.detach(), visible)), out)
-    return torch.where(visible, out, torch.full_like(out, float("-inf")))
+    # z = -inf at a visible entry (x / T overflowing) of a row without NaN: probability 0, log -inf
+    dead = (z == float("-inf")) & ~torch.isnan(d)
+    return torch.where(visible & ~dead, out, torch.full_like(out, float("-inf")))
 
 
 def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
@@ -104,9 +106,12 @@ def softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
         temperature: ``T > 0``, a number or a tensor broadcastable to ``x``.
     """
     check_positive(temperature, "temperature")
-    fast = dispatch.select("softmax", x, dim, mask, temperature=temperature)
-    if fast is not None:
-        return fast()
+    return dispatch.run("softmax", softmax_reference, x, dim, mask, temperature=temperature)
+
+
+def softmax_reference(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
+                      temperature: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """:func:`softmax` in plain PyTorch: what the kernels and the aten path are checked against."""
     rows = prepare_rows(x, dim, mask)
     p = softmax_rows(_over_temperature(rows, temperature), rows.visible)
     return rows.restore(rows.zero_invisible(p))
@@ -122,9 +127,12 @@ def log_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None
     logarithm of their probability 0, with zero gradient.
     """
     check_positive(temperature, "temperature")
-    fast = dispatch.select("log_softmax", x, dim, mask, temperature=temperature)
-    if fast is not None:
-        return fast()
+    return dispatch.run("log_softmax", log_softmax_reference, x, dim, mask, temperature=temperature)
+
+
+def log_softmax_reference(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
+                          temperature: float | torch.Tensor = 1.0) -> torch.Tensor:
+    """:func:`log_softmax` in plain PyTorch."""
     rows = prepare_rows(x, dim, mask)
     return rows.restore(log_softmax_rows(_over_temperature(rows, temperature), rows.visible))
 
@@ -137,9 +145,12 @@ def logsumexp(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
 
     A row with nothing visible gives ``-inf`` (the log of an empty sum), with zero gradient.
     """
-    fast = dispatch.select("logsumexp", x, dim, mask, keepdim=keepdim)
-    if fast is not None:
-        return fast()
+    return dispatch.run("logsumexp", logsumexp_reference, x, dim, mask, keepdim=keepdim)
+
+
+def logsumexp_reference(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
+                        keepdim: bool = False) -> torch.Tensor:
+    """:func:`logsumexp` in plain PyTorch."""
     rows = prepare_rows(x, dim, mask)
     z = torch.where(rows.visible, rows.x, rows.safe_x)
     return rows.restore(logsumexp_rows(z, rows.visible), reduced=True, keepdim=keepdim)

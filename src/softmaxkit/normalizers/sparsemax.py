@@ -33,10 +33,7 @@ def sparsemax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) 
     Martins & Astudillo (2016), "From Softmax to Sparsemax: A Sparse Model of Attention
     and Multi-Label Classification", arXiv 1602.02068.
     """
-    fast = dispatch.select("sparsemax", x, dim, mask)
-    if fast is not None:
-        return fast()
-    return sparsemax_reference(x, dim, mask)
+    return dispatch.run("sparsemax", sparsemax_reference, x, dim, mask)
 
 
 def _triton_pieces():

@@ -5,12 +5,33 @@ parallel over rows with as many threads as ``torch.get_num_threads()`` (capped b
 numba's pool size), and are compiled on first use and cached on disk
 (``cache=True``). Use them through :mod:`softmaxkit.kernels.dispatch`, which decides
 when they apply; :mod:`.functions` holds the autograd-aware entry points.
+
+Protocol (never unwritten memory): every entry point returns its output and a bool
+tensor of the rows it did not compute (shape ``x.shape[:-1]``); those rows hold zeros
+and the dispatcher recomputes them with the reference. Each kernel receives a
+``special`` array filled with :data:`FLAG_TODO` and overwrites a row's flag only after
+the row is written, so a row whose thread stopped on an error stays flagged.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import numba
 import torch
+
+#: ``special`` value of a row no kernel has finished (see the module docstring).
+FLAG_TODO = 2
+
+
+def call_kernel(op: str, kernel, *args) -> None:
+    """Run ``kernel(*args)``; an exception is reported as a warning naming ``op`` (the rows
+    it did not finish keep :data:`FLAG_TODO` and are recomputed by the reference)."""
+    try:
+        kernel(*args)
+    except Exception as exc:  # noqa: BLE001 - any failure: the flagged rows are recomputed
+        warnings.warn(f"the numba kernel for {op} raised {type(exc).__name__}: {exc}; the rows it did "
+                      "not finish are recomputed by the reference", RuntimeWarning, stacklevel=3)
 
 
 def sync_threads() -> int:

@@ -65,7 +65,7 @@ _D_Q = _Q64
 
 # ---- float32 -------------------------------------------------------------------------
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _two_sum(a, b):
     # s + err == a + b exactly (Knuth's TwoSum): keeps the reduced argument to ~2^-48.
     s = a + b
@@ -73,7 +73,7 @@ def _two_sum(a, b):
     return s, (a - (s - bb)) + (b - bb)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _one_plus(r, tail):
     # 1 + r + tail with one rounding of the leading sum: (1 + r) is split exactly into
     # head + err (Fast2Sum, |1| >= |r|), so only the final addition rounds.
@@ -82,19 +82,19 @@ def _one_plus(r, tail):
     return head + (err + tail)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _one_plus64(r, tail):
     head = 1.0 + r
     err = (1.0 - head) + r
     return head + (err + tail)
 
 
-@njit(fastmath={"contract"}, cache=True)
+@njit(fastmath={"contract"}, cache=True, error_model="numpy")
 def _reduce32(x):
     return _reduce32_clamped(min(max(x, _F_LOW), _F_HIGH))
 
 
-@njit(fastmath={"contract"}, cache=True)
+@njit(fastmath={"contract"}, cache=True, error_model="numpy")
 def _reduce32_clamped(xc):
     t = xc * _F_LOG2E + _F_MAGIC
     n = t - _F_MAGIC
@@ -108,7 +108,7 @@ def _reduce32_clamped(xc):
     return _one_plus(r, r * r * q + r_err), t, n
 
 
-@njit(fastmath={"contract"}, cache=True)
+@njit(fastmath={"contract"}, cache=True, error_model="numpy")
 def _exp32(x):
     p, t, n = _reduce32(x)
     # 2^n with n = 128 (x near the overflow limit) is built as 2 * 2^127
@@ -120,7 +120,7 @@ def _exp32(x):
     return e if x == x else x
 
 
-@njit(fastmath={"contract"}, cache=True)
+@njit(fastmath={"contract"}, cache=True, error_model="numpy")
 def _exp_nonpositive32(x):
     xc = _F_LOW if x < _F_LOW else x          # a select: NaN passes through
     p, t, _ = _reduce32_clamped(xc)
@@ -128,7 +128,7 @@ def _exp_nonpositive32(x):
     return _F_ZERO if x < _F_LOW else e
 
 
-@njit(fastmath={"contract"}, cache=True)
+@njit(fastmath={"contract"}, cache=True, error_model="numpy")
 def _exp_parts32(x):
     # n is x*log2e rounded; the argument is clamped only to keep |n| small enough for
     # the magic rounding (2^22), far beyond any exponent difference that matters.
@@ -149,7 +149,7 @@ def _exp_parts32(x):
 
 # ---- float64 -------------------------------------------------------------------------
 
-@njit(fastmath={"contract"}, cache=True)
+@njit(fastmath={"contract"}, cache=True, error_model="numpy")
 def _tail64(r):
     q = _D_Q[11]
     q = q * r + _D_Q[10]
@@ -166,7 +166,7 @@ def _tail64(r):
     return r * r * q
 
 
-@njit(fastmath={"contract"}, cache=True)
+@njit(fastmath={"contract"}, cache=True, error_model="numpy")
 def _exp64(x):
     xc = min(max(x, _D_LOW), _D_HIGH)
     t = xc * LOG2E + _D_MAGIC
@@ -180,7 +180,7 @@ def _exp64(x):
     return e if x == x else x
 
 
-@njit(fastmath={"contract"}, cache=True)
+@njit(fastmath={"contract"}, cache=True, error_model="numpy")
 def _exp_nonpositive64(x):
     xc = _D_LOW if x < _D_LOW else x
     t = xc * LOG2E + _D_MAGIC
@@ -190,7 +190,7 @@ def _exp_nonpositive64(x):
     return 0.0 if x < _D_LOW else e
 
 
-@njit(fastmath={"contract"}, cache=True)
+@njit(fastmath={"contract"}, cache=True, error_model="numpy")
 def _exp_parts64(x):
     xc = -1.0e15 if x < -1.0e15 else x
     xc = 1.0e15 if xc > 1.0e15 else xc
@@ -246,14 +246,14 @@ def _ov_exp_parts(x):
         return lambda x: _exp_parts64(x)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _pow2_32(n):
     nc = max(n, np.float32(-127.0))
     s = _f32_from_bits(np.int32((np.int32(nc) + np.int32(127)) << 23))
     return s if n > np.float32(-127.0) else _F_ZERO
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _pow2_64(n):
     nc = max(n, -1023.0)
     s = _f64_from_bits(np.int64((np.int64(nc) + np.int64(1023)) << 52))
@@ -268,7 +268,7 @@ def _ov_pow2(n, like):
         return lambda n, like: _pow2_64(n)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def exp_array(x, out, nonpositive):
     """Elementwise :func:`exp` (or :func:`exp_nonpositive`) of a 1-d array, for measurements."""
     if nonpositive:

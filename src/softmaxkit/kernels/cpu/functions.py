@@ -1,8 +1,10 @@
 """Autograd-aware entry points to the numba softmax kernels (last axis, CPU).
 
 Each function takes a CPU tensor, float32 or float64, contiguous, normalised along its
-last axis, and returns what the reference in :mod:`softmaxkit.normalizers.softmax`
-returns, within floating-point tolerance. Gradients come from the backward kernels
+last axis, and returns ``(output, todo)``: the output equals the reference definition
+within floating-point tolerance on every row except those marked in ``todo`` (bool,
+``x.shape[:-1]``), which hold zeros (zero gradient) and are recomputed by the dispatcher
+with the reference. Gradients come from the backward kernels
 through :class:`torch.autograd.Function` (``gradcheck`` holds in float64); with
 ``create_graph=True`` the same formulas run as PyTorch ops, so higher derivatives work.
 Argument checking and coverage decisions live in :mod:`softmaxkit.kernels.dispatch`.
@@ -10,10 +12,11 @@ Argument checking and coverage decisions live in :mod:`softmaxkit.kernels.dispat
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from . import FLAG_TODO, call_kernel, sync_threads
 from . import softmax as _k
-from . import sync_threads
 
 #: The algorithm used when none is asked for: the fastest in the kernel benchmark.
 DEFAULT_ALGORITHM = "two_pass"
@@ -37,10 +40,19 @@ def _run_forward(x: torch.Tensor, scale: float, algorithm: int, mode: int):
     dtype = x2.numpy().dtype.type
     rows = x2.shape[0]
     lse = torch.empty(rows, dtype=x.dtype)
-    special = torch.zeros(rows, dtype=torch.uint8)
+    special = torch.full((rows,), FLAG_TODO, dtype=torch.uint8)
     out = torch.empty_like(x2) if mode != _k.LSE else torch.empty((1, 0), dtype=x.dtype)
-    _k.normalize_rows(x2.numpy(), out.numpy(), lse.numpy(), special.numpy(), dtype(scale), algorithm, mode)
-    return out, lse, special
+    with np.errstate(over="ignore"):   # 1/T beyond the dtype's range: inf, as the reference's x * (1/T)
+        scale_x = dtype(scale)
+    call_kernel(("softmax", "log_softmax", "logsumexp")[mode], _k.normalize_rows, x2.numpy(), out.numpy(),
+                lse.numpy(), special.numpy(), scale_x, algorithm, mode)
+    todo = special == FLAG_TODO
+    if bool(todo.any()):
+        if mode != _k.LSE:
+            out[todo] = 0
+        lse[todo] = 0
+        special[todo] = 1   # zero gradient from the kernel's part; the reference supplies it
+    return out, lse, special, todo
 
 
 def _run_backward(y2: torch.Tensor, grad: torch.Tensor, special: torch.Tensor, scale: float, mode: int):
@@ -48,7 +60,9 @@ def _run_backward(y2: torch.Tensor, grad: torch.Tensor, special: torch.Tensor, s
     g2 = grad.detach().reshape(y2.shape).contiguous()
     dx = torch.empty_like(y2)
     dtype = y2.numpy().dtype.type
-    _k.backward_rows(y2.numpy(), g2.numpy(), dx.numpy(), special.numpy(), dtype(scale), mode)
+    with np.errstate(over="ignore"):
+        scale_x = dtype(scale)
+    _k.backward_rows(y2.numpy(), g2.numpy(), dx.numpy(), special.numpy(), scale_x, mode)
     return dx
 
 
@@ -67,14 +81,16 @@ def _differentiable_backward(y, grad, special, scale, mode):
 class _SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, scale, algorithm, mode):
-        out, _, special = _run_forward(x, scale, algorithm, mode)
+        out, _, special, todo = _run_forward(x, scale, algorithm, mode)
         y = out.reshape(x.shape)
         ctx.save_for_backward(y, special)
         ctx.scale, ctx.mode = scale, mode
-        return y
+        todo = todo.reshape(x.shape[:-1])
+        ctx.mark_non_differentiable(todo)
+        return y, todo
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad, _grad_todo):
         y, special = ctx.saved_tensors
         if torch.is_grad_enabled():   # create_graph=True: the same formula, differentiable
             return _differentiable_backward(y, grad, special, ctx.scale, ctx.mode), None, None, None
@@ -85,37 +101,44 @@ class _SoftmaxFunction(torch.autograd.Function):
 class _LogSumExpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, algorithm):
-        _, lse, _ = _run_forward(x, 1.0, algorithm, _k.LSE)
+        _, lse, _, todo = _run_forward(x, 1.0, algorithm, _k.LSE)
         lse = lse.reshape(x.shape[:-1])
-        ctx.save_for_backward(x, lse)
+        todo = todo.reshape(x.shape[:-1])
+        ctx.save_for_backward(x, lse, todo)
         ctx.algorithm = algorithm
-        return lse
+        ctx.mark_non_differentiable(todo)
+        return lse, todo
 
     @staticmethod
-    def backward(ctx, grad):
-        x, lse = ctx.saved_tensors
+    def backward(ctx, grad, _grad_todo):
+        x, lse, todo = ctx.saved_tensors
         if torch.is_grad_enabled():   # create_graph=True: differentiable through lse
-            finite = torch.isfinite(lse).unsqueeze(-1)
+            finite = (torch.isfinite(lse) & ~todo).unsqueeze(-1)
             safe = torch.where(finite, lse.unsqueeze(-1), torch.zeros_like(lse.unsqueeze(-1)))
             p = torch.where(finite, torch.exp(x - safe), torch.zeros_like(x))
             return p * grad.unsqueeze(-1), None
         # d lse / dx = softmax(x); rows whose reference gradient is 0 (+inf rows) are flagged
-        p, _, special = _run_forward(x, 1.0, ctx.algorithm, _k.PROBS)
-        keep = (special == 0).to(x.dtype).unsqueeze(-1)
+        p, _, special, again = _run_forward(x, 1.0, ctx.algorithm, _k.PROBS)
+        redo = again & ~todo.reshape(-1)
+        if bool(redo.any()):   # the forward row was fine: d lse / dx = exp(x - lse)
+            x2, lse2 = x.reshape(p.shape), lse.reshape(-1, 1)
+            p[redo] = torch.exp(x2[redo] - lse2[redo])
+            special[redo] = 0
+        keep = ((special == 0) & ~todo.reshape(-1)).to(x.dtype).unsqueeze(-1)
         dx = p * (grad.reshape(-1, 1) * keep)
         return dx.reshape(x.shape), None
 
 
-def softmax(x: torch.Tensor, temperature: float = 1.0, algorithm: str | None = None) -> torch.Tensor:
-    """``softmax(x / temperature)`` along the last axis."""
+def softmax(x: torch.Tensor, temperature: float = 1.0, algorithm: str | None = None):
+    """``(softmax(x / temperature), todo)`` along the last axis."""
     return _SoftmaxFunction.apply(x, 1.0 / temperature, _algorithm_code(algorithm), _k.PROBS)
 
 
-def log_softmax(x: torch.Tensor, temperature: float = 1.0, algorithm: str | None = None) -> torch.Tensor:
-    """``log_softmax(x / temperature)`` along the last axis (two-pass runs as online)."""
+def log_softmax(x: torch.Tensor, temperature: float = 1.0, algorithm: str | None = None):
+    """``(log_softmax(x / temperature), todo)`` along the last axis (two-pass runs as online)."""
     return _SoftmaxFunction.apply(x, 1.0 / temperature, _algorithm_code(algorithm), _k.LOG_PROBS)
 
 
-def logsumexp(x: torch.Tensor, algorithm: str | None = None) -> torch.Tensor:
-    """``log sum exp`` over the last axis (the axis removed)."""
+def logsumexp(x: torch.Tensor, algorithm: str | None = None):
+    """``(log sum exp, todo)`` over the last axis (the axis removed)."""
     return _LogSumExpFunction.apply(x, _algorithm_code(algorithm))

@@ -55,14 +55,23 @@ BLOCK = 2048
 TWO_PASS_LIMIT = 1.0e6
 
 _FAST = {"reassoc", "nsz", "contract", "arcp"}
+#: No FMA contraction where ``x * scale - shift`` is formed: the product must be rounded
+#: first, as the reference's ``z = x * scale`` is, or a huge ``|x * scale|`` leaves a
+#: residual of up to half an ulp of it in the exponent (exp of +-1e30 for finfo.min / 3).
+_FAST_NO_FMA = {"reassoc", "nsz", "arcp"}
 _SPECIAL_ZERO_GRAD = np.uint8(1)
+#: ``special`` value of a row not (yet) computed. The caller fills ``special`` with it;
+#: each row overwrites it only once its output is complete, so a row left at FLAG_TODO
+#: (a kernel thread that stopped, a row the kernel cannot handle) is recomputed by the
+#: reference and never returned unwritten.
+FLAG_TODO = np.uint8(2)
 
 
 # ---- vectorised block primitives ------------------------------------------------------
 
 # nnan lets LLVM vectorise the max reduction; a NaN in the row can then give any value
 # here, but the NaN also makes the row's sum NaN, which sends the row to _careful_row.
-@njit(fastmath={"reassoc", "nsz", "nnan"}, cache=True)
+@njit(fastmath={"reassoc", "nsz", "nnan"}, cache=True, error_model="numpy")
 def _max(x, init):
     m = init
     for i in range(x.shape[0]):
@@ -70,7 +79,7 @@ def _max(x, init):
     return m
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, inline="always", error_model="numpy")
 def merge_state(m, d, mb, db):
     """Online-normalizer merge (Milakov & Gimelshein 2018), as OnlineSoftmaxState.merge:
     ``(m, d) + (mb, db) = (M, d e^{m-M} + db e^{mb-M})``, M = max(m, mb), with finite ``mb``."""
@@ -79,7 +88,7 @@ def merge_state(m, d, mb, db):
     return m, d + db * exp(mb - m)
 
 
-@njit(fastmath=_FAST, cache=True)
+@njit(fastmath=_FAST_NO_FMA, cache=True, error_model="numpy")
 def _sum_exp(x, scale, shift):
     s = shift - shift
     for i in range(x.shape[0]):
@@ -87,7 +96,7 @@ def _sum_exp(x, scale, shift):
     return s
 
 
-@njit(fastmath=_FAST, cache=True)
+@njit(fastmath=_FAST_NO_FMA, cache=True, error_model="numpy")
 def _store_exp(x, out, scale, shift):
     """``out = exp(x scale - shift)``; returns the sum. (Loops run over slices from 0:
     numba then knows the index is non-negative and LLVM vectorises them.)"""
@@ -99,13 +108,13 @@ def _store_exp(x, out, scale, shift):
     return s
 
 
-@njit(fastmath=_FAST, cache=True)
+@njit(fastmath=_FAST, cache=True, error_model="numpy")
 def _rescale(out, factor):
     for i in range(out.shape[0]):
         out[i] *= factor
 
 
-@njit(fastmath={"contract"}, cache=True)
+@njit(cache=True, error_model="numpy")
 def _write_log_probs(x, out, scale, shift, log_sum):
     for i in range(x.shape[0]):
         out[i] = (x[i] * scale - shift) - log_sum
@@ -113,7 +122,7 @@ def _write_log_probs(x, out, scale, shift, log_sum):
 
 # nnan (for the vectorised max reductions) is safe: exp_parts propagates a NaN to its
 # mantissa, which makes the block's pair sum NaN, and that sends the row to _careful_row.
-@njit(fastmath=_FAST | {"nnan"}, cache=True)
+@njit(fastmath=_FAST | {"nnan"}, cache=True, error_model="numpy")
 def _block_parts(x, out, expo, scale, limit):
     """Mantissas of ``e^{x scale}`` into ``out``, exponents into ``expo``; (max exponent, out of range)."""
     nmax = -limit - limit
@@ -128,7 +137,7 @@ def _block_parts(x, out, expo, scale, limit):
     return nmax, not vmax <= limit
 
 
-@njit(fastmath=_FAST, cache=True)
+@njit(fastmath=_FAST, cache=True, error_model="numpy")
 def _block_pair_sum(out, expo, nmax):
     """``out_i = m_i 2^{n_i - nmax}`` on the block; returns their sum."""
     s = nmax - nmax
@@ -141,7 +150,7 @@ def _block_pair_sum(out, expo, nmax):
 
 # ---- softmax rows: each writes exp once per entry, then rescales ------------------------
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _three_pass_probs(x, out, scale):
     """max; store exp(x - max) and sum; scale by 1/sum (three-pass, reloading)."""
     neg_inf = cast_like(-np.inf, scale)
@@ -156,13 +165,13 @@ def _three_pass_probs(x, out, scale):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _online_probs(x, out, scale, block_max):
     """Online normaliser over blocks; each block stored as exp(x - m_b), rescaled at the end."""
     neg_inf = cast_like(-np.inf, scale)
     n = x.shape[0]
     m = neg_inf
-    d = scale - scale
+    d = cast_like(0.0, scale)
     for b, start in enumerate(range(0, n, BLOCK)):
         stop = min(start + BLOCK, n)
         mb = _max(x[start:stop], neg_inf) * scale
@@ -184,19 +193,19 @@ def _online_probs(x, out, scale, block_max):
         stop = min(start + BLOCK, n)
         if block_max[b] == neg_inf:
             for i in range(start, stop):
-                out[i] = scale - scale
+                out[i] = cast_like(0.0, scale)
         else:
             _rescale(out[start:stop], exp(block_max[b] - m) * inv)
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _two_pass_probs(x, out, scale, expo, block_exp):
     """Two-pass: (mantissa, exponent) pairs, summed block by block as S 2^N, then rescaled."""
     limit = cast_like(TWO_PASS_LIMIT, scale)
     big = cast_like(np.inf, scale)
     n_total = -big
-    s_total = scale - scale
+    s_total = cast_like(0.0, scale)
     n = x.shape[0]
     for b, start in enumerate(range(0, n, BLOCK)):
         stop = min(start + BLOCK, n)
@@ -222,7 +231,7 @@ def _two_pass_probs(x, out, scale, expo, block_exp):
 
 # ---- log-softmax / log-sum-exp rows: (m, s, ok) with softmax = exp(x - m) / s ------------
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _three_pass_stats(x, scale):
     neg_inf = cast_like(-np.inf, scale)
     m = _max(x, neg_inf) * scale
@@ -232,11 +241,11 @@ def _three_pass_stats(x, scale):
     return m, s, s > 0 and s < -neg_inf
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _online_stats(x, scale):
     neg_inf = cast_like(-np.inf, scale)
     m = neg_inf
-    d = scale - scale
+    d = cast_like(0.0, scale)
     n = x.shape[0]
     for start in range(0, n, BLOCK):
         stop = min(start + BLOCK, n)
@@ -251,7 +260,7 @@ def _online_stats(x, scale):
 
 # ---- the exact scalar path for rows with NaN / inf -----------------------------------
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _careful_row(x, out, scale, mode):
     """Reference semantics for any row; returns (lse, special flag)."""
     neg_inf = cast_like(-np.inf, scale)
@@ -270,7 +279,7 @@ def _careful_row(x, out, scale, mode):
                 if x[i] != -np.inf:
                     out[i] = nan
                 else:
-                    out[i] = neg_inf if mode == LOG_PROBS else scale - scale
+                    out[i] = neg_inf if mode == LOG_PROBS else cast_like(0.0, scale)
         return nan, np.uint8(0)
     if m == -neg_inf:
         count = 0
@@ -279,14 +288,14 @@ def _careful_row(x, out, scale, mode):
         w = cast_like(1.0 / count, scale)
         for i in range(x.shape[0]):
             if mode == PROBS:
-                out[i] = w if x[i] * scale == -neg_inf else scale - scale
+                out[i] = w if x[i] * scale == -neg_inf else cast_like(0.0, scale)
             elif mode == LOG_PROBS:
                 out[i] = np.log(w) if x[i] * scale == -neg_inf else neg_inf
         return -neg_inf, _SPECIAL_ZERO_GRAD
     if m == neg_inf:
         for i in range(x.shape[0]):
             if mode == PROBS:
-                out[i] = scale - scale
+                out[i] = cast_like(0.0, scale)
             elif mode == LOG_PROBS:
                 out[i] = neg_inf
         return neg_inf, _SPECIAL_ZERO_GRAD if mode == LOG_PROBS else np.uint8(0)
@@ -302,7 +311,7 @@ def _careful_row(x, out, scale, mode):
 
 # ---- the kernel --------------------------------------------------------------------
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def normalize_rows(x, out, lse, special, scale, algorithm, mode):
     """Softmax (``mode`` PROBS), log-softmax (LOG_PROBS) or log-sum-exp (LSE) of each row.
 
@@ -310,7 +319,8 @@ def normalize_rows(x, out, lse, special, scale, algorithm, mode):
         x: (rows, n) C-contiguous input.
         out: (rows, n) output for PROBS / LOG_PROBS (ignored for LSE).
         lse: (rows,) receives the row log-sum-exp for LSE (ignored otherwise).
-        special: (rows,) uint8, set to 1 where the reference gradient is zero.
+        special: (rows,) uint8, filled with FLAG_TODO by the caller; each finished row
+            gets 0, or 1 where the reference gradient is zero.
         scale: ``1 / temperature``, same dtype as ``x``.
         algorithm: THREE_PASS, TWO_PASS or ONLINE.
     """
@@ -318,10 +328,10 @@ def normalize_rows(x, out, lse, special, scale, algorithm, mode):
     for r in prange(rows):
         xr = x[r]
         outr = out[r] if mode != LSE else out[0]
-        special[r] = 0
         if n == 0:
             if mode == LSE:
                 lse[r] = cast_like(-np.inf, scale)
+            special[r] = 0
             continue
         if mode == PROBS:
             if algorithm == THREE_PASS:
@@ -332,6 +342,7 @@ def normalize_rows(x, out, lse, special, scale, algorithm, mode):
             else:
                 ok = _online_probs(xr, outr, scale, np.empty((n + BLOCK - 1) // BLOCK, x.dtype))
             if ok:
+                special[r] = 0
                 continue
         else:
             if algorithm == THREE_PASS:
@@ -343,16 +354,17 @@ def normalize_rows(x, out, lse, special, scale, algorithm, mode):
                     _write_log_probs(xr, outr, scale, m, np.log(s))
                 else:
                     lse[r] = m + np.log(s)
+                special[r] = 0
                 continue
         value, flag = _careful_row(xr, outr, scale, mode)
-        special[r] = flag
         if mode == LSE:
             lse[r] = value
+        special[r] = flag
 
 
 # ---- backward -------------------------------------------------------------------------
 
-@njit(fastmath=_FAST, cache=True)
+@njit(fastmath=_FAST, cache=True, error_model="numpy")
 def _dot(a, b):
     s = a[0] - a[0]
     for i in range(a.shape[0]):
@@ -360,7 +372,7 @@ def _dot(a, b):
     return s
 
 
-@njit(fastmath=_FAST, cache=True)
+@njit(fastmath=_FAST, cache=True, error_model="numpy")
 def _visible_sum(y, g):
     s = g[0] - g[0]
     neg_inf = cast_like(-np.inf, s)
@@ -369,7 +381,7 @@ def _visible_sum(y, g):
     return s
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True)
+@njit(parallel=True, fastmath=_FAST, cache=True, error_model="numpy")
 def backward_rows(y, g, dx, special, scale, mode):
     """Gradient of softmax (``mode`` PROBS) or log-softmax (LOG_PROBS) from its output ``y``.
 
@@ -385,7 +397,7 @@ def backward_rows(y, g, dx, special, scale, mode):
             continue
         if special[r]:
             for i in range(n):
-                dr[i] = scale - scale
+                dr[i] = cast_like(0.0, scale)
             continue
         if mode == PROBS:
             c = _dot(yr, gr)
@@ -396,4 +408,4 @@ def backward_rows(y, g, dx, special, scale, mode):
             neg_inf = cast_like(-np.inf, scale)
             for i in range(n):
                 v = scale * (gr[i] - exp(yr[i]) * c)
-                dr[i] = v if yr[i] != neg_inf else scale - scale
+                dr[i] = v if yr[i] != neg_inf else cast_like(0.0, scale)

@@ -39,8 +39,11 @@ support, ``dx = g * dy - g <g, dy> / sum g``. Gradient with respect to alpha
 .. math:: \frac{\partial p_i}{\partial \alpha} = \frac{p_i - \hat g_i}{u^2}
           - \frac{p_i \log p_i - \hat g_i H}{u}.
 
-The search runs in float64 for float32 inputs too. Rows with a NaN or a ``+inf`` are
-flagged in ``special`` and left to the caller (the reference handles them).
+The search runs in float64 for float32 inputs too. ``special`` protocol: the caller
+fills it with 2 ("not computed"); a finished row sets 0, and a row the kernel does not
+handle (a NaN or a ``+inf``, or no finite distribution found) sets 1. Rows left at 1 or
+2 are recomputed by the reference (:func:`softmaxkit.kernels.dispatch.run`); they hold
+zeros, never unwritten memory.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ MAX_STEPS = 200
 CHUNK = 64
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _power(w, u):
     """``w^{1/u}`` for ``w > 0``, with the two common cases exact and cheap."""
     if u == 1.0:
@@ -69,7 +72,7 @@ def _power(w, u):
     return math.exp(math.log(w) / u)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _evaluate(vals, count, theta, u):
     """``F = f(theta)``, ``D = -f'(theta)`` and the support size, over the candidates."""
     total = 0.0
@@ -85,7 +88,7 @@ def _evaluate(vals, count, theta, u):
     return total - 1.0, slope, size
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _closed_form(vals, count, theta, u):
     """Exact threshold for the support ``{s > theta}`` when alpha is 2 or 1.5; else ``theta``."""
     size = 0
@@ -110,7 +113,7 @@ def _closed_form(vals, count, theta, u):
     return theta
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _compact(vals, idx, count, lower):
     """Keep the candidates above ``lower``; returns the new count."""
     kept = 0
@@ -122,15 +125,19 @@ def _compact(vals, idx, count, lower):
     return kept
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _threshold(vals, idx, count, n, u):
     """Root ``theta`` of ``f`` by safeguarded Newton; returns (theta, candidate count)."""
     lo = -1.0 / u
     hi = -math.exp(-u * math.log(n)) / u
     theta = lo
     tol = 4e-16 * max(1.0, count)
+    best, best_f = theta, math.inf
+    prev_f = math.inf
     for _ in range(MAX_STEPS):
         F, D, size = _evaluate(vals, count, theta, u)
+        if abs(F) < best_f:
+            best, best_f = theta, abs(F)
         if F > 0:
             lo = theta
         else:
@@ -138,12 +145,17 @@ def _threshold(vals, idx, count, n, u):
         if abs(F) <= tol or size == 0:
             break
         count = _compact(vals, idx, count, lo)
+        mid = 0.5 * (lo + hi)
+        if not (lo < mid < hi):
+            break   # the bracket is two adjacent floats
         step = theta + F / D
-        if not (lo < step < hi):
-            step = 0.5 * (lo + hi)
-        if step == theta or hi - lo <= 1e-15 * max(1.0, abs(lo)):
-            break
+        # Newton inside the bracket, unless it failed to halve |f| (concave f for
+        # alpha > 2, or a root next to a support entry, where f' is unbounded)
+        if not (lo < step < hi) or step == theta or abs(F) > 0.5 * prev_f:
+            step = mid
+        prev_f = abs(F)
         theta = step
+    theta = best
     if u == 1.0 or u == 0.5:
         # exact on the support found; repeat while the support it implies differs
         for _ in range(8):
@@ -154,7 +166,7 @@ def _threshold(vals, idx, count, n, u):
     return theta, count
 
 
-@njit(fastmath={"reassoc", "nsz"}, cache=True)
+@njit(fastmath={"reassoc", "nsz"}, cache=True, error_model="numpy")
 def _count_above(x, reach):
     """Entries above ``reach`` and NaN entries (vectorised counts)."""
     above = 0
@@ -165,7 +177,7 @@ def _count_above(x, reach):
     return above, nans
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _gather_above(x, reach, top, vals, idx):
     """Copy ``x_i - top`` (float64) and ``i`` for the entries above ``reach``.
 
@@ -184,9 +196,22 @@ def _gather_above(x, reach, top, vals, idx):
     return count
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
+def _reach(top, u):
+    """A value of ``top``'s type ``< top`` and ``<= top - 1/u`` (exactly): entries above it
+    are the candidates. ``top - 1/u`` rounded in the input type can equal ``top`` (|x| about
+    1e8 in float32, a -1e9 mask fill), which would leave no candidate at all."""
+    exact = np.float64(top) - 1.0 / u
+    reach = cast_like(exact, top)
+    if np.float64(reach) > exact or reach >= top:
+        reach = np.nextafter(reach, cast_like(-np.inf, top))
+    return reach
+
+
+@njit(cache=True, error_model="numpy")
 def _row(x, out, u):
-    """alpha-entmax of one row into ``out``; returns False for a row with NaN or +inf."""
+    """alpha-entmax of one row into ``out``; False for a row it leaves to the reference
+    (a NaN or a ``+inf``, or a result that is not a finite distribution)."""
     n = x.shape[0]
     neg_inf = cast_like(-np.inf, x[0])
     top = _max(x, neg_inf)
@@ -195,9 +220,9 @@ def _row(x, out, u):
         return False
     if top == neg_inf:
         return True
-    reach = top - cast_like(1.0 / u, top)
+    reach = _reach(top, u)
     count, nans = _count_above(x, reach)
-    if nans:
+    if nans or count == 0:
         return False
     vals = np.empty(count, np.float64)
     idx = np.empty(count, np.int64)
@@ -208,25 +233,27 @@ def _row(x, out, u):
         w = u * (vals[i] - theta)
         vals[i] = _power(w, u) if w > 0 else 0.0
         total += vals[i]
+    if not (total > 0.5 and total < 2.0):
+        return False
     scale = 1.0 / total if u != 1.0 and u != 0.5 else 1.0
     for i in range(count):
         out[idx[i]] = vals[i] * scale
     return True
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def entmax_rows(x, out, alpha, special):
     """alpha-entmax of each row of ``x`` (C-contiguous 2-d); ``alpha`` float64, one per row."""
     rows, n = x.shape
     for r in prange(rows):
-        special[r] = 0
         if n == 0:
+            special[r] = 0
             continue
-        if not _row(x[r], out[r], alpha[r] - 1.0):
-            special[r] = 1
+        ok = _row(x[r], out[r], alpha[r] - 1.0)
+        special[r] = 0 if ok else 1
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _g(p, u):
     """``p^{2 - alpha}`` for ``p > 0``."""
     if u == 1.0:
@@ -236,7 +263,7 @@ def _g(p, u):
     return math.exp((1.0 - u) * math.log(p))
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, error_model="numpy")
 def entmax_backward_rows(p, dy, alpha, dx, dalpha):
     """Closed-form gradients of alpha-entmax with respect to the scores and to alpha.
 

@@ -1,16 +1,18 @@
 """Autograd-aware alpha-entmax on the numba kernels (last axis, CPU, float32 / float64).
 
-Returns what :func:`softmaxkit.functional.entmax` returns within floating-point
-tolerance; coverage (alpha range, layout) is decided in :mod:`softmaxkit.kernels.dispatch`.
-Rows with a NaN or a ``+inf`` are recomputed by the reference.
+Returns ``(p, todo)``: ``p`` equals the alpha-entmax reference definition within
+floating-point tolerance on every row not marked in ``todo`` (rows with a NaN or a
+``+inf``, or that the kernel did not finish); those hold zeros (zero gradient) and the
+dispatcher recomputes them with the reference. Coverage (alpha range, layout) is decided
+in :mod:`softmaxkit.kernels.dispatch`.
 """
 
 from __future__ import annotations
 
 import torch
 
+from . import FLAG_TODO, call_kernel, sync_threads
 from . import sparse as _k
-from . import sync_threads
 
 
 def _alpha_rows(alpha, rows: int) -> torch.Tensor:
@@ -33,7 +35,7 @@ def _differentiable_backward(p, grad, alpha, special):
     dalpha = (((p * grad).sum(-1, keepdim=True) - g_dy_hat) / (u * u)
               - ((p_log_p * grad).sum(-1, keepdim=True) - g_dy_hat * p_log_p.sum(-1, keepdim=True)) / u)
     keep = special == 0
-    dx = torch.where(keep, dx, torch.where(torch.isnan(p), p, torch.zeros_like(p)))
+    dx = torch.where(keep, dx, torch.zeros_like(p))
     return dx, torch.where(keep, dalpha, torch.zeros_like(dalpha)).squeeze(-1)
 
 
@@ -46,23 +48,22 @@ class _EntmaxFunction(torch.autograd.Function):
         rows = x2.shape[0]
         alpha = _alpha_rows(alpha_tensor if alpha_tensor is not None else alpha_value, rows)
         out = torch.empty_like(x2)
-        special = torch.zeros(rows, dtype=torch.uint8)
-        _k.entmax_rows(x2.numpy(), out.numpy(), alpha.numpy(), special.numpy())
-        bad = special.nonzero().flatten()
-        if bad.numel():
-            from ...normalizers.entmax import entmax_reference as _entmax_reference
-            from ..dispatch import use_backend
-            a = alpha[bad].to(x.dtype).unsqueeze(-1) if alpha_tensor is not None else alpha_value
-            with use_backend("reference"), torch.no_grad():
-                out[bad] = _entmax_reference(x2[bad], -1, None, a)
+        special = torch.full((rows,), FLAG_TODO, dtype=torch.uint8)
+        call_kernel("entmax", _k.entmax_rows, x2.numpy(), out.numpy(), alpha.numpy(), special.numpy())
+        todo = special != 0
+        if bool(todo.any()):
+            out[todo] = 0
+            special[todo] = 1
         y = out.reshape(x.shape)
         ctx.save_for_backward(y, alpha, special, alpha_tensor)
         ctx.has_alpha_tensor = alpha_tensor is not None
         ctx.alpha_value = alpha_value
-        return y
+        todo = todo.reshape(x.shape[:-1])
+        ctx.mark_non_differentiable(todo)
+        return y, todo
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad, _grad_todo):
         y, alpha, special, alpha_tensor = ctx.saved_tensors
         if torch.is_grad_enabled():   # create_graph=True: the same formulas, differentiable
             a = alpha_tensor.unsqueeze(-1) if ctx.has_alpha_tensor else ctx.alpha_value
@@ -75,9 +76,8 @@ class _EntmaxFunction(torch.autograd.Function):
         dalpha = torch.empty(out.shape[0], dtype=torch.float64)
         _k.entmax_backward_rows(out.numpy(), g2.numpy(), alpha.numpy(), dx.numpy(), dalpha.numpy())
         keep = special == 0
-        if not bool(keep.all()):
-            # +inf rows: the reference's limit is constant (zero gradient); NaN rows give NaN
-            dx[~keep] = torch.where(torch.isnan(out[~keep]), out[~keep], torch.zeros_like(out[~keep]))
+        if not bool(keep.all()):   # rows recomputed by the reference: their gradient comes from it
+            dx[~keep] = 0
             dalpha[~keep] = 0
         grad_alpha = None
         if ctx.has_alpha_tensor and ctx.needs_input_grad[1]:
@@ -85,8 +85,8 @@ class _EntmaxFunction(torch.autograd.Function):
         return (dx if dx.shape == grad.shape else dx.reshape(grad.shape)), grad_alpha, None
 
 
-def entmax(x: torch.Tensor, alpha) -> torch.Tensor:
-    """alpha-entmax along the last axis; ``alpha`` a float or a tensor of shape ``x.shape[:-1]``."""
+def entmax(x: torch.Tensor, alpha):
+    """``(alpha-entmax, todo)`` along the last axis; ``alpha`` a float or a tensor of shape ``x.shape[:-1]``."""
     if isinstance(alpha, torch.Tensor):
         return _EntmaxFunction.apply(x, alpha, None)
     return _EntmaxFunction.apply(x, None, float(alpha))

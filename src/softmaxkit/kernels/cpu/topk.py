@@ -9,10 +9,11 @@ vectorised reductions. The k-th largest chunk maximum bounds the k-th largest sc
 from below, so only the (about ``k``) chunks reaching it are then searched with a
 size-``k`` min-heap; the rest of the row is never compared entry by entry.
 
-Order and ties: results are sorted by decreasing score; equal scores are ordered by
-increasing index (the earlier entry wins a place in the top k). Since softmax is
-monotone, this is the top-k of the probabilities too; probabilities that round to the
-same float can come from different scores, and then the larger score ranks first.
+Order and ties (the same rule as the reference path of :func:`softmaxkit.softmax_topk`):
+results are sorted by decreasing probability (log-probability), equal values by
+increasing index, over the whole row: where different scores round to the same value
+(e.g. probabilities that underflow to 0), the entries with the smallest indices among
+the tied ones are returned.
 
 Rows with a NaN, a ``+inf`` or only ``-inf`` entries are flagged in ``special`` and
 left to the caller (the reference handles them).
@@ -20,10 +21,11 @@ left to the caller (the reference handles them).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
-from ._exp import exp
 from ._intrinsics import cast_like
 from .softmax import _max, _sum_exp, merge_state
 
@@ -32,13 +34,13 @@ BLOCK = 2048
 CHUNK = 64
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _worse(va, ia, vb, ib):
     """Entry a ranks below entry b: smaller score, or equal score and larger index."""
     return va < vb or (va == vb and ia > ib)
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _sift_down(hv, hi, k, pos):
     while True:
         left = 2 * pos + 1
@@ -56,7 +58,7 @@ def _sift_down(hv, hi, k, pos):
             return
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _push(hv, hi, k, filled, v, i):
     """Offer entry (v, i) to the heap of the k best so far; returns the new fill count."""
     if filled < k:
@@ -73,7 +75,7 @@ def _push(hv, hi, k, filled, v, i):
     return filled
 
 
-@njit(cache=True)
+@njit(cache=True, error_model="numpy")
 def _row_topk(x, k, hv, hi, chunk_max):
     """Online (m, d) and the top-k scores/indices of one row (heap order); returns (m, d, ok)."""
     n = x.shape[0]
@@ -109,48 +111,95 @@ def _row_topk(x, k, hv, hi, chunk_max):
     return m, d, True
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True, error_model="numpy")
+def _value(s, m, d, log_d, log):
+    """The output for score ``s``, as the reference computes it: ``exp(s - m) / d`` (libm
+    exp: subnormal results kept) or ``(s - m) - log d``."""
+    if log:
+        return (s - m) - log_d
+    return cast_like(math.exp(s - m), d) / d
+
+
+@njit(cache=True, error_model="numpy")
+def _order_by_value(xr, k, sv, si, vals, m, d, log_d, log):
+    """Reorder the k entries (sorted by score, then index) to the documented order:
+    decreasing value, equal values by increasing index, over the whole row. Different
+    scores can round to the same value (probabilities that underflow to 0, scores closer
+    than the spacing of the outputs); then entries outside the k best scores can tie with
+    the k-th value, and the smallest indices among all tied entries are taken."""
+    n = xr.shape[0]
+    vk = vals[k - 1]
+    gt = 0
+    while gt < k and vals[gt] > vk:
+        gt += 1
+    below = np.nextafter(sv[k - 1], cast_like(-np.inf, sv[k - 1]))
+    if k < n and below > cast_like(-np.inf, below) and _value(below, m, d, log_d, log) == vk:
+        # outside entries can tie with the k-th value: take the smallest tied indices
+        ties_hi = sv[gt]
+        found = 0
+        need = k - gt
+        for j in range(n):
+            xj = xr[j]
+            if xj <= ties_hi and _value(xj, m, d, log_d, log) == vk:
+                sv[gt + found] = xj
+                si[gt + found] = j
+                vals[gt + found] = vk
+                found += 1
+                if found == need:
+                    break
+    # equal values (contiguous: values fall with the score): increasing index
+    j = 0
+    while j < k:
+        e = j + 1
+        while e < k and vals[e] == vals[j]:
+            e += 1
+        if e - j > 1:
+            si[j:e] = np.sort(si[j:e])
+        j = e
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
 def softmax_topk_rows(x, k, values, indices, special, log):
-    """Top-k softmax (or log-softmax) values and indices of each row, sorted, fused."""
+    """Top-k softmax (or log-softmax) values and indices of each row, sorted, fused.
+
+    ``special`` protocol: filled with 2 by the caller; 0 once a row is written, 1 for a row
+    left to the reference (NaN, ``+inf``, nothing visible)."""
     rows, n = x.shape
     for r in prange(rows):
         xr = x[r]
         hv = np.empty(k, x.dtype)
         hi = np.empty(k, np.int64)
         m, d, ok = _row_topk(xr, k, hv, hi, np.empty((n + CHUNK - 1) // CHUNK, x.dtype))
-        special[r] = 0 if ok else 1
         if not ok:
+            for j in range(k):
+                values[r, j] = 0
+                indices[r, j] = 0
+            special[r] = 1
             continue
         order = np.argsort(-hv, kind="mergesort")
-        # equal scores: increasing index
         sv = hv[order]
         si = hi[order]
-        j = 0
-        while j < k:
-            e = j + 1
-            while e < k and sv[e] == sv[j]:
-                e += 1
-            if e - j > 1:
-                si[j:e] = np.sort(si[j:e])
-            j = e
-        inv = cast_like(1.0, d) / d
         log_d = np.log(d)
+        vals = np.empty(k, x.dtype)
         for j in range(k):
-            if log:
-                values[r, j] = (sv[j] - m) - log_d
-            else:
-                values[r, j] = exp(sv[j] - m) * inv
+            vals[j] = _value(sv[j], m, d, log_d, log)
+        _order_by_value(xr, k, sv, si, vals, m, d, log_d, log)
+        for j in range(k):
+            values[r, j] = vals[j]
             indices[r, j] = si[j]
+        special[r] = 0
 
 
 def softmax_topk(x, k: int, log: bool = False):
     """Fused top-k of ``softmax(x)`` (or log-softmax) along the last axis of a CPU tensor.
 
-    Rows flagged special (NaN / ``+inf`` / all ``-inf``) are recomputed by the reference.
+    Returns ``(values, indices, todo)``: ``todo`` (bool, ``x.shape[:-1]``) marks the rows
+    not computed (NaN / ``+inf`` / nothing visible), which hold zeros; the dispatcher
+    recomputes them with the reference.
     """
     import torch
 
-    from . import sync_threads
+    from . import FLAG_TODO, call_kernel, sync_threads
 
     sync_threads()
     n = x.shape[-1]
@@ -158,13 +207,12 @@ def softmax_topk(x, k: int, log: bool = False):
     rows = x2.shape[0]
     values = torch.empty((rows, k), dtype=x.dtype)
     indices = torch.empty((rows, k), dtype=torch.int64)
-    special = torch.zeros(rows, dtype=torch.uint8)
-    softmax_topk_rows(x2.numpy(), k, values.numpy(), indices.numpy(), special.numpy(), log)
-    bad = special.nonzero().flatten()
-    if bad.numel():
-        from ...normalizers.softmax import log_softmax, softmax
-        from ..dispatch import use_backend
-        with use_backend("reference"):
-            p = (log_softmax if log else softmax)(x2[bad], dim=-1)
-        values[bad], indices[bad] = torch.topk(p, k, dim=-1)
-    return values.reshape(x.shape[:-1] + (k,)), indices.reshape(x.shape[:-1] + (k,))
+    special = torch.full((rows,), FLAG_TODO, dtype=torch.uint8)
+    call_kernel("softmax_topk", softmax_topk_rows, x2.numpy(), k, values.numpy(), indices.numpy(),
+                special.numpy(), log)
+    todo = special != 0
+    if bool(todo.any()):
+        values[todo] = 0
+        indices[todo] = 0
+    shape = x.shape[:-1] + (k,)
+    return values.reshape(shape), indices.reshape(shape), todo.reshape(x.shape[:-1])

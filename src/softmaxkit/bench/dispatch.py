@@ -1,0 +1,258 @@
+"""Dispatch benchmark: the default ``auto`` backend against torch and the numba kernel.
+
+A user who replaces ``torch.softmax`` by ``sk.softmax`` must never lose. For each cell
+(op x shape x dtype x forward or forward+backward) three callables are timed,
+interleaved, in the same process: torch (``torch.softmax`` / ``log_softmax`` /
+``logsumexp``), the numba kernel (``sk.use_backend("numba")``) and ``auto`` (the
+default). The figure is ``auto / min(torch, kernel)``: target <= 1/0.95 in every cell,
+and the median of ``torch / auto`` over the grid >= 1.0.
+
+A second table measures page faults: ``torch.softmax`` at 4096 x 32768 in a fresh
+process with and without ``THP_MEM_ALLOC_ENABLE=1`` (torch's switch to back large CPU
+allocations with transparent huge pages).
+
+Run ``softmaxkit bench dispatch`` (``--quick``: tiny shapes, seconds), or
+``python -m softmaxkit.bench.dispatch --crossovers --threads 1 2`` to measure the
+kernel-against-aten crossovers that :data:`softmaxkit.kernels.dispatch.NUMBA_WINS` holds.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+import softmaxkit as sk
+
+from .._table import Table
+from ..kernels import dispatch
+from ._measure import machine_header
+
+#: (kind, shape): vocabulary logits, attention probabilities, classification, long rows.
+FULL_SHAPES = [
+    ("vocab", (1, 32000)), ("vocab", (8, 50257)), ("vocab", (32, 128256)), ("vocab", (64, 256000)),
+    ("attention", (16, 8, 128, 128)), ("attention", (8, 12, 128, 128)), ("attention", (2, 12, 512, 512)),
+    ("attention", (1, 8, 1024, 1024)), ("attention", (1, 4, 2048, 2048)),
+    ("classification", (1024, 1000)), ("rows", (256, 32768)), ("long rows", (4, 1048576)),
+]
+QUICK_SHAPES = [("vocab", (2, 4096)), ("attention", (1, 2, 64, 64)), ("classification", (64, 100))]
+OPS = ("softmax", "log_softmax", "logsumexp")
+PASSES = ("fwd", "fwd+bwd")
+DTYPES = (torch.float32, torch.float64)
+TARGET_CELL = 0.95
+TARGET_MEDIAN = 1.0
+THP_SHAPE = (4096, 32768)
+THP_SHAPE_QUICK = (256, 32768)
+
+_TORCH = {"softmax": lambda x: torch.softmax(x, -1), "log_softmax": lambda x: torch.log_softmax(x, -1),
+          "logsumexp": lambda x: torch.logsumexp(x, -1)}
+
+
+def _sk(op):
+    fn = getattr(sk, op)
+    return lambda x: fn(x, dim=-1)
+
+
+def _in_backend(backend, fn):
+    def run(x):
+        with sk.use_backend(backend):
+            return fn(x)
+    return run
+
+
+def _callable(fn, x, pass_):
+    if pass_ == "fwd":
+        return lambda: fn(x)
+    g = torch.randn_like(fn(x).detach())
+    return lambda: torch.autograd.grad(fn(x), x, g)
+
+
+def interleaved_medians(fns, repeats: int) -> list[float]:
+    """Median seconds of each callable, timed round-robin (one warm-up call each first)."""
+    for fn in fns:
+        fn()
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            times[i].append(time.perf_counter() - start)
+    return [statistics.median(t) for t in times]
+
+
+def _inputs(shape, dtype, pass_):
+    x = torch.randn(*shape, dtype=dtype) * 3
+    return x.requires_grad_() if pass_ == "fwd+bwd" else x
+
+
+def grid_table(shapes, repeats: int) -> Table:
+    """The grid; call it outside any ``use_backend`` block (``auto`` is timed as the default)."""
+    table = Table("sk (auto backend) against torch and the numba kernel", [
+        "shape", "kind", "op", "dtype", "pass", "torch ms", "kernel ms", "auto ms", "auto picks",
+        "torch / auto", "auto / best"])
+    for kind, shape in shapes:
+        for dtype in DTYPES:
+            for pass_ in PASSES:
+                x = _inputs(shape, dtype, pass_)
+                for op in OPS:
+                    with dispatch.use_backend("auto"):
+                        picked = dispatch.plan(op, x, -1, None)
+                    # auto is the default backend: called as a user calls it, with no context manager
+                    fns = [_callable(_TORCH[op], x, pass_),
+                           _callable(_in_backend("numba", _sk(op)), x, pass_),
+                           _callable(_sk(op), x, pass_)]
+                    t_torch, t_kernel, t_auto = interleaved_medians(fns, repeats)
+                    table.add("x".join(map(str, shape)), kind, op, str(dtype).replace("torch.", ""), pass_,
+                              t_torch * 1e3, t_kernel * 1e3, t_auto * 1e3, picked, t_torch / t_auto,
+                              t_auto / min(t_torch, t_kernel))
+                del x
+                gc.collect()
+    _judge(table)
+    return table
+
+
+def _judge(table: Table) -> None:
+    speedups = [row[-2] for row in table.rows]
+    worst = [row[-1] for row in table.rows]
+    limit = 1 / TARGET_CELL
+    failing = [row for row in table.rows if row[-1] > limit]
+    median = statistics.median(speedups) if speedups else float("nan")
+    cells_ok = not failing
+    median_ok = median >= TARGET_MEDIAN
+    table.claim = (f"auto is never measurably slower than the better of torch and the numba kernel "
+                   f"(every cell auto / best <= {limit:.3f}, i.e. >= {TARGET_CELL} of the better), and "
+                   f"the median of torch / auto over the grid is >= {TARGET_MEDIAN}.")
+    table.status = ("held" if cells_ok and median_ok else "partly" if cells_ok or median_ok
+                    else "did not hold")
+    detail = ", ".join(f"{r[2]} {r[3]} {r[4]} {r[0]} ({r[-1]:.2f})" for r in failing[:6])
+    table.verdict = (f"{len(table.rows) - len(failing)} of {len(table.rows)} cells within {limit:.3f} of the better "
+                     f"(worst auto / best {max(worst):.2f}); median torch / auto {median:.2f}."
+                     + (f" Cells over the limit: {detail}." if failing else ""))
+    h = machine_header()
+    table.notes = (f"{h['cpu']}, {h['threads']} threads, torch {h['torch']}, numba {h['numba']}. Medians of "
+                   "interleaved runs in one process; 'kernel' is the numba kernel forced with "
+                   "use_backend('numba'); 'auto picks' is dispatch.plan's choice. A shared or noisy machine "
+                   "moves single cells by 5-10%: rerun on a quiet one.")
+
+
+_THP_SCRIPT = """
+import statistics, sys, time, torch
+rows, n, repeats = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+x = torch.randn(rows, n)
+torch.softmax(x, -1)
+t = []
+for _ in range(repeats):
+    s = time.perf_counter(); y = torch.softmax(x, -1); t.append(time.perf_counter() - s); del y
+print(statistics.median(t))
+"""
+
+
+def _thp_time(shape, repeats, enabled: bool) -> float:
+    env = dict(os.environ)
+    env.pop("THP_MEM_ALLOC_ENABLE", None)
+    if enabled:
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
+    out = subprocess.run([sys.executable, "-c", _THP_SCRIPT, str(shape[0]), str(shape[1]), str(repeats)],
+                         env=env, capture_output=True, text=True, check=True, timeout=600)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _thp_mode() -> str:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def page_fault_table(shape, repeats: int) -> Table:
+    table = Table("page faults: torch.softmax with and without THP_MEM_ALLOC_ENABLE=1", [
+        "shape", "default ms", "THP_MEM_ALLOC_ENABLE=1 ms", "speedup"])
+    plain = _thp_time(shape, repeats, False)
+    huge = _thp_time(shape, repeats, True)
+    table.add("x".join(map(str, shape)), plain * 1e3, huge * 1e3, plain / huge)
+    table.notes = (
+        "Each figure is the median of fresh calls in a new process (the output is allocated each call, "
+        "as in user code). A large CPU softmax writes a new output tensor every call; with the default "
+        "allocator each 4 KiB page of it is faulted in by the kernel on first write, which can cost more "
+        "than the softmax itself. THP_MEM_ALLOC_ENABLE=1 (an environment variable read by torch at start-up) "
+        "makes torch align large CPU allocations so that the kernel backs them with 2 MiB transparent huge "
+        "pages: 512x fewer faults. It applies to every torch op that allocates large outputs, needs no code "
+        f"change, and needs THP in 'madvise' or 'always' mode (here: {_thp_mode()}). The cost: memory is "
+        "committed in 2 MiB units. Set it before Python starts: THP_MEM_ALLOC_ENABLE=1 python train.py.")
+    return table
+
+
+def crossovers(threads=(1, 2), repeats: int = 5, shapes=None) -> tuple[Table, frozenset]:
+    """Measure the numba kernel against aten per (op, dtype, pass, shape class, threads).
+
+    A cell is a win when, over the shapes of its class, the median of kernel time /
+    torch time is <= 0.9 and none is above 1.05. Returns the table and the set of winning keys (the value of
+    :data:`softmaxkit.kernels.dispatch.NUMBA_WINS`).
+    """
+    shapes = FULL_SHAPES if shapes is None else shapes
+    table = Table("numba kernel against aten, per shape", [
+        "threads", "shape", "class", "op", "dtype", "pass", "torch ms", "kernel ms", "kernel / torch"])
+    ratios: dict[tuple, list[float]] = {}
+    before = torch.get_num_threads()
+    try:
+        for t in threads:
+            torch.set_num_threads(t)
+            for _, shape in shapes:
+                cls = dispatch.shape_class(shape[-1])
+                for dtype in DTYPES:
+                    for pass_ in PASSES:
+                        x = _inputs(shape, dtype, pass_)
+                        for op in OPS:
+                            fns = [_callable(_TORCH[op], x, pass_),
+                                   _callable(_in_backend("numba", _sk(op)), x, pass_)]
+                            t_torch, t_kernel = interleaved_medians(fns, repeats)
+                            name = str(dtype).replace("torch.", "")
+                            table.add(t, "x".join(map(str, shape)), cls, op, name, pass_, t_torch * 1e3,
+                                      t_kernel * 1e3, t_kernel / t_torch)
+                            ratios.setdefault((op, name, pass_, cls, t), []).append(t_kernel / t_torch)
+                        del x
+                        gc.collect()
+    finally:
+        torch.set_num_threads(before)
+    wins = frozenset(key for key, r in ratios.items() if statistics.median(r) <= 0.9 and max(r) <= 1.05)
+    return table, wins
+
+
+def run(quick: bool = False) -> list[Table]:
+    """The dispatch grid and the page-fault table (quick: tiny shapes, seconds)."""
+    shapes = QUICK_SHAPES if quick else FULL_SHAPES
+    grid = grid_table(shapes, repeats=2 if quick else 7)
+    thp = page_fault_table(THP_SHAPE_QUICK if quick else THP_SHAPE, repeats=2 if quick else 7)
+    return [grid, thp]
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny shapes, seconds")
+    parser.add_argument("--crossovers", action="store_true",
+                        help="measure kernel against aten per shape class and print NUMBA_WINS")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    args = parser.parse_args(argv)
+    if args.crossovers:
+        table, wins = crossovers(tuple(args.threads), repeats=3 if args.quick else 5,
+                                 shapes=QUICK_SHAPES if args.quick else None)
+        print(table.to_markdown())
+        print("\nNUMBA_WINS = frozenset({")
+        for key in sorted(wins):
+            print(f"    {key!r},")
+        print("})")
+        return
+    for table in run(quick=args.quick):
+        print(table.to_markdown())
+        print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,314 @@
+"""Kernels on every finite input: hostile rows, the issue-12 reproducers, the flag protocol."""
+
+import warnings
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import softmaxkit as sk
+from softmaxkit import algorithms
+from softmaxkit.kernels import dispatch
+from softmaxkit.kernels.cpu import softmax as softmax_kernels
+
+F32, F64 = torch.float32, torch.float64
+KINDS = ("normal", "big", "min", "max", "minmax", "fill", "denormal", "posinf", "neginf", "nan", "huge_fill")
+BAD_KINDS = ("min", "max", "minmax", "fill", "denormal", "posinf", "neginf", "nan", "huge_fill", "big")
+
+
+def _row(kind, n, dtype, g):
+    fi = torch.finfo(dtype)
+    r = torch.randn(n, generator=g, dtype=F64).to(dtype)
+    if kind == "big":
+        r = r * 1e12
+    elif kind == "min":
+        r[:] = fi.min
+    elif kind == "max":
+        r[:] = fi.max
+    elif kind == "minmax":
+        r[::2] = fi.max
+        r[1::2] = fi.min
+    elif kind == "fill":                         # scores.masked_fill(~mask, -1e9)
+        r[torch.rand(n, generator=g) < 0.6] = -1e9
+    elif kind == "huge_fill":
+        r[:] = -1e9 if dtype == F32 else -1e17
+    elif kind == "denormal":
+        r = r * fi.tiny / 8
+    elif kind == "posinf":
+        r[n // 2] = float("inf")
+    elif kind == "neginf":
+        r[:] = float("-inf")
+    elif kind == "nan":
+        r[n // 3] = float("nan")
+    return r
+
+
+def _tol(dtype):
+    return {"rtol": 2e-5, "atol": 1e-6} if dtype == F32 else {"rtol": 1e-10, "atol": 1e-13}
+
+
+def _call(op, x, param):
+    if op in ("softmax", "log_softmax"):
+        return getattr(sk, op)(x, temperature=param)
+    if op == "entmax":
+        return sk.entmax(x, alpha=param)
+    if op == "softmax_topk":
+        return sk.softmax_topk(x, min(param, x.shape[-1]))
+    return getattr(sk, op)(x)
+
+
+def _same(a, b, dtype):
+    a = a if isinstance(a, tuple) else (a,)
+    b = b if isinstance(b, tuple) else (b,)
+    for u, v in zip(a, b):
+        if u.is_floating_point():
+            torch.testing.assert_close(u, v, equal_nan=True, **_tol(dtype))
+        else:
+            assert torch.equal(u, v)
+
+
+def _rows_of(out, keep):
+    return tuple(u[keep] for u in out) if isinstance(out, tuple) else out[keep]
+
+
+def _exact(a, b):
+    a = a if isinstance(a, tuple) else (a,)
+    b = b if isinstance(b, tuple) else (b,)
+    for u, v in zip(a, b):
+        assert torch.equal(u.nan_to_num(7.0), v.nan_to_num(7.0))
+
+
+OPS = st.sampled_from([
+    ("softmax", st.sampled_from([1.0, 3.0, 1e-3, 1e-30, 1e20])),
+    ("log_softmax", st.sampled_from([1.0, 0.5, 1e-30, 1e25])),
+    ("logsumexp", st.just(None)),
+    ("sparsemax", st.just(None)),
+    ("entmax15", st.just(None)),
+    ("entmax", st.sampled_from([1.05, 1.3, 3.0, 4.0])),
+    ("softmax_topk", st.sampled_from([1, 3, 40])),
+])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_kernels_equal_the_reference_on_hostile_batches(threads, data):
+    op, params = data.draw(OPS)
+    param = data.draw(params)
+    dtype = data.draw(st.sampled_from([F32, F64]))
+    n = data.draw(st.integers(1, 40))
+    kinds = data.draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=6))
+    seed = data.draw(st.integers(0, 2**16))
+    g = torch.Generator().manual_seed(seed)
+    x = torch.stack([_row(k, n, dtype, g) for k in kinds])
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)   # no kernel raised
+            with sk.use_backend("numba"):
+                got = _call(op, x, param)
+            with sk.use_backend("auto"):
+                auto = _call(op, x, param)
+        with sk.use_backend("reference"):
+            want = _call(op, x, param)
+    finally:
+        torch.set_num_threads(before)
+    _same(got, want, dtype)
+    _same(auto, want, dtype)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("op,param", [("softmax", 3.0), ("log_softmax", 1e-30), ("logsumexp", None),
+                                      ("sparsemax", None), ("entmax15", None), ("entmax", 1.3),
+                                      ("entmax", 4.0), ("softmax_topk", 5)])
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_one_bad_row_leaves_the_good_rows_exact(threads, op, param, dtype):
+    g = torch.Generator().manual_seed(1)
+    good = torch.randn(48, 300, generator=g, dtype=dtype) * 3
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with sk.use_backend("numba"):
+            alone = _call(op, good, param)
+            for kind in BAD_KINDS:
+                x = good.clone()
+                x[20] = _row(kind, 300, dtype, g)
+                out = _call(op, x, param)
+                keep = torch.ones(48, dtype=torch.bool)
+                keep[20] = False
+                _exact(_rows_of(out, keep), _rows_of(alone, keep))
+                with sk.use_backend("reference"):
+                    _same(out, _call(op, x, param), dtype)
+    finally:
+        torch.set_num_threads(before)
+
+
+# ---- the reproducers of issue 12 --------------------------------------------------------
+
+@pytest.mark.parametrize("backend", ["numba", "auto"])
+def test_entmax_after_a_minus_1e9_row(backend):
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    x[50] = -1e9
+    with sk.use_backend(backend):
+        p = sk.entmax(x, alpha=1.3)
+    torch.testing.assert_close(p.sum(-1), torch.ones(64))
+    with sk.use_backend("reference"):
+        torch.testing.assert_close(p, sk.entmax(x, alpha=1.3), **_tol(F32))
+
+
+@pytest.mark.parametrize("backend", ["numba", "auto"])
+@pytest.mark.parametrize("algorithm", ["three_pass", "two_pass", "online"])
+def test_softmax_temperature_after_a_finfo_min_row(backend, algorithm):
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    x[50] = torch.finfo(torch.float32).min
+    with sk.use_backend(backend, algorithm=algorithm):
+        p = sk.softmax(x, temperature=3.0)
+    torch.testing.assert_close(p.sum(-1), torch.ones(64))
+    with sk.use_backend("reference"):
+        torch.testing.assert_close(p, sk.softmax(x, temperature=3.0))
+
+
+@pytest.mark.parametrize("fill", [-1e9, torch.finfo(torch.float32).min])
+@pytest.mark.parametrize("op", ["sparsemax", "entmax15"])
+def test_sparse_rows_under_a_mask_fill_sum_to_one(fill, op):
+    x = torch.randn(8, 100, generator=torch.Generator().manual_seed(2))
+    mask = torch.rand(8, 100, generator=torch.Generator().manual_seed(3)) < 0.3
+    x = x.masked_fill(~mask, fill)
+    x[3] = fill
+    with sk.use_backend("numba"):
+        p = getattr(sk, op)(x)
+    torch.testing.assert_close(p.sum(-1), torch.ones(8))
+    with sk.use_backend("reference"):
+        torch.testing.assert_close(p, getattr(sk, op)(x))
+
+
+@pytest.mark.parametrize("dtype,scale", [(F32, 1e8), (F32, 1e30), (F64, 1e17), (F64, 1e300)])
+@pytest.mark.parametrize("alpha", [1.3, 3.0])
+def test_entmax_large_scores_do_not_raise(dtype, scale, alpha):
+    x = torch.randn(6, 64, generator=torch.Generator().manual_seed(4), dtype=dtype) * scale
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        with sk.use_backend("numba"):
+            p = sk.entmax(x, alpha=alpha)
+    with sk.use_backend("reference"):
+        torch.testing.assert_close(p, sk.entmax(x, alpha=alpha), **_tol(dtype))
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("temperature", [1e-12, 1e-40, 1e30])
+@pytest.mark.parametrize("backend", ["numba", "auto"])
+def test_softmax_temperature_extremes(op, temperature, backend):
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(5)) * 100
+    x[1] *= 1e8
+    with sk.use_backend(backend):
+        got = getattr(sk, op)(x, temperature=temperature)
+    with sk.use_backend("reference"):
+        want = getattr(sk, op)(x, temperature=temperature)
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("alpha", [3.0, 5.0, 10.0])
+def test_float32_entmax_reference_solves_in_float64(alpha):
+    x = torch.randn(16, 200, generator=torch.Generator().manual_seed(6), dtype=F64) * 3
+    with sk.use_backend("reference"):
+        p32 = sk.entmax(x.float(), alpha=alpha)
+        p64 = sk.entmax(x.float().double(), alpha=alpha)
+    assert float((p32.double() - p64).abs().max()) < 1e-6
+
+
+def test_two_pass_softmax_beyond_its_exact_range():
+    x = torch.randn(4, 50, generator=torch.Generator().manual_seed(7))
+    x[1] *= 1e10
+    x[2] = torch.finfo(torch.float32).min
+    x[3, :10] = torch.finfo(torch.float32).max
+    x.requires_grad_()
+    p = algorithms.two_pass_softmax(x)
+    with sk.use_backend("reference"):
+        torch.testing.assert_close(p, sk.softmax(x))
+    p.sum().backward()
+    assert not bool(torch.isnan(x.grad).any())
+
+
+def test_a_kernel_that_raises_leaves_no_unwritten_row(monkeypatch):
+    """A kernel stopping half-way: its unfinished rows are recomputed by the reference."""
+    real = softmax_kernels.normalize_rows
+
+    def half_then_raise(x, out, lse, special, scale, algorithm, mode):
+        real(x[:3], out[:3], lse[:3], special[:3], scale, algorithm, mode)
+        out[3:] = float("nan")
+        raise ZeroDivisionError("simulated failure in a worker thread")
+
+    monkeypatch.setattr(softmax_kernels, "normalize_rows", half_then_raise)
+    x = torch.randn(8, 50, generator=torch.Generator().manual_seed(8), requires_grad=True)
+    with sk.use_backend("numba"), pytest.warns(RuntimeWarning, match="softmax.*ZeroDivisionError"):
+        p = sk.softmax(x)
+    with sk.use_backend("reference"):
+        want = sk.softmax(x)
+    torch.testing.assert_close(p, want)
+    g = torch.randn(8, 50, generator=torch.Generator().manual_seed(9))
+    (got_grad,) = torch.autograd.grad(p, x, g)
+    (want_grad,) = torch.autograd.grad(want, x, g)
+    torch.testing.assert_close(got_grad, want_grad)
+
+
+# ---- softmax_topk: one tie order on both paths --------------------------------------------
+
+@pytest.mark.parametrize("log", [False, True])
+def test_topk_tie_order_is_the_same_on_kernel_and_reference(log):
+    fn = sk.log_softmax_topk if log else sk.softmax_topk
+    x = torch.zeros(2, 300)
+    x[0, [250, 5, 100]] = 3.0                 # equal scores
+    x[1] = -1e4                               # probabilities that underflow to 0 ...
+    x[1, 299] = 0.0
+    x[1, 200:210] = -200.0                    # ... below higher (also underflowing) scores
+    for k in (1, 4, 12, 300):
+        with sk.use_backend("numba"):
+            got = fn(x, k)
+        with sk.use_backend("reference"):
+            want = fn(x, k)
+        assert torch.equal(got[1], want[1]), k
+        torch.testing.assert_close(got[0], want[0])
+        values = got[0]
+        # decreasing values, equal values by increasing index
+        assert bool((values[:, 1:] <= values[:, :-1]).all())
+        same = values[:, 1:] == values[:, :-1]
+        assert bool((got[1][:, 1:] > got[1][:, :-1])[same].all())
+
+
+# ---- the aten path of auto ------------------------------------------------------------------
+
+def test_auto_calls_aten_where_no_kernel_measurably_wins():
+    x = torch.randn(4, 100)
+    assert dispatch.plan("softmax", x, -1, None, temperature=1.0) in ("aten", "numba")
+    with sk.use_backend("reference"):
+        assert dispatch.plan("softmax", x, -1, None) == "reference"
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+@pytest.mark.parametrize("dtype", [F64, torch.float16])
+def test_aten_path_matches_the_reference_with_masks_and_gradients(op, dtype):
+    g = torch.Generator().manual_seed(10)
+    x = torch.randn(5, 3, 40, generator=g, dtype=F64)
+    x[0, 1] = float("-inf")                   # nothing visible
+    x[1, 0, 3] = float("inf")
+    x[2, 2, :7] = float("-inf")               # some -inf entries
+    x[3, 1, 5] = float("nan")
+    mask = torch.rand(5, 1, 40, generator=g) < 0.7
+    mask[4] = False                           # fully masked rows
+    for m in (None, mask):
+        for dim in (-1, 1):
+            mm = m if dim == -1 or m is None else m.expand(5, 3, 40)
+            outs = []
+            for backend in ("auto", "reference"):
+                xi = x.to(dtype).requires_grad_()
+                with sk.use_backend(backend):
+                    kw = {"keepdim": True} if op == "logsumexp" else {"temperature": 0.7}
+                    y = getattr(sk, op)(xi, dim=dim, mask=mm, **kw)
+                gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(11), dtype=F64).to(dtype)
+                (grad,) = torch.autograd.grad(y, xi, gy)
+                outs.append((y, grad))
+            tol = {"rtol": 1e-3, "atol": 1e-3} if dtype == torch.float16 else {}
+            torch.testing.assert_close(outs[0][0], outs[1][0], equal_nan=True, **tol)
+            torch.testing.assert_close(outs[0][1], outs[1][1], equal_nan=True, **tol)
