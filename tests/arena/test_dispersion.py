@@ -49,5 +49,5 @@ def test_run_fills_claim_verdict_and_plot():
     assert table.columns == ["normalizer", "n=16", "n=256"]
     assert table.claim == dispersion.CLAIM and "softmax" in table.verdict
     assert [name for name, _ in table.figures] == ["planted weight vs n"]
-    assert len(table.rows) == len(dispersion.NORMALIZERS)
+    assert len(table.rows) == len(dispersion.normalizer_rows())
     assert all(math.isfinite(v) for row in table.rows for v in row[1:] if isinstance(v, float))

@@ -34,21 +34,16 @@ CLAIM = ("With bounded logits, softmax's weight on the maximum disperses towards
 SIZES = (16, 64, 256, 1024, 4096, 16384, 65536)
 QUICK_SIZES = (16, 64, 256, 1024, 4096, 16384, 65536)
 
-# (label, registered name, parameters). multimax is shown at its parameter-free default
-# (all-zero r, t), where it equals softmax: its learned form is in max_retrieval and tiny_lm.
-NORMALIZERS: tuple[tuple[str, str, dict], ...] = (
-    ("softmax", "softmax", {}),
-    ("adaptive_softmax", "adaptive_softmax", {}),
-    ("ssmax (s=0.43)", "ssmax", {"s": 0.43}),
-    ("ssmax (s=1)", "ssmax", {"s": 1.0}),
-    ("sparsemax", "sparsemax", {}),
-    ("entmax15", "entmax15", {}),
-    ("softpick", "softpick", {}),
-    ("stablemax", "stablemax", {}),
-    ("sigmoid", "sigmoid", {}),
-    ("multimax (r=t=0)", "multimax", {}),
-    ("relu_l1", "relu_l1", {}),
-)
+#: (label, registered name, parameters) beyond each normalizer at its defaults: SSMax at s = 1,
+#: where the paper's theory puts the transition (s * gap > 1).
+VARIANTS: tuple[tuple[str, str, dict], ...] = (("ssmax (s=1)", "ssmax", {"s": 1.0}),)
+
+
+def normalizer_rows() -> tuple[tuple[str, str, dict], ...]:
+    """Every registered normalizer (a user's too) at its defaults, labelled by its name, then the
+    variants. Defaults: multimax's all-zero r, t make it softmax (its learned form is in
+    max_retrieval and tiny_lm); sparse_softmax keeps its attention default of 8 entries."""
+    return tuple((spec.name, spec.name, {}) for spec in registry.normalizers()) + VARIANTS
 
 
 def planted_rows(n: int, trials: int, gap: float, generator: torch.Generator) -> torch.Tensor:
@@ -60,11 +55,12 @@ def planted_rows(n: int, trials: int, gap: float, generator: torch.Generator) ->
 
 def planted_weight(name: str, x: torch.Tensor, **params) -> torch.Tensor:
     """Weight each row of ``x`` gives its entry 0, through the registry."""
+    params = registry.get(name).params_for_length(params, x.shape[-1])
     return registry.normalize(x, name, dim=-1, **params)[:, 0]
 
 
 def measure(sizes=SIZES, trials: int = 8, gap: float = 2.0, seed: int = 0,
-            normalizers=NORMALIZERS) -> tuple[dict[str, list[float]], dict[str, str]]:
+            normalizers=None) -> tuple[dict[str, list[float]], dict[str, str]]:
     """Mean planted weight per normalizer label per size; and the labels skipped, with the reason."""
     weights: dict[str, list[float]] = {}
     skipped: dict[str, str] = {}
@@ -72,7 +68,7 @@ def measure(sizes=SIZES, trials: int = 8, gap: float = 2.0, seed: int = 0,
     for n in sizes:
         generator = torch.Generator().manual_seed(seed * 1_000_003 + n)
         rows[n] = planted_rows(n, trials, gap, generator)
-    for label, name, params in normalizers:
+    for label, name, params in normalizers or normalizer_rows():
         try:
             weights[label] = [planted_weight(name, rows[n], **params).mean().item() for n in sizes]
         except Exception as err:  # one broken normalizer must not take the others' rows down
@@ -117,7 +113,7 @@ def _verdict(sizes, weights: dict[str, list[float]]) -> str:
                          f"its temperature polynomial stops sharpening once the entropy is large")
         else:
             parts.append("adaptive temperature does not raise the weight at any n")
-    for label in ("ssmax (s=0.43)", "ssmax (s=1)"):
+    for label in ("ssmax", "ssmax (s=1)"):
         if label in weights:
             w = weights[label]
             trend = "stays focused" if w[-1] >= 0.5 * max(w) else "still disperses"
@@ -134,7 +130,7 @@ def _status(weights: dict[str, list[float]]) -> str:
     checks = [soft[-1] < 0.1 * soft[0]]
     if "adaptive_softmax" in weights:
         checks.append(any(a > 1.05 * max(b, 1e-300) for a, b in zip(weights["adaptive_softmax"], soft)))
-    ssmax = weights.get("ssmax (s=0.43)") or weights.get("ssmax (s=1)")
+    ssmax = weights.get("ssmax") or weights.get("ssmax (s=1)")
     if ssmax:
         checks.append(ssmax[-1] >= 0.5 * max(ssmax))
     return verdict_of(checks)

@@ -102,10 +102,14 @@ class Normalizer(nn.Module):
                 **extra: Any) -> torch.Tensor:
         """Normalise ``x`` along ``dim`` (default: the module's) with the current parameters.
 
-        ``extra`` passes per-call arguments such as ``n`` (ssmax, as_entmax).
+        ``extra`` passes per-call arguments such as ``n`` (ssmax, as_entmax). A parameter whose
+        spec says how it adapts to the row length (``Param.for_length``: sparse_softmax's ``k``,
+        at most the row length, 8 when unset) is adapted here.
         """
+        dim = self.dim if dim is None else dim
         params = {**self.fixed, **self.learned_values(), **extra}
-        return registry.normalize(x, self.name, dim=self.dim if dim is None else dim, mask=mask, **params)
+        params = self.spec.params_for_length(params, x.shape[dim] if x.dim() else 1)
+        return registry.normalize(x, self.name, dim=dim, mask=mask, **params)
 
     def extra_repr(self) -> str:
         fixed = ", ".join(f"{k}={v}" for k, v in self.fixed.items())
