@@ -10,10 +10,11 @@ from .._checks import check_choice
 from ..forms import COUNT, SoftmaxOf
 from ..registry import NormalizerSpec
 from .dense import dense_attention
+from .fused import fused_attention
 from .inputs import AttentionInputs, prepare
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
-METHODS = ("auto", "sdpa", "streaming", "dense")
+METHODS = ("auto", "sdpa", "fused", "streaming", "dense")
 #: ``method="auto"`` takes the dense path when ``Lq * Lk`` is at most this (128 x 128): the
 #: score matrix is small and one dense pass beats the streaming loop there.
 SMALL_SCORES = 128 * 128
@@ -125,13 +126,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
                              "with a number temperature) and no causal mask combined with attn_mask or with "
                              "Lq != Lk (Lq > 1)")
         return _sdpa(q, k, v, inp, factor)
+    per_head = all(_per_head(val, spec.param(n).size, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))
+    _, _, lq, lk = inp.shape
+    # fused: query blocks against whole rows, closed-form backward per family (fused.py);
+    # method="auto" takes it on the CPU above SMALL_SCORES (bench attention: the fastest exact path there)
+    if method == "fused" or (method == "auto" and per_head and q.device.type == "cpu" and lq * lk > SMALL_SCORES):
+        if not per_head:
+            raise ValueError(f"method='fused' needs numbers or per-head tensors (broadcastable to (B, H, 1, 1)) "
+                             f"as parameters of {normalizer!r}; use method='auto' or 'dense'")
+        return fused_attention(spec, inp, merged, None if block_size is None else block_q)
     rule = spec.stream_rule(merged)
-    streams = rule is not None and all(
-        _per_head(val, spec.param(n).size, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))
+    streams = rule is not None and per_head
     if method == "streaming" and not streams:
         raise ValueError(f"normalizer {normalizer!r} with these parameters has no streaming path; "
                          "use method='auto' or 'dense'")
-    _, _, lq, lk = inp.shape
     if method == "dense" or not streams or (method == "auto" and lq * lk <= SMALL_SCORES):
         return dense_attention(inp, normalizer, params)
     return streaming_attention(rule, inp, merged, block_q, block_k)
