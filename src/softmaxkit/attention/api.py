@@ -10,7 +10,7 @@ from .._checks import check_choice
 from ..forms import COUNT, SoftmaxOf
 from ..registry import NormalizerSpec
 from .dense import dense_attention
-from .fused import fused_attention
+from .fused import auto_prefers, fused_attention
 from .inputs import AttentionInputs, prepare
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
@@ -128,14 +128,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         return _sdpa(q, k, v, inp, factor)
     per_head = all(_per_head(val, spec.param(n).size, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))
     _, _, lq, lk = inp.shape
-    # fused: query blocks against whole rows, closed-form backward per family (fused.py);
-    # method="auto" takes it on the CPU above SMALL_SCORES (bench attention: the fastest exact path there)
-    if method == "fused" or (method == "auto" and per_head and q.device.type == "cpu" and lq * lk > SMALL_SCORES):
+    rule = spec.stream_rule(merged)
+    # fused (fused.py): query blocks against whole rows, closed-form backward per family. On the CPU,
+    # above SMALL_SCORES, "auto" takes it for the four forms, and for the rest when they cannot stream
+    # (softmaxkit bench attention: the fastest exact path there; see fused.auto_prefers)
+    if method == "fused" or (method == "auto" and per_head and q.device.type == "cpu" and lq * lk > SMALL_SCORES
+                             and auto_prefers(spec, merged, rule is not None)):
         if not per_head:
             raise ValueError(f"method='fused' needs numbers or per-head tensors (broadcastable to (B, H, 1, 1)) "
                              f"as parameters of {normalizer!r}; use method='auto' or 'dense'")
         return fused_attention(spec, inp, merged, None if block_size is None else block_q)
-    rule = spec.stream_rule(merged)
     streams = rule is not None and per_head
     if method == "streaming" and not streams:
         raise ValueError(f"normalizer {normalizer!r} with these parameters has no streaming path; "
