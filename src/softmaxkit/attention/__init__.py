@@ -6,6 +6,6 @@ normalizer: softmax through torch SDPA, the streamable normalizers over key bloc
 dense reference (:mod:`.dense`). :class:`softmaxkit.nn.Attention` is the module.
 """
 
-from .api import attention
+from .api import attention, auto_method
 
-__all__ = ["attention"]
+__all__ = ["attention", "auto_method"]
