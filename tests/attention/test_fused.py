@@ -273,3 +273,29 @@ def test_threshold_rows_on_the_numba_kernels(name, params):
     torch.testing.assert_close(got, dense, rtol=0, atol=1e-10)
     for gs, gd in zip(got_grads, dense_grads):
         torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_fused_inference_compiles_in_one_graph():
+    """torch.compile traces the fused path of the closed-form families into one graph in
+    inference (fullgraph=True fails on any graph break). The threshold family breaks the graph
+    at its row solver (kernel dispatch and a data-dependent support size) and training breaks
+    at the autograd.Function, whose backward loops over blocks in Python."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=gen) for _ in range(3))
+    kinds = {}
+    for spec in sk.normalizers():
+        kind = fused.kind_for(spec, spec.with_defaults({}))
+        linear = getattr(spec.form, "linear_factor", None) is not None  # softmax(a x): auto runs SDPA
+        if kind in ("softmax_of", "sum_normalized", "elementwise") and kind not in kinds and not linear:
+            kinds[kind] = spec.name
+    assert len(kinds) == 3
+    for name in kinds.values():
+        torch._dynamo.reset()
+
+        def fn(q, k, v, name=name):
+            return sk.attention(q, k, v, name, is_causal=True, method="fused", block_size=4)
+
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), rtol=0, atol=1e-6)
