@@ -39,10 +39,10 @@ def _d_cube(x):
 
 
 USER = {
-    "fused_user_tilt": dict(family="softmax_of", g=_tanh_tilt, dg=_d_tanh_tilt),
-    "fused_user_cube_l1": dict(family="sum_normalized", h=_cube, dh=_d_cube, eps=1e-6),
-    "fused_user_gate": dict(family="elementwise", h=_gate, dh=_d_gate),
-    "fused_user_entmax13": dict(family="threshold", alpha=1.3),
+    "fused_user_tilt": {"family": "softmax_of", "g": _tanh_tilt, "dg": _d_tanh_tilt},
+    "fused_user_cube_l1": {"family": "sum_normalized", "h": _cube, "dh": _d_cube, "eps": 1e-6},
+    "fused_user_gate": {"family": "elementwise", "h": _gate, "dh": _d_gate},
+    "fused_user_entmax13": {"family": "threshold", "alpha": 1.3},
 }
 
 

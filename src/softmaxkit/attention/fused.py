@@ -43,7 +43,7 @@ from typing import Any
 import torch
 
 from .. import forms
-from ..forms import Elementwise, SoftmaxOf, SumNormalized, Threshold
+from ..forms import Elementwise, SoftmaxOf, SumNormalized
 from ..registry import NormalizerSpec
 from .inputs import AttentionInputs
 
@@ -335,7 +335,7 @@ class _FusedAttention(torch.autograd.Function):
         form, kind = plan.spec.form, plan.kind
         leaves = {name: t.detach().requires_grad_(needs[4 + i]) for i, (name, t) in enumerate(zip(plan.names, tensors))}
         wanted = [name for name in plan.names if leaves[name].requires_grad]
-        dparams = {name: None for name in wanted}
+        dparams = dict.fromkeys(wanted)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         factor = plan.inp.scale * (plan.linear or 1.0)
         qs = q * factor
