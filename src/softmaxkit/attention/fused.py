@@ -282,6 +282,8 @@ def _entmax(z: torch.Tensor, alpha: float) -> torch.Tensor:
     from ..kernels import dispatch
     from ..normalizers._entmax import entmax_rows
 
+    if torch.compiler.is_compiling():
+        return entmax_by_bisection(z, alpha)
     fast = dispatch.select("entmax", z, -1, None, alpha=alpha)
     if fast is not None:
         # numba's OpenMP pool resets the OpenMP thread count torch reads (seen: 1 -> 2 after
@@ -292,6 +294,38 @@ def _entmax(z: torch.Tensor, alpha: float) -> torch.Tensor:
             torch.set_num_threads(threads)
         return p
     return entmax_rows(z, z > float("-inf"), alpha)
+
+
+#: bisection steps of :func:`entmax_by_bisection`: the bracket (width below 1) shrinks to
+#: 2^-54, under float64 resolution of the threshold
+BISECTION_STEPS = 54
+
+
+def entmax_by_bisection(z: torch.Tensor, alpha: float) -> torch.Tensor:
+    r"""alpha-entmax of rows (``-inf`` = hidden) by a fixed number of bisection steps on the
+    threshold, with no data-dependent control flow, so that ``torch.compile`` traces it.
+
+    ``p_j = [u z_j - tau]_+^{1/u}``, ``u = alpha - 1``; ``tau`` lies in
+    ``[u m - 1, u m - n^{-u}]`` (``m`` the row maximum, ``n`` the visible count), where
+    ``sum_j p_j`` crosses 1 (Peters, Niculae & Martins 2019, arXiv 1905.05702). The weights
+    are divided by their sum at the end; a row with nothing visible gives zeros.
+    """
+    u = alpha - 1.0
+    visible = z > float("-inf")
+    n = visible.sum(-1, keepdim=True).clamp_min(1).to(z.dtype)
+    top = z.amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    low_fill = top - 1.0 / u - 1.0  # u (low_fill) - tau < 0 for every tau in the bracket
+    w = torch.where(visible, z, low_fill) * u
+    lo, hi = u * top - 1.0, u * top - n ** (-u)
+    for _ in range(BISECTION_STEPS):
+        mid = (lo + hi) / 2
+        mass = ((w - mid).clamp_min(0.0) ** (1.0 / u)).sum(-1, keepdim=True)
+        above = mass >= 1.0
+        lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
+    p = (w - (lo + hi) / 2).clamp_min(0.0) ** (1.0 / u)
+    total = p.sum(-1, keepdim=True)
+    return p / torch.where(total > 0, total, torch.ones_like(total))
 
 
 # ----------------------------------------------------------------------------------------

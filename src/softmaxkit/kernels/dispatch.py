@@ -143,6 +143,8 @@ def select(op: str, x, dim=-1, mask=None, **params) -> Callable[[], torch.Tensor
     """
     if op not in OPS:
         raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
+    if torch.compiler.is_compiling():  # traced code runs the reference (dynamo cannot read a ContextVar)
+        return None
     choice = _current.get()
     if choice.backend == "reference":
         return None
