@@ -210,9 +210,12 @@ def run(quick: bool = False, names: list[str] | None = None, length: int | None 
                                "-")
             if path not in timed:
                 continue
-            mem = _memory(path, spec.name, params, length) if memory and path != "flex" else "-"
             time_table.add(spec.name, spec.family or "-", spec.streaming, path, "auto" if path == chosen else "",
-                           *timed[path], mem)
+                           *timed[path], "-")
+    if memory:  # after every timing: the measurement fixes glibc's mmap threshold, which slows allocations
+        for row in time_table.rows:
+            if row[3] not in ("flex",) and isinstance(row[5], float):
+                row[9] = _memory(row[3], row[0], {}, length)
     machine = (f"Machine: {header['cpu']}, {header['threads']} torch threads, torch {header['torch']}. "
                f"Each ratio is the median over {repeats} rounds of the ratio within a round (every path of "
                "the normalizer and SDPA once, back to back).")
