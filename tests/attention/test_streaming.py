@@ -221,11 +221,15 @@ def test_first_order_gradcheck_holds_and_double_backward_raises(name):
 def test_double_backward_raises_for_tensor_parameters_and_auto():
     q, k, v = _qkv(1, lq=200, lk=130)
     s = torch.tensor(0.5, dtype=torch.float64, requires_grad=True)
-    out = sk.attention(q, k, v, "ssmax", s=s)            # auto streams at 200 x 130
+    out = sk.attention(q, k, v, "ssmax", s=s)            # auto: fused at 200 x 130 on CPU
     (gs,) = torch.autograd.grad(out.sum(), [s], retain_graph=True)
     assert torch.isfinite(gs)
     with pytest.raises(RuntimeError, match="use method='dense'"):
         torch.autograd.grad(out.sum(), [s], create_graph=True)
+    for method in ("streaming", "fused"):
+        out = sk.attention(q, k, v, "ssmax", s=s, method=method)
+        with pytest.raises(RuntimeError, match=f"not supported by the {method} path; use method='dense'"):
+            torch.autograd.grad(out.sum(), [s], create_graph=True)
 
 
 @pytest.mark.parametrize("reentrant", [True, False])

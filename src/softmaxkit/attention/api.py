@@ -1,4 +1,4 @@
-"""``attention(q, k, v, normalizer=...)``: picks torch SDPA, the streaming path or the dense reference."""
+"""``attention(q, k, v, normalizer=...)``: picks torch SDPA, the fused or streaming path, or the dense reference."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from .._checks import check_choice
 from ..forms import COUNT, SoftmaxOf
 from ..registry import NormalizerSpec
 from .dense import dense_attention
+from .fused import auto_prefers, fused_attention
 from .inputs import AttentionInputs, prepare
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
@@ -84,13 +85,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
 
     Shapes as in ``torch.nn.functional.scaled_dot_product_attention``: ``q`` is
     ``(B, H, Lq, D)``, ``k`` and ``v`` are ``(B, Hkv, Lk, D)`` and ``(B, Hkv, Lk, Dv)`` with
-    ``Hkv`` dividing ``H`` (grouped-query attention). Every streamable normalizer is
-    computed over key blocks without building the ``Lq x Lk`` matrix, in the forward and
-    the backward pass (``method="streaming"``); a normalizer that is ``softmax(a x)`` for a
-    number ``a`` (softmax with a number temperature) goes to torch SDPA; the rest
-    (``sparse_softmax``, whose top-k needs whole rows, the threshold family with a tensor
-    alpha, and parameters that vary per query or key) use the dense reference, as
-    does ``method="auto"`` for short inputs (``Lq * Lk <= 128 * 128``), where it is faster.
+    ``Hkv`` dividing ``H`` (grouped-query attention). A normalizer that is ``softmax(a x)``
+    for a number ``a`` (softmax with a number temperature) goes to torch SDPA. On the CPU
+    the others take the fused path (``method="fused"``): blocks of queries against their
+    whole visible rows, never the ``Lq x Lk`` matrix, with the closed-form backward of the
+    normalizer's family; every streamable normalizer can also run over key blocks
+    (``method="streaming"``, the GPU default). Parameters that vary per query or key use the
+    dense reference, as does ``method="auto"`` for short inputs (``Lq * Lk <= 128 * 128``),
+    where it is faster.
 
     Visibility: ``attn_mask`` is bool (True = visible) or float (added to the scores;
     ``-inf`` hides a key), broadcastable to ``(B, H, Lq, Lk)``; ``is_causal`` lets query
@@ -102,12 +104,15 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     Args:
         normalizer: a registered name (``softmaxkit list``).
         scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
-        method: ``"auto"``, ``"sdpa"`` (``softmax(a x)`` normalizers only), ``"fused"`` (on CUDA:
-            the Triton kernels of :mod:`softmaxkit.attention.fused_triton`, for normalizers that
-            declare Triton pieces; ``"auto"`` takes them there too), ``"streaming"`` or ``"dense"``.
-            The streaming path has first derivatives only: a double backward
-            (``create_graph=True``) through it raises ``RuntimeError``; use ``"dense"``.
-        block_size: ``block`` or ``(block_q, block_k)`` for the streaming path.
+        method: ``"auto"`` (see :func:`auto_method`), ``"sdpa"`` (``softmax(a x)`` normalizers
+            only), ``"fused"`` (CPU: query blocks against whole visible rows with the closed-form
+            backward of the normalizer's family, :mod:`.fused`; CUDA: the Triton kernels of
+            :mod:`softmaxkit.attention.fused_triton` for normalizers that declare Triton pieces,
+            which ``"auto"`` takes there too), ``"streaming"`` or ``"dense"``. The streaming path
+            has first derivatives only: a double backward (``create_graph=True``) through it
+            raises ``RuntimeError``; use ``"dense"``.
+        block_size: ``block`` or ``(block_q, block_k)`` for the streaming path (the fused
+            path takes ``block_q`` query rows per tile).
         **params: the normalizer's parameters (``q``, ``k``, ``v`` are positional-only, so
             ``k=8`` is sparse_softmax's ``k``); tensors broadcastable to ``(B, H, 1, 1)``
             (``(4, B, H, 1, 1)`` for MultiMax ``r``, ``t``) are per-head and learnable.
@@ -121,30 +126,70 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     check_choice(method, "method", METHODS)
     block_q, block_k = _blocks(block_size)
     inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
-    _validate(spec, params, inp)
-    factor = _sdpa_factor(spec, params, inp)
-    if method == "sdpa" or (method == "auto" and factor is not None):
+    if not torch.compiler.is_compiling():  # a reference on a dummy row may branch on data (sparsemax)
+        _validate(spec, params, inp)
+    requested = method
+    if method == "auto":
+        method = _auto(spec, params, merged, inp)
+    if method == "sdpa":
+        factor = _sdpa_factor(spec, params, inp)
         if factor is None:
             raise ValueError("method='sdpa' needs a normalizer that is softmax(a x) for a number a (softmax "
                              "with a number temperature) and no causal mask combined with attn_mask or with "
                              "Lq != Lk (Lq > 1)")
         return _sdpa(q, k, v, inp, factor)
-    if method in ("auto", "fused") and q.is_cuda:  # CUDA + triton: the fused Triton kernels
-        from .fused_triton import fallback_reason, fused_attention
+    if q.is_cuda and (requested == "auto" or method == "fused"):  # CUDA + triton: the Triton kernels
+        from .fused_triton import fallback_reason
+        from .fused_triton import fused_attention as triton_attention
 
         reason = fallback_reason(spec, params, q, k, v)
         if reason is None:
-            return fused_attention(q, k, v, normalizer, is_causal=is_causal, attn_mask=attn_mask, scale=scale,
-                                   **params)
+            return triton_attention(q, k, v, normalizer, is_causal=is_causal, attn_mask=attn_mask, scale=scale,
+                                    **params)
         if method == "fused":
             raise ValueError(f"method='fused' cannot run normalizer {normalizer!r} here: {reason}")
+    per_head = _params_per_head(spec, merged, inp)
+    if method == "fused":
+        if not per_head:
+            raise ValueError(f"method='fused' needs numbers or per-head tensors (broadcastable to (B, H, 1, 1)) "
+                             f"as parameters of {normalizer!r}; use method='auto' or 'dense'")
+        return fused_attention(spec, inp, merged, None if block_size is None else block_q)
     rule = spec.stream_rule(merged)
-    streams = rule is not None and all(
-        _per_head(val, spec.param(n).size, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))
-    if method == "streaming" and not streams:
-        raise ValueError(f"normalizer {normalizer!r} with these parameters has no streaming path; "
-                         "use method='auto' or 'dense'")
+    if method == "streaming":
+        if rule is None or not per_head:
+            raise ValueError(f"normalizer {normalizer!r} with these parameters has no streaming path; "
+                             "use method='auto' or 'dense'")
+        return streaming_attention(rule, inp, merged, block_q, block_k)
+    return dense_attention(inp, normalizer, params)
+
+
+def _params_per_head(spec: NormalizerSpec, merged: dict, inp: AttentionInputs) -> bool:
+    return all(_per_head(val, spec.param(n).size, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))
+
+
+def _auto(spec: NormalizerSpec, params: dict, merged: dict, inp: AttentionInputs) -> str:
+    """The method ``"auto"`` runs: SDPA for ``softmax(a x)``; the dense reference for small
+    inputs (``Lq * Lk <= SMALL_SCORES``) and for parameters that vary per query or key; on the
+    CPU the fused path (the four forms, and normalizers that cannot stream: see
+    :func:`.fused.auto_prefers`); otherwise streaming when the normalizer streams, else dense.
+    The choice follows ``softmaxkit bench attention`` (fastest exact path per normalizer)."""
+    if _sdpa_factor(spec, params, inp) is not None:
+        return "sdpa"
     _, _, lq, lk = inp.shape
-    if method == "dense" or rule is None or not streams or (method == "auto" and lq * lk <= SMALL_SCORES):
-        return dense_attention(inp, normalizer, params)
-    return streaming_attention(rule, inp, merged, block_q, block_k)
+    if lq * lk <= SMALL_SCORES or not _params_per_head(spec, merged, inp):
+        return "dense"
+    streams = spec.stream_rule(merged) is not None
+    if inp.q.device.type == "cpu" and auto_prefers(spec, merged, streams):
+        return "fused"
+    return "streaming" if streams else "dense"
+
+
+def auto_method(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: str = "softmax",
+                is_causal: bool = False, attn_mask: torch.Tensor | None = None, scale: float | None = None,
+                **params) -> str:
+    """The method (``"sdpa"``, ``"fused"``, ``"streaming"`` or ``"dense"``) that
+    ``attention(..., method="auto")`` runs for these inputs (same arguments, nothing computed)."""
+    spec = registry.get(normalizer)
+    merged = spec.with_defaults(params)
+    inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
+    return _auto(spec, params, merged, inp)

@@ -31,9 +31,14 @@ from .rules import StreamRule
 DEFAULT_BLOCK_Q = 128
 DEFAULT_BLOCK_K = 512
 
-DOUBLE_BACKWARD_ERROR = ("double backward is not supported by the streaming path; use method='dense' "
-                         "(the gradient was requested with create_graph=True, e.g. for a gradient "
-                         "penalty or a Hessian-vector product)")
+def double_backward_error(path: str) -> str:
+    """The error a first-derivative-only path raises when a graph of its gradient is requested."""
+    return (f"double backward is not supported by the {path} path; use method='dense' "
+            "(the gradient was requested with create_graph=True, e.g. for a gradient "
+            "penalty or a Hessian-vector product)")
+
+
+DOUBLE_BACKWARD_ERROR = double_backward_error("streaming")
 
 
 @dataclass

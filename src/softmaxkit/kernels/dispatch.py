@@ -232,6 +232,8 @@ def plan(op: str, x, dim=-1, mask=None, **params) -> str:
     the reference, which then raises the proper error."""
     if op not in OPS:
         raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
+    if torch.compiler.is_compiling():  # traced code runs the reference (dynamo cannot read a ContextVar)
+        return "reference"
     backend = _current.get().backend
     if backend == "reference":
         return "reference"

@@ -1,0 +1,484 @@
+r"""Fused attention: query blocks against whole visible key rows, closed-form backward per family.
+
+For each batch entry, group of heads and block of ``block_q`` queries, the score tile
+``S = (q scale) k^T`` over every key the block can see is one ``torch.matmul`` into a
+reused buffer, the normalizer's elementwise work runs on that tile in place where it can,
+and ``P v`` is a second ``torch.matmul``. The tile holds whole rows, so nothing is
+rescaled online, and its size is bounded by :data:`TILE_ELEMENTS` (extra memory
+``O(block_q * Lk)``, never ``Lq x Lk``). GEMMs stay in torch (BLAS with its own threads);
+only the elementwise work is ours. Measured against the alternatives in
+``softmaxkit bench attention`` (the issue-13 note): numba tile kernels calling BLAS oversubscribe
+threads, and the streaming engine's online rescaling and autograd backward cost 1.5-4x.
+
+The backward pass recomputes the tile (FlashAttention, Dao et al. 2022, arXiv
+2205.14135) and applies the closed-form gradient of the normalizer's family, read from its
+form (:mod:`softmaxkit.forms`): with ``dP = dO v^T`` and ``D = rowsum(dO * O)``,
+
+* ``softmax_of`` ``p = softmax(g(S))``: ``dS = dg(S) * p * (dP - D)``;
+* ``sum_normalized`` ``p = h / (sum h + eps)``: ``dS = dh(S) * (dP - D) / (sum h + eps)``;
+* ``elementwise`` ``p = h(S)``: ``dS = dh(S) * dP``;
+* ``threshold`` ``p = alpha-entmax(g(S))`` with ``s = p^{2 - alpha}`` on the support:
+  ``dS = dg(S) * (s * dP - s * sum(s dP) / sum(s))`` (Peters, Niculae & Martins 2019,
+  arXiv 1905.05702); the threshold of each row is solved on the block's rows by the
+  alpha-entmax row kernels (numba on CPU) and kept for the backward pass, which rebuilds
+  ``p`` from it.
+
+``dq = dS k scale``, ``dk = dS^T q scale``, ``dv = p^T dO``. Tensor parameters (one value
+per head, broadcastable to ``(B, H, 1, 1)``; a parameter of ``size`` values carries them
+on a leading axis) get their gradient from autograd on the piece (``g`` or ``h``) of each
+tile, weighted by the gradient of its output.
+
+A normalizer that is not exactly one of those forms (its own stream rule: adaptive
+softmax, SA-softmax, softpick, clipped softmax; or no form: sparse_softmax; or a tensor
+alpha) runs in ``rows`` mode: its reference function on the block's rows (whole rows, so
+exact, top-k included) and, backward, autograd through that reference on the recomputed
+tile. Still ``O(block_q * Lk)`` memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .. import forms
+from ..forms import Elementwise, SoftmaxOf, SumNormalized
+from ..registry import NormalizerSpec
+from .inputs import AttentionInputs
+from .streaming import double_backward_error
+
+#: Elements of one score tile (``heads x block_q x keys``): 2^20 float32 = 4 MiB, which
+#: stays in a core's L2/L3 share on the machines measured; larger tiles were slower.
+TILE_ELEMENTS = 1 << 20
+#: The query block is at most this many rows, and at least :data:`MIN_BLOCK_Q` (shorter
+#: blocks make the GEMMs inefficient and the Python loop dominate).
+MAX_BLOCK_Q = 256
+MIN_BLOCK_Q = 32
+KINDS = ("softmax_of", "sum_normalized", "elementwise", "threshold", "rows")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def kind_for(spec: NormalizerSpec, params: dict) -> str:
+    """How the fused path computes ``spec`` with ``params`` (defaults filled in): its family's
+    closed form, or ``"rows"`` (reference per block, autograd backward)."""
+    form = spec.form
+    if spec.stream is not None or form is None:
+        return "rows"
+    if isinstance(form, SoftmaxOf):
+        return "softmax_of" if form.passes == 1 else "rows"
+    if isinstance(form, SumNormalized):
+        return "rows" if form.signed or not _number(params.get("eps", 0.0)) else "sum_normalized"
+    if isinstance(form, Elementwise):
+        return "elementwise"
+    alpha = form.alpha(params)
+    return "threshold" if _number(alpha) and alpha > 1.0 else "rows"
+
+
+def auto_prefers(spec: NormalizerSpec, params: dict, streams: bool) -> bool:
+    """Whether ``method="auto"`` should take the fused path on the CPU (above the dense size).
+
+    Yes for the four forms (closed-form backward: 1.5-4x faster than streaming, measured by
+    ``softmaxkit bench attention``); for ``rows`` mode only when the normalizer cannot
+    stream (sparse_softmax, a tensor alpha), where it replaces the dense ``Lq x Lk``
+    matrix: a normalizer's own stream rule (softpick, SA-softmax, adaptive and clipped
+    softmax) was 2-5x faster than the reference on row blocks with autograd.
+    """
+    return kind_for(spec, params) != "rows" or not streams
+
+
+# ----------------------------------------------------------------------------------------
+# geometry of a block
+# ----------------------------------------------------------------------------------------
+
+@dataclass
+class _Block:
+    """Queries ``r0:r1`` of batch ``b``, heads ``h0:h1``, against keys ``0:c``.
+
+    ``hidden``: bool, True where a score is not visible (None: only the causal triangle, if
+    any, which is ``tri`` over columns ``d0:c``). ``count``: visible keys per row (or None
+    when not needed); ``empty``: rows that see no key (None when none can).
+    """
+
+    b: int
+    h0: int
+    h1: int
+    r0: int
+    r1: int
+    c: int
+    d0: int
+    tri: torch.Tensor | None
+    hidden: torch.Tensor | None
+    additive: torch.Tensor | None
+    count: torch.Tensor | None = None
+    empty: torch.Tensor | None = None
+    stats: dict = field(default_factory=dict)
+
+    def fill(self, t: torch.Tensor, value: float) -> torch.Tensor:
+        """Set the hidden entries of a tile to ``value``, in place."""
+        if self.hidden is not None:
+            t.masked_fill_(self.hidden, value)
+        elif self.tri is not None:
+            t[..., self.d0:].masked_fill_(self.tri, value)
+        return t
+
+
+@dataclass
+class _Plan:
+    kind: str
+    spec: NormalizerSpec
+    inp: AttentionInputs
+    fixed: dict
+    names: list[str]
+    sizes: dict
+    block_q: int
+    heads: int
+    needs_count: bool
+    linear: float | None = None
+    alpha: float = 2.0
+    eps: float = 0.0
+
+    def blocks(self):
+        inp = self.inp
+        b_, h_, lq, lk = inp.shape
+        off = lk - lq
+        may_be_empty = inp.has_user_mask or (inp.is_causal and off < 0)
+        dtype = inp.q.dtype
+        for r0 in range(0, lq, self.block_q):
+            r1 = min(r0 + self.block_q, lq)
+            c = min(lk, r1 + off) if inp.is_causal else lk
+            if c <= 0:
+                continue
+            d0, tri = c, None
+            if inp.is_causal:
+                d0 = max(0, r0 + off + 1)
+                if d0 < c:
+                    rows = torch.arange(r0, r1, device=inp.q.device).unsqueeze(-1)
+                    tri = torch.arange(d0, c, device=inp.q.device) > rows + off
+            for b in range(b_):
+                for h0 in range(0, h_, self.heads):
+                    h1 = min(h0 + self.heads, h_)
+                    hidden = additive = None
+                    if inp.bool_mask is not None:
+                        hidden = ~inp.bool_mask[b:b + 1, h0:h1, r0:r1, :c]
+                    if inp.additive_mask is not None:
+                        additive = inp.additive_mask[b:b + 1, h0:h1, r0:r1, :c]
+                        inf = additive == float("-inf")
+                        hidden = inf if hidden is None else hidden | inf
+                    if hidden is not None and tri is not None:
+                        hidden = hidden.clone()
+                        hidden[..., d0:] |= tri
+                    blk = _Block(b, h0, h1, r0, r1, c, d0, tri, hidden, additive)
+                    if self.needs_count or may_be_empty:
+                        if hidden is not None:
+                            count = (~hidden).sum(-1, keepdim=True).to(dtype)
+                        else:
+                            rows = torch.arange(r0, r1, device=inp.q.device, dtype=dtype).view(1, 1, -1, 1)
+                            count = (rows + off + 1).clamp(0, c) if inp.is_causal else torch.full_like(rows, c)
+                        blk.count = count
+                        if may_be_empty:
+                            blk.empty = count == 0
+                    yield blk
+
+
+def _slice_param(value: torch.Tensor, size: int, inp: AttentionInputs, blk: _Block) -> torch.Tensor:
+    """A per-head tensor parameter (broadcastable to ``(B, H, 1, 1)``, after a leading axis of
+    ``size`` values when ``size > 1``) restricted to the block's batch entry and heads."""
+    b, h, _, _ = inp.shape
+    lead = tuple(value.shape[:1]) if size > 1 else ()
+    rest = tuple(value.shape[len(lead):])
+    full = value.reshape(lead + (1,) * (4 - len(rest)) + rest).expand(*lead, b, h, 1, 1)
+    return full[..., blk.b:blk.b + 1, blk.h0:blk.h1, :, :]
+
+
+def _block_params(plan: _Plan, tensors: dict, blk: _Block) -> dict:
+    params = dict(plan.fixed)
+    for name, value in tensors.items():
+        params[name] = _slice_param(value, plan.sizes.get(name, 1), plan.inp, blk)
+    return params
+
+
+# ----------------------------------------------------------------------------------------
+# tiles
+# ----------------------------------------------------------------------------------------
+
+class _Buffers:
+    """Reused tile storage (no allocation per block; not used while compiling)."""
+
+    def __init__(self, plan: _Plan, count: int):
+        self.use = not torch.compiler.is_compiling()
+        if self.use:
+            b, h, _, lk = plan.inp.shape
+            n = min(plan.heads, h) * plan.block_q * lk
+            self.flat = [plan.inp.q.new_empty(n) for _ in range(count)]
+
+    def matmul(self, i: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if not self.use:
+            return torch.matmul(a, b)
+        shape = a.shape[:-1] + b.shape[-1:]
+        out = self.flat[i][:shape.numel()].view(shape)
+        return torch.matmul(a, b, out=out)
+
+
+def _scores(plan: _Plan, bufs: _Buffers, qs: torch.Tensor, blk: _Block, slot: int = 0) -> torch.Tensor:
+    """``(q scale) k^T (+ additive mask)`` on the block; hidden entries finite (0 where the
+    additive mask is ``-inf``), to be filled by the caller."""
+    k = plan.inp.k[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c]
+    s = bufs.matmul(slot, qs[blk.b:blk.b + 1, blk.h0:blk.h1, blk.r0:blk.r1], k.transpose(-1, -2))
+    if blk.additive is not None:
+        s.add_(blk.additive)
+        s.masked_fill_(blk.hidden, 0.0)
+    return s
+
+
+def _visible(blk: _Block, like: torch.Tensor) -> torch.Tensor:
+    """The full visibility mask of a tile (True = visible)."""
+    if blk.hidden is not None:
+        return ~blk.hidden.expand(like.shape)
+    vis = torch.ones(like.shape, dtype=torch.bool, device=like.device)
+    if blk.tri is not None:
+        vis[..., blk.d0:] &= ~blk.tri
+    return vis
+
+
+def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
+    """The attention weights of the tile (``p`` or the unnormalised ``h``), and the row
+    divisor the output needs (None: none). Overwrites ``s`` when it can."""
+    form, kind = plan.spec.form, plan.kind
+    if kind == "softmax_of":
+        z = s if plan.linear is not None else forms.call(form.g, s, params, blk.count)
+        blk.fill(z, float("-inf"))
+        p = torch.softmax(z, -1)
+        if blk.empty is not None:
+            p.masked_fill_(blk.empty, 0.0)
+        return p, None
+    if kind in ("sum_normalized", "elementwise"):
+        f = blk.fill(forms.call(form.h, s, params, blk.count), 0.0)
+        if kind == "elementwise":
+            return f, None
+        den = f.sum(-1, keepdim=True) + plan.eps
+        return f, torch.where(den == 0, torch.ones_like(den), den)
+    if kind == "threshold":
+        z = s if form.g is forms.identity else forms.call(form.g, s, params, blk.count)
+        blk.fill(z, float("-inf"))
+        p = _entmax(z, plan.alpha)
+        u = plan.alpha - 1.0
+        top = z.amax(-1, keepdim=True)
+        top_p = p.amax(-1, keepdim=True)
+        tau = u * top - (top_p if u == 1.0 else top_p ** u)
+        if blk.empty is not None:
+            tau = torch.where(blk.empty, torch.zeros_like(tau), tau)
+        blk.stats["tau"] = tau
+        return p, None
+    vis = _visible(blk, s)
+    return plan.spec.fn(s, dim=-1, mask=vis, **params), None
+
+
+def _entmax(z: torch.Tensor, alpha: float) -> torch.Tensor:
+    """alpha-entmax of rows with ``-inf`` at hidden entries: the row kernels when they
+    cover the input (CPU, float32/float64), else the reference solver."""
+    from ..normalizers.entmax import entmax
+
+    if torch.compiler.is_compiling():
+        return entmax_by_bisection(z, alpha)
+    # numba's OpenMP pool resets the OpenMP thread count torch reads (seen: 1 -> 2 after
+    # the first kernel), which then runs every elementwise op on an oversubscribed team
+    threads = torch.get_num_threads()
+    p = entmax(z, alpha=alpha)   # the dispatcher: row kernels where they cover the input, else the reference
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return p
+
+
+#: bisection steps of :func:`entmax_by_bisection`: the bracket (width below 1) shrinks to
+#: 2^-54, under float64 resolution of the threshold
+BISECTION_STEPS = 54
+
+
+def entmax_by_bisection(z: torch.Tensor, alpha: float) -> torch.Tensor:
+    r"""alpha-entmax of rows (``-inf`` = hidden) by a fixed number of bisection steps on the
+    threshold, with no data-dependent control flow, so that ``torch.compile`` traces it.
+
+    ``p_j = [u z_j - tau]_+^{1/u}``, ``u = alpha - 1``; ``tau`` lies in
+    ``[u m - 1, u m - n^{-u}]`` (``m`` the row maximum, ``n`` the visible count), where
+    ``sum_j p_j`` crosses 1 (Peters, Niculae & Martins 2019, arXiv 1905.05702). The weights
+    are divided by their sum at the end; a row with nothing visible gives zeros.
+    """
+    u = alpha - 1.0
+    visible = z > float("-inf")
+    n = visible.sum(-1, keepdim=True).clamp_min(1).to(z.dtype)
+    top = z.amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    low_fill = top - 1.0 / u - 1.0  # u (low_fill) - tau < 0 for every tau in the bracket
+    w = torch.where(visible, z, low_fill) * u
+    lo, hi = u * top - 1.0, u * top - n ** (-u)
+    for _ in range(BISECTION_STEPS):
+        mid = (lo + hi) / 2
+        mass = ((w - mid).clamp_min(0.0) ** (1.0 / u)).sum(-1, keepdim=True)
+        above = mass >= 1.0
+        lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
+    p = (w - (lo + hi) / 2).clamp_min(0.0) ** (1.0 / u)
+    total = p.sum(-1, keepdim=True)
+    return p / torch.where(total > 0, total, torch.ones_like(total))
+
+
+# ----------------------------------------------------------------------------------------
+# the autograd function
+# ----------------------------------------------------------------------------------------
+
+def _dv_rows(p: torch.Tensor, den: torch.Tensor | None, dout: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(p.transpose(-1, -2), dout if den is None else dout / den)
+
+
+class _FusedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, plan: _Plan, q, k, v, *tensors):
+        b, h, lq, _ = plan.inp.shape
+        out = q.new_zeros(b, h, lq, v.shape[-1])
+        params_full = dict(zip(plan.names, tensors))
+        bufs = _Buffers(plan, 1)
+        qs = q * plan.inp.scale * (plan.linear or 1.0)
+        blocks = []
+        with torch.no_grad():
+            for blk in plan.blocks():
+                params = _block_params(plan, params_full, blk)
+                s = _scores(plan, bufs, qs, blk)
+                p, den = _weights(plan, s, blk, params)
+                o = torch.matmul(p, v[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c])
+                if den is not None:
+                    o = o / den
+                out[blk.b:blk.b + 1, blk.h0:blk.h1, blk.r0:blk.r1] = o
+                blocks.append(blk)
+        ctx.plan = plan
+        ctx.blocks = blocks
+        ctx.save_for_backward(q, k, v, out, *tensors)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        if torch.is_grad_enabled():  # create_graph=True: the closed forms below build no graph of the gradient
+            raise RuntimeError(double_backward_error("fused"))
+        plan: _Plan = ctx.plan
+        q, k, v, out, *tensors = ctx.saved_tensors
+        needs = ctx.needs_input_grad
+        dout = dout.contiguous()
+        form, kind = plan.spec.form, plan.kind
+        leaves = {name: t.detach().requires_grad_(needs[4 + i]) for i, (name, t) in enumerate(zip(plan.names, tensors))}
+        wanted = [name for name in plan.names if leaves[name].requires_grad]
+        dparams = dict.fromkeys(wanted)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        factor = plan.inp.scale * (plan.linear or 1.0)
+        qs = q * factor
+        bufs = _Buffers(plan, 2)
+        for blk in ctx.blocks:
+            sl = (slice(blk.b, blk.b + 1), slice(blk.h0, blk.h1))
+            d_o = dout[sl[0], sl[1], blk.r0:blk.r1]
+            vb = v[sl[0], sl[1], :blk.c]
+            kb = k[sl[0], sl[1], :blk.c]
+            qb = qs[sl[0], sl[1], blk.r0:blk.r1]
+            with torch.no_grad():
+                params = _block_params(plan, leaves, blk)
+            s = _scores(plan, bufs, qs, blk, 0)
+            dp = bufs.matmul(1, d_o, vb.transpose(-1, -2))
+            if kind == "rows":
+                ds, dpar, p = _rows_backward(plan, s, blk, leaves, wanted, dp)
+                dv[sl[0], sl[1], :blk.c] += torch.matmul(p.transpose(-1, -2), d_o)
+            else:
+                piece = form.h if kind in ("sum_normalized", "elementwise") else form.g
+                dpiece = form.dh if kind in ("sum_normalized", "elementwise") else form.dg
+                linear = (kind == "softmax_of" and plan.linear is not None) or \
+                         (kind == "threshold" and form.g is forms.identity)
+                with torch.no_grad():
+                    raw = s.clone() if (linear and wanted) else s
+                    if kind == "threshold":
+                        z = s if linear else forms.call(form.g, s, params, blk.count)
+                        blk.fill(z, float("-inf"))
+                        u = plan.alpha - 1.0
+                        base = z.mul_(u).sub_(blk.stats["tau"]).clamp_min_(0.0)
+                        p = base if u == 1.0 else base ** (1.0 / u)
+                        dv[sl[0], sl[1], :blk.c] += torch.matmul(p.transpose(-1, -2), d_o)
+                        if u == 1.0:
+                            sw = (base > 0).to(base.dtype)
+                        elif u == 0.5:
+                            sw = base
+                        else:
+                            sw = torch.where(base > 0, base, torch.ones_like(base)) ** (1.0 / u - 1.0)
+                            sw.masked_fill_(base <= 0, 0.0)
+                        total = sw.sum(-1, keepdim=True)
+                        ds = dp.mul_(sw)
+                        mean = ds.sum(-1, keepdim=True) / torch.where(total > 0, total, torch.ones_like(total))
+                        ds.sub_(sw.mul_(mean))
+                    else:
+                        p, den = _weights(plan, s, blk, params)
+                        dv[sl[0], sl[1], :blk.c] += _dv_rows(p, den, d_o)
+                        o = out[sl[0], sl[1], blk.r0:blk.r1]
+                        if kind == "elementwise":
+                            ds = dp
+                        else:
+                            dd = (d_o * o).sum(-1, keepdim=True)
+                            ds = dp.sub_(dd)
+                            ds = ds.mul_(p) if kind == "softmax_of" else ds.div_(den)
+                        if kind != "softmax_of":
+                            blk.fill(ds, 0.0)
+                    dpar = None
+                if wanted:
+                    with torch.enable_grad():
+                        pblk = _block_params(plan, leaves, blk)
+                        val = forms.call(piece, raw, pblk, blk.count)
+                        dpar = torch.autograd.grad(val, [leaves[n] for n in wanted], ds, allow_unused=True)
+                if not linear:
+                    with torch.no_grad():
+                        ds.mul_(forms.call(dpiece, raw, params, blk.count))
+            with torch.no_grad():
+                dq[sl[0], sl[1], blk.r0:blk.r1] += torch.matmul(ds, kb) * factor
+                dk[sl[0], sl[1], :blk.c] += torch.matmul(ds.transpose(-1, -2), qb)
+            if dpar is not None:
+                for name, g in zip(wanted, dpar):
+                    if g is not None:
+                        dparams[name] = g if dparams[name] is None else dparams[name] + g
+        return (None, dq if needs[1] else None, dk if needs[2] else None, dv if needs[3] else None,
+                *[dparams.get(name) for name in plan.names])
+
+
+def _rows_backward(plan: _Plan, s: torch.Tensor, blk: _Block, leaves: dict, wanted: list, dp: torch.Tensor):
+    """``rows`` mode: autograd through the reference on the recomputed tile."""
+    with torch.enable_grad():
+        x = s.detach().clone().requires_grad_(True)
+        params = _block_params(plan, leaves, blk)
+        p = plan.spec.fn(x, dim=-1, mask=_visible(blk, x), **params)
+        grads = torch.autograd.grad(p, [x] + [leaves[n] for n in wanted], dp, allow_unused=True)
+    ds = grads[0] if grads[0] is not None else torch.zeros_like(x)
+    return ds, (grads[1:] if wanted else None), p.detach()
+
+
+def fused_attention(spec: NormalizerSpec, inp: AttentionInputs, params: dict,
+                    block_q: int | None = None) -> torch.Tensor:
+    """Attention with ``spec`` by query blocks over whole visible rows; differentiable in q, k,
+    v and tensor (per-head) parameters. ``params``: the normalizer's parameters, defaults
+    filled in. ``block_q``: rows per block (default: as many as fit :data:`TILE_ELEMENTS`,
+    between :data:`MIN_BLOCK_Q` and :data:`MAX_BLOCK_Q`)."""
+    kind = kind_for(spec, params)
+    names = [n for n, val in params.items() if isinstance(val, torch.Tensor)]
+    fixed = {n: val for n, val in params.items() if n not in names}
+    tensors = [params[n].to(dtype=inp.q.dtype, device=inp.q.device) for n in names]
+    b, h, lq, lk = inp.shape
+    per_head_rows = max(TILE_ELEMENTS // max(lk, 1), 1)
+    if block_q is None:
+        block_q = max(MIN_BLOCK_Q, min(MAX_BLOCK_Q, per_head_rows, max(lq, 1)))
+    heads = max(1, min(h, per_head_rows // block_q))
+    form = spec.form
+    linear = None
+    if kind == "softmax_of" and form.linear_factor is not None and not names:
+        linear = form.linear_factor(params)
+    plan = _Plan(kind, spec, inp, fixed, names, {p.name: p.size for p in spec.param_specs}, block_q, heads,
+                 needs_count=kind != "rows" and forms.form_uses_count(form))
+    plan.linear = None if linear is None else float(linear)
+    if kind == "threshold":
+        plan.alpha = float(form.alpha(params))
+    if kind == "sum_normalized":
+        plan.eps = float(params.get("eps", 0.0))
+    out = _FusedAttention.apply(plan, inp.q, inp.k, inp.v, *tensors)
+    return out.to(inp.out_dtype)

@@ -1,0 +1,312 @@
+"""The fused attention path equals the dense reference: outputs and gradients (q, k, v and
+per-head parameters), for every registered normalizer and a user's own of each family,
+under causal masking, padding, additive masks, GQA, decoding, packed sequences and empty
+rows; float32 and bfloat16 smoke."""
+
+import pytest
+import torch
+
+import softmaxkit as sk
+from softmaxkit.attention import fused
+
+D = 5
+BLOCK = 3  # several query blocks even at these small lengths
+
+
+def _tanh_tilt(x, slope=0.7):
+    return slope * x + 0.1 * torch.tanh(x)
+
+
+def _d_tanh_tilt(x, slope=0.7):
+    return slope + 0.1 * (1 - torch.tanh(x) ** 2)
+
+
+def _gate(x, n):
+    return torch.sigmoid(x - torch.log(n))
+
+
+def _d_gate(x, n):
+    s = _gate(x, n)
+    return s * (1 - s)
+
+
+def _cube(x):
+    return torch.relu(x) ** 3
+
+
+def _d_cube(x):
+    return 3 * torch.relu(x) ** 2
+
+
+USER = {
+    "fused_user_tilt": {"family": "softmax_of", "g": _tanh_tilt, "dg": _d_tanh_tilt},
+    "fused_user_cube_l1": {"family": "sum_normalized", "h": _cube, "dh": _d_cube, "eps": 1e-6},
+    "fused_user_gate": {"family": "elementwise", "h": _gate, "dh": _d_gate},
+    "fused_user_entmax13": {"family": "threshold", "alpha": 1.3},
+}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def user_normalizers():
+    for name, kw in USER.items():
+        sk.register_normalizer(name, **kw)
+    yield
+    for name in USER:
+        sk.unregister_normalizer(name)
+
+
+def _required(spec) -> dict:
+    """Values for parameters the reference refuses to leave at their default (sparse_softmax's
+    k), taken from the spec's examples."""
+    out = {}
+    for name, default in spec.params.items():
+        if default is None:
+            try:
+                spec.fn(torch.zeros(1, 4), dim=-1, mask=None)
+            except ValueError:
+                out[name] = next(e.params[name] for e in spec.examples if name in e.params)
+    return out
+
+
+def _learnable(spec, h, gen) -> dict:
+    """Every learnable parameter as a per-head tensor near its initial value, requiring grad."""
+    out = {}
+    for p in spec.param_specs:
+        if p.learnable is None:
+            continue
+        init = torch.as_tensor(p.learnable.init, dtype=torch.float64)
+        if p.size > 1:
+            value = init.view(p.size, 1, 1, 1) + 0.3 * torch.randn(p.size, h, 1, 1, generator=gen, dtype=torch.float64)
+        else:
+            value = init + 0.1 * torch.randn(h, 1, 1, generator=gen, dtype=torch.float64)
+        out[p.name] = value.requires_grad_()
+    return out
+
+
+def _params(name, learnable, h, gen):
+    spec = sk.registry.get(name)
+    params = _required(spec)
+    if learnable:
+        params.update(_learnable(spec, h, gen))
+    return params
+
+
+SCENARIOS = ["causal", "padding_gqa", "causal_padding_gqa", "decode", "additive", "causal_more_queries", "packed"]
+
+
+def _scenario(kind, gen):
+    """q, k, v, is_causal, attn_mask for one masking situation (float64, small, odd lengths)."""
+    b, h, hk, lq, lk = 2, 4, 4, 7, 9
+    mask, causal = None, False
+    if kind == "causal":
+        lq = lk = 11
+        causal = True
+    elif kind == "padding_gqa":
+        hk = 2
+        mask = torch.rand(b, 1, 1, lk, generator=gen) > 0.3
+        mask[1] = False  # the whole second batch sees nothing: zero rows
+    elif kind == "causal_padding_gqa":
+        hk, causal = 1, True
+        mask = torch.rand(b, 1, lq, lk, generator=gen) > 0.25
+    elif kind == "decode":
+        lq, causal = 1, True
+    elif kind == "additive":
+        mask = torch.randn(1, h, lq, lk, generator=gen, dtype=torch.float64)
+        mask[..., 2, :] = float("-inf")
+        mask[..., 0, 3:] = float("-inf")
+    elif kind == "causal_more_queries":
+        lq, lk, causal = 9, 6, True  # the first 3 queries see no key (end-aligned diagonal)
+    elif kind == "packed":  # three documents packed in one sequence: a block-diagonal document-id mask
+        lq = lk = 12
+        doc = torch.tensor([0] * 5 + [1] * 4 + [2] * 3)
+        mask = (doc[:, None] == doc[None, :]).view(1, 1, lq, lk)
+        causal = True
+    q = (2.0 * torch.randn(b, h, lq, D, generator=gen, dtype=torch.float64)).requires_grad_()
+    k = torch.randn(b, hk, lk, D, generator=gen, dtype=torch.float64).requires_grad_()
+    v = torch.randn(b, hk, lk, D, generator=gen, dtype=torch.float64).requires_grad_()
+    return q, k, v, causal, mask
+
+
+def _run(q, k, v, name, causal, mask, params, method):
+    out = sk.attention(q, k, v, name, is_causal=causal, attn_mask=mask, method=method,
+                       block_size=BLOCK if method == "fused" else None, **params)
+    weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+    tensors = [q, k, v] + [t for t in params.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+    return out, torch.autograd.grad((out * weight).sum(), tensors)
+
+
+def _cases():
+    # configs are built lazily (the user normalizers register in a fixture): index into a stable list
+    builtin = [s.name for s in sk.normalizers() if not s.user]
+    learn = [s.name for s in sk.normalizers() if s.learnable and not s.user]
+    configs = [(n, False) for n in builtin + list(USER)] + [(n, True) for n in learn]
+    cases = []
+    for i, (name, learnable) in enumerate(configs):
+        for j in (0, 2, 4, 6) if name in USER else (0, 3):
+            cases.append((name, learnable, SCENARIOS[(i + j) % len(SCENARIOS)]))
+    return cases
+
+
+@pytest.mark.parametrize("name,learnable,scenario", _cases())
+def test_fused_equals_dense_float64(name, learnable, scenario):
+    gen = torch.Generator().manual_seed(len(name) * 31 + SCENARIOS.index(scenario) + learnable)
+    q, k, v, causal, mask = _scenario(scenario, gen)
+    params = _params(name, learnable, q.shape[1], gen)
+    dense, dense_grads = _run(q, k, v, name, causal, mask, params, "dense")
+    got, got_grads = _run(q, k, v, name, causal, mask, params, "fused")
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, dense, rtol=0, atol=1e-10)
+    assert len(got_grads) == len(dense_grads)
+    for gs, gd in zip(got_grads, dense_grads):
+        assert torch.isfinite(gs).all()
+        torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)
+
+
+def test_every_scenario_and_family_is_covered():
+    cases = _cases()
+    assert {s for _, _, s in cases} == set(SCENARIOS)
+    kinds = {fused.kind_for(sk.registry.get(n), sk.registry.get(n).with_defaults({})) for n, _, _ in cases}
+    assert set(fused.KINDS) <= kinds
+    assert {n for n, _, _ in cases} >= {s.name for s in sk.normalizers()}
+
+
+@pytest.mark.parametrize("name", ["ssmax", "sparsemax", "fused_user_cube_l1", "softpick"])
+def test_head_groups_and_default_blocks(name, monkeypatch):
+    """Tiles of fewer heads than H (a small tile budget) and the default block size agree too."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v, causal, mask = _scenario("causal_padding_gqa", gen)
+    params = _params(name, True, q.shape[1], gen)
+    dense, dense_grads = _run(q, k, v, name, causal, mask, params, "dense")
+    monkeypatch.setattr(fused, "TILE_ELEMENTS", 2 * fused.MIN_BLOCK_Q * k.shape[2])
+    out = sk.attention(q, k, v, name, is_causal=causal, attn_mask=mask, method="fused", **params)
+    weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+    tensors = [q, k, v] + [t for t in params.values() if isinstance(t, torch.Tensor)]
+    grads = torch.autograd.grad((out * weight).sum(), tensors)
+    torch.testing.assert_close(out, dense, rtol=0, atol=1e-10)
+    for gs, gd in zip(grads, dense_grads):
+        torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)
+
+
+def test_rows_without_keys_are_zero_with_zero_gradient():
+    q, k, v = (torch.randn(1, 2, 4, 3, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.zeros(1, 1, 4, 4, dtype=torch.bool)
+    mask[..., 1:, :2] = True
+    for spec in sk.normalizers():
+        params = _required(spec)
+        out = sk.attention(q, k, v, spec.name, attn_mask=mask, method="fused", block_size=2, **params)
+        assert torch.equal(out[..., 0, :], torch.zeros_like(out[..., 0, :])), spec.name
+        gq, gk, gv = torch.autograd.grad(out.sum(), [q, k, v])
+        assert torch.isfinite(gq).all() and torch.equal(gq[..., 0, :], torch.zeros_like(gq[..., 0, :])), spec.name
+        assert torch.isfinite(gk).all() and torch.isfinite(gv).all()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("name", ["ssmax", "sigmoid", "relu_l1", "entmax15", "softpick"])
+def test_low_precision_smoke(name, dtype, tol):
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=gen).to(dtype).requires_grad_() for _ in range(3))
+    mask = torch.rand(1, 1, 40, 40, generator=gen) > 0.2
+    outs = []
+    for method in ("dense", "fused"):
+        out = sk.attention(q, k, v, name, is_causal=True, attn_mask=mask, method=method)
+        assert out.dtype == dtype
+        outs.append((out.float(),) + tuple(g.float() for g in torch.autograd.grad(out.float().sum(), (q, k, v))))
+    for a, b in zip(*outs):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def test_auto_takes_fused_on_cpu(monkeypatch):
+    calls = []
+    real = fused.fused_attention
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].name)
+        return real(*args, **kwargs)
+
+    from softmaxkit.attention import api
+
+    monkeypatch.setattr(api, "fused_attention", spy)
+    q = k = v = torch.randn(1, 2, 200, 8)
+    sk.attention(q, k, v, "sigmoid", is_causal=True)
+    sk.attention(q, k, v, "softmax", is_causal=True)  # softmax(a x): SDPA
+    sk.attention(q[..., :8, :], k[..., :8, :], v[..., :8, :], "sigmoid")  # tiny: dense
+    assert calls == ["sigmoid"]
+
+
+def test_module_and_fused_gradients_reach_the_normalizer():
+    """sk.nn.Attention goes through method='auto', hence the fused path; its learnable
+    per-head parameters get the gradient the dense path gives."""
+    torch.manual_seed(0)
+    layer = sk.nn.Attention(16, 2, normalizer="ssmax", is_causal=True).double()
+    x = torch.randn(1, 140, 16, dtype=torch.float64)
+    out = layer(x)
+    grads = torch.autograd.grad(out.sum(), list(layer.normalizer.parameters()))
+    q = layer._split(layer.q_proj(x), 2)
+    kk = layer._split(layer.k_proj(x), 2)
+    vv = layer._split(layer.v_proj(x), 2)
+    params = {**layer.normalizer.fixed, **layer.normalizer.learned_values()}
+    ref = sk.attention(q, kk, vv, "ssmax", is_causal=True, method="dense", **params)
+    ref = layer.out_proj(ref.transpose(1, 2).reshape(1, 140, 16))
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-10)
+    ref_grads = torch.autograd.grad(ref.sum(), list(layer.normalizer.parameters()))
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-10)
+
+
+def test_bad_parameters_for_fused_are_refused():
+    q = k = v = torch.randn(1, 2, 6, 4)
+    with pytest.raises(ValueError, match="method"):
+        sk.attention(q, k, v, "sigmoid", method="fused", bias=torch.zeros(1, 2, 6, 6))
+
+
+@pytest.mark.parametrize("name,params", [("sparsemax", {}), ("entmax15", {}), ("entmax", {"alpha": 1.3})])
+def test_threshold_rows_on_the_numba_kernels(name, params):
+    """The threshold of each row is solved by the numba row kernels on rows with -inf at hidden
+    keys (causal, padding, fully hidden rows); the result equals the dense reference."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v, causal, mask = _scenario("causal_padding_gqa", gen)
+    mask[0, 0, 4] = False
+    dense, dense_grads = _run(q, k, v, name, causal, mask, params, "dense")
+    with sk.use_backend("numba"):
+        got, got_grads = _run(q, k, v, name, causal, mask, params, "fused")
+    torch.testing.assert_close(got, dense, rtol=0, atol=1e-10)
+    for gs, gd in zip(got_grads, dense_grads):
+        torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)
+
+
+@pytest.mark.slow
+def test_fused_inference_compiles_in_one_graph():
+    """torch.compile traces the fused path of every closed-form family into one graph in
+    inference (fullgraph=True fails on any graph break); the threshold family solves its rows
+    by fixed-step bisection there. Training is not traced: the backward of the
+    autograd.Function runs eagerly (a graph break)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 4, generator=gen) for _ in range(3))
+    kinds = {}
+    for spec in sk.normalizers():
+        kind = fused.kind_for(spec, spec.with_defaults({}))
+        linear = getattr(spec.form, "linear_factor", None) is not None  # softmax(a x): auto runs SDPA
+        if kind != "rows" and kind not in kinds and not linear:
+            kinds[kind] = spec.name
+    assert len(kinds) == 4
+    for name in kinds.values():
+        torch._dynamo.reset()
+
+        def fn(q, k, v, name=name):
+            return sk.attention(q, k, v, name, is_causal=True, method="fused", block_size=4)
+
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(q, k, v), fn(q, k, v), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("alpha", [2.0, 1.5, 1.3])
+def test_traceable_threshold_solver_matches_the_reference(alpha):
+    gen = torch.Generator().manual_seed(4)
+    z = 3 * torch.randn(6, 40, generator=gen, dtype=torch.float64)
+    z[0, 5:] = float("-inf")
+    z[1] = float("-inf")  # nothing visible
+    got = fused.entmax_by_bisection(z, alpha)
+    want = sk.entmax(z, mask=z > float("-inf"), alpha=alpha)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
