@@ -12,8 +12,8 @@ from __future__ import annotations
 import importlib
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ._table import Table
 

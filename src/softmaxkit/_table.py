@@ -157,7 +157,7 @@ def row_label(columns, row, count: int) -> str:
     return ", ".join(parts)
 
 
-def row_labels(table: "Table") -> list[str]:
+def row_labels(table: Table) -> list[str]:
     """Every row's name (see :func:`label_columns` and :func:`row_label`)."""
     count = label_columns(table.columns, table.rows)
     return [row_label(table.columns, row, count) for row in table.rows]

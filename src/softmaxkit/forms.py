@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -55,7 +56,7 @@ COUNT = "n"
 # pieces
 # ----------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _signature(fn: Piece) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...], bool]:
     """Names after the first argument, their defaults, and whether ``fn`` takes ``**kwargs``."""
     params = list(inspect.signature(fn).parameters.values())

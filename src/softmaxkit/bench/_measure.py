@@ -18,7 +18,7 @@ import ctypes.util
 import gc
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -41,7 +41,7 @@ class Measured(float):
 
     __slots__ = ("noise",)
 
-    def __new__(cls, value: float, noise: float | None = None) -> "Measured":
+    def __new__(cls, value: float, noise: float | None = None) -> Measured:
         obj = super().__new__(cls, value)
         obj.noise = None if noise is None or noise != noise else float(noise)
         return obj
@@ -52,7 +52,7 @@ class Measured(float):
     def __repr__(self) -> str:
         return float.__repr__(self)
 
-    def _combine(self, other, value: float) -> "Measured":
+    def _combine(self, other, value: float) -> Measured:
         if isinstance(other, Measured):
             if self.noise is None or other.noise is None:
                 return Measured(value, None)

@@ -45,9 +45,9 @@ equivalent to one built from candidates. Two searches use that:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Real
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -125,7 +125,7 @@ class EarlyExitCascade:
 
     # ------------------------------------------------------------------ public
     def fit(self, stage_logits: Sequence[torch.Tensor], labels: torch.Tensor, delta: float = 0.01,
-            search: str = "auto", max_sweeps: int = 20000) -> "EarlyExitCascade":
+            search: str = "auto", max_sweeps: int = 20000) -> EarlyExitCascade:
         """Choose the thresholds on a calibration set (see the module docstring).
 
         Args:

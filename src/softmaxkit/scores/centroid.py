@@ -73,7 +73,7 @@ class CentroidDistance:
         self.centroids_: torch.Tensor | None = None
         self.thresholds_: torch.Tensor | None = None
 
-    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> "CentroidDistance":
+    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> CentroidDistance:
         self.centroids_ = fit_centroids(logits, labels)
         self.thresholds_ = None
         return self

@@ -47,7 +47,7 @@ class Mahalanobis:
         self.covariance_: torch.Tensor | None = None
         self._whiten: torch.Tensor | None = None
 
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, num_classes: int | None = None) -> "Mahalanobis":
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, num_classes: int | None = None) -> Mahalanobis:
         """Fit class means and the tied covariance on ``features`` (N, D) with ``labels`` (N,).
 
         ``num_classes`` defaults to ``labels.max() + 1``; every class must have a sample.

@@ -29,7 +29,7 @@ def call_kernel(op: str, kernel, *args) -> None:
     it did not finish keep :data:`FLAG_TODO` and are recomputed by the reference)."""
     try:
         kernel(*args)
-    except Exception as exc:  # noqa: BLE001 - any failure: the flagged rows are recomputed
+    except Exception as exc:
         warnings.warn(f"the numba kernel for {op} raised {type(exc).__name__}: {exc}; the rows it did "
                       "not finish are recomputed by the reference", RuntimeWarning, stacklevel=3)
 
