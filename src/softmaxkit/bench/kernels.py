@@ -79,8 +79,8 @@ def softmax_table(shapes) -> Table:
     for shape in shapes:
         x = torch.randn(*shape)
         t_copy = copy_time(x, REPEATS)
-        t_torch = median_time(lambda: torch.softmax(x, -1), REPEATS)
-        algo = {a: median_time(lambda a=a: functions.softmax(x, algorithm=a), REPEATS)
+        t_torch = median_time(lambda x=x: torch.softmax(x, -1), REPEATS)
+        algo = {a: median_time(lambda a=a, x=x: functions.softmax(x, algorithm=a), REPEATS)
                 for a in ("three_pass", "two_pass", "online")}
         t_kernel = algo[functions.DEFAULT_ALGORITHM]
         table.add("x".join(map(str, shape)), t_torch * 1e3, t_kernel * 1e3, t_copy * 1e3, t_torch / t_kernel,
@@ -101,20 +101,22 @@ def log_softmax_and_backward_table(shapes) -> Table:
     for shape in shapes:
         x = torch.randn(*shape)
         t_copy = copy_time(x, REPEATS)
-        t_torch = median_time(lambda: torch.log_softmax(x, -1), REPEATS)
-        t_kernel = median_time(lambda: functions.log_softmax(x), REPEATS)
+        t_torch = median_time(lambda x=x: torch.log_softmax(x, -1), REPEATS)
+        t_kernel = median_time(lambda x=x: functions.log_softmax(x), REPEATS)
         table.add("x".join(map(str, shape)), "log_softmax forward", t_torch * 1e3, t_kernel * 1e3,
                   t_torch / t_kernel, t_kernel / t_copy)
-        t_torch = median_time(lambda: torch.logsumexp(x, -1), REPEATS)
-        t_kernel = median_time(lambda: functions.logsumexp(x), REPEATS)
+        t_torch = median_time(lambda x=x: torch.logsumexp(x, -1), REPEATS)
+        t_kernel = median_time(lambda x=x: functions.logsumexp(x), REPEATS)
         table.add("x".join(map(str, shape)), "logsumexp forward", t_torch * 1e3, t_kernel * 1e3,
                   t_torch / t_kernel, t_kernel / t_copy)
         xg = x.clone().requires_grad_()
         g = torch.randn_like(x)
         y_torch = torch.softmax(xg, -1)
         y_kernel = functions.softmax(xg)[0]
-        t_torch = median_time(lambda: torch.autograd.grad(y_torch, xg, g, retain_graph=True), REPEATS)
-        t_kernel = median_time(lambda: torch.autograd.grad(y_kernel, xg, g, retain_graph=True), REPEATS)
+        t_torch = median_time(
+            lambda y=y_torch, xg=xg, g=g: torch.autograd.grad(y, xg, g, retain_graph=True), REPEATS)
+        t_kernel = median_time(
+            lambda y=y_kernel, xg=xg, g=g: torch.autograd.grad(y, xg, g, retain_graph=True), REPEATS)
         table.add("x".join(map(str, shape)), "softmax backward", t_torch * 1e3, t_kernel * 1e3,
                   t_torch / t_kernel, t_kernel / t_copy)
         del x, xg, g, y_torch, y_kernel
@@ -151,16 +153,22 @@ def preallocated_table(shapes) -> Table:
         label = "x".join(map(str, shape))
         for algorithm in ("three_pass", "two_pass", "online"):
             code = k.ALGORITHMS[algorithm]
-            t_torch = median_time(lambda: aten._softmax.out(x, -1, False, out=out), REPEATS)
-            t_kernel = median_time(lambda: k.normalize_rows(xn, on, lse, special, one, code, k.PROBS), REPEATS)
+            t_torch = median_time(lambda x=x, out=out: aten._softmax.out(x, -1, False, out=out), REPEATS)
+            t_kernel = median_time(
+                lambda xn=xn, on=on, lse=lse, special=special, one=one, code=code:
+                k.normalize_rows(xn, on, lse, special, one, code, k.PROBS), REPEATS)
             table.add(label, f"softmax forward ({algorithm})", t_torch * 1e3, t_kernel * 1e3, t_torch / t_kernel,
                       t_kernel / t_copy)
-        t_torch = median_time(lambda: aten._log_softmax.out(x, -1, False, out=out), REPEATS)
-        t_kernel = median_time(lambda: k.normalize_rows(xn, on, lse, special, one, k.ONLINE, k.LOG_PROBS), REPEATS)
+        t_torch = median_time(lambda x=x, out=out: aten._log_softmax.out(x, -1, False, out=out), REPEATS)
+        t_kernel = median_time(
+            lambda xn=xn, on=on, lse=lse, special=special, one=one:
+            k.normalize_rows(xn, on, lse, special, one, k.ONLINE, k.LOG_PROBS), REPEATS)
         table.add(label, "log_softmax forward", t_torch * 1e3, t_kernel * 1e3, t_torch / t_kernel, t_kernel / t_copy)
         t_torch = median_time(
-            lambda: aten._softmax_backward_data.out(g, y, -1, torch.float32, grad_input=out), REPEATS)
-        t_kernel = median_time(lambda: k.backward_rows(yn, gn, on, special, one, k.PROBS), REPEATS)
+            lambda g=g, y=y, out=out: aten._softmax_backward_data.out(g, y, -1, torch.float32, grad_input=out), REPEATS)
+        t_kernel = median_time(
+            lambda yn=yn, gn=gn, on=on, special=special, one=one: k.backward_rows(yn, gn, on, special, one, k.PROBS),
+            REPEATS)
         table.add(label, "softmax backward", t_torch * 1e3, t_kernel * 1e3, t_torch / t_kernel, t_kernel / t_copy)
         del x, y, g, out
         gc.collect()
@@ -176,8 +184,8 @@ def topk_table(shapes) -> Table:
     for shape in shapes:
         x = torch.randn(*shape)
         t_copy = copy_time(x, REPEATS)
-        t_torch = median_time(lambda: torch.softmax(x, -1).topk(TOPK, dim=-1), REPEATS)
-        t_kernel = median_time(lambda: topk_kernel.softmax_topk(x, TOPK), REPEATS)
+        t_torch = median_time(lambda x=x: torch.softmax(x, -1).topk(TOPK, dim=-1), REPEATS)
+        t_kernel = median_time(lambda x=x: topk_kernel.softmax_topk(x, TOPK), REPEATS)
         table.add("x".join(map(str, shape)), t_torch * 1e3, t_kernel * 1e3, t_torch / t_kernel, t_kernel / t_copy)
         del x
         gc.collect()

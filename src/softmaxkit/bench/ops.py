@@ -70,10 +70,10 @@ def soft_nms_table(quick: bool, machine: str) -> Table:
         boxes_t, scores_t = torch.from_numpy(boxes), torch.from_numpy(scores)
         methods = (("gaussian", 2),) if quick else (("gaussian", 2), ("linear", 1), ("hard", 3))
         for method, code in methods:
-            def ours():
+            def ours(boxes_t=boxes_t, scores_t=scores_t, method=method):
                 return soft_nms(boxes_t, scores_t, method=method, iou_threshold=0.3, sigma=0.5, score_threshold=0.001)
 
-            def peer():
+            def peer(boxes=boxes, scores=scores, labels=labels, code=code):
                 if code == 3:
                     return ensemble_boxes.nms([boxes], [scores], [labels], iou_thr=0.3)
                 return ensemble_boxes.soft_nms([boxes], [scores], [labels], method=code, iou_thr=0.3,
@@ -178,7 +178,7 @@ def soft_pool_table(quick: bool, machine: str) -> Table:
     for label, backward in (("forward", False), ("forward+backward", True)):
         times = {}
         for name, fn in (("exp-weighted avg_pool", exp_weighted_pool), ("sk.ops.soft_pool2d", soft_pool2d)):
-            def call():
+            def call(fn=fn, backward=backward):
                 xi = x.detach().requires_grad_(backward)
                 out = fn(xi, 2)
                 if backward:
