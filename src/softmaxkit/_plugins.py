@@ -101,7 +101,8 @@ def run(kind: str, name: str, module_name: str, call: Callable[[object], object]
         tables = [result] if isinstance(result, Table) else list(result or [])
         bad = [type(t).__name__ for t in tables if not isinstance(t, Table)]
         if bad:
-            outcome = _without_tables(kind, name, FAILED, f"failed: run() returned {', '.join(bad)}, not Table", title, start)
+            outcome = _without_tables(kind, name, FAILED, f"failed: run() returned {', '.join(bad)}, not Table",
+                                      title, start)
         else:
             outcome = Outcome(kind, name, OK, tables, None, time.perf_counter() - start)
     outcome.claim = claim if isinstance(claim, str) else None

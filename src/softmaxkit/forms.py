@@ -314,7 +314,8 @@ class ElementwiseRule(StreamRule):
 
 
 class ThresholdRule(StreamRule):
-    r"""alpha-entmax of ``z = g(x)`` for a number ``1 < alpha <= 2``: ``p_j = [u z_j - tau]_+^{1/u}``, ``u = alpha - 1``.
+    r"""alpha-entmax of ``z = g(x)`` for a number ``1 < alpha <= 2``:
+    ``p_j = [u z_j - tau]_+^{1/u}``, ``u = alpha - 1``.
 
     The threshold is searched first (:meth:`search`, no gradient): ``tau`` lies in
     ``[u m - 1, u m - n^{-u}]`` (``m`` the row maximum of ``z``: the largest weight is

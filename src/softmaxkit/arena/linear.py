@@ -127,8 +127,8 @@ def magnitude(scales, seed) -> tuple[Table, Table]:
     scale = 1 / math.sqrt(D)
     proj = draw_projection(256, D, generator=gen, dtype=torch.float64)
     methods = {"linear (elu+1)": ("linear", {}), "performer": ("performer", {"projection": proj}),
-               "cosformer": ("cosformer", {}), "inline": ("inline", {}), "inline (relu)": ("inline", {"kernel": "relu"}),
-               "mala": ("mala", {})}
+               "cosformer": ("cosformer", {}), "inline": ("inline", {}),
+               "inline (relu)": ("inline", {"kernel": "relu"}), "mala": ("mala", {})}
     tv = Table("total variation to softmax's weights, and the largest weight, as q is scaled by c",
                ["method"] + [f"TV c={c}" for c in scales] + [f"max w c={c}" for c in scales])
     soft_max = [float(torch.softmax(c * scale * q @ k.transpose(-2, -1), -1).amax(-1).mean()) for c in scales]
@@ -180,7 +180,8 @@ def magnitude(scales, seed) -> tuple[Table, Table]:
     inj.status = "held" if relu_same and inline_diff else "partly" if relu_same or inline_diff else "did not hold"
     inj.verdict = (f"cosformer (ReLU features, ratio): largest change {max(changes['cosformer']):.2g} "
                    f"({'identical' if relu_same else 'different'}); InLine: {min(changes['inline']):.3g} "
-                   f"(identity kernel), {min(changes['inline (relu)']):.3g} (ReLU kernel). elu + 1 is not homogeneous, so "
+                   f"(identity kernel), {min(changes['inline (relu)']):.3g} (ReLU kernel). "
+                   "elu + 1 is not homogeneous, so "
                    f"plain linear attention changes too ({max(changes['linear (elu+1)']):.3g}).")
     inj.notes = "Same queries and keys as the table above; weights from softmaxkit.linear.attention_weights."
     return tv, inj

@@ -209,7 +209,8 @@ def sparse_table(shapes) -> Table:
         table.skipped = "the entmax package is not installed (pip install entmax)"
         return table
     cases = [
-        ("sparsemax", "entmax.sparsemax", lambda t: peer.sparsemax(t, -1), lambda t: sparse_functions.entmax(t, 2.0)[0]),
+        ("sparsemax", "entmax.sparsemax", lambda t: peer.sparsemax(t, -1),
+         lambda t: sparse_functions.entmax(t, 2.0)[0]),
         ("entmax15", "entmax.entmax15", lambda t: peer.entmax15(t, -1), lambda t: sparse_functions.entmax(t, 1.5)[0]),
         ("entmax alpha=1.3", "entmax.entmax_bisect",
          lambda t: peer.entmax_bisect(t, alpha=1.3, dim=-1), lambda t: sparse_functions.entmax(t, 1.3)[0]),

@@ -188,7 +188,8 @@ def _verdicts(lengths, speed, fwd, cross, mem, mem_rows, quick) -> None:
         fwd.claim = "chunked causal linear attention (elu + 1) faster than SDPA from L = 4096, >= 4x at L = 32768"
         held = [from_4k, at_32k >= 4.0]
         fwd.status = "held" if all(held) else "partly" if any(held) else "did not hold"
-        fwd.verdict = (f"linear forward speed-up over SDPA: {', '.join(f'{s:.2f}x at {n}' for n, s in zip(lengths, lin))}"
+        speedups = ", ".join(f"{s:.2f}x at {n}" for n, s in zip(lengths, lin))
+        fwd.verdict = (f"linear forward speed-up over SDPA: {speedups}"
                        f"; faster from 4096 on: {'yes' if from_4k else 'no'}; at 32768: {at_32k:.2f}x.")
         cross.claim = "performer (256 features) and cosformer cross over SDPA by L = 8192 (forward, causal)"
         ok = {}

@@ -159,7 +159,8 @@ def render_markdown(outcomes: list[Outcome], machine: dict, meta: dict) -> str:
     verdicts = verdict_rows(outcomes)
     if verdicts:
         lines += ["#### Verdicts", "", "| claim | source | verdict | section |", "|---|---|---|---|"]
-        lines += [f"| {r.claim.replace('|', '/')} | {r.source or '-'} | **{r.status}** | {r.producer} |" for r in verdicts]
+        lines += [f"| {r.claim.replace('|', '/')} | {r.source or '-'} | **{r.status}** | {r.producer} |"
+                  for r in verdicts]
         lines.append("")
     for outcome in outcomes:
         lines += [f"#### {outcome.kind} {outcome.name} ({outcome.status}, {outcome.seconds:.0f} s)", ""]

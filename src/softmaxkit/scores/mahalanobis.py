@@ -66,7 +66,8 @@ class Mahalanobis:
         centred = f - means[y]
         cov = centred.T @ centred / f.shape[0]
         d = cov.shape[0]
-        cov = (1 - self.shrinkage) * cov + self.shrinkage * (torch.trace(cov) / d) * torch.eye(d, dtype=f.dtype, device=f.device)
+        cov = ((1 - self.shrinkage) * cov
+               + self.shrinkage * (torch.trace(cov) / d) * torch.eye(d, dtype=f.dtype, device=f.device))
         self.means_, self.covariance_ = means, cov
         self._whiten = _pinv_sqrt(cov)
         return self
