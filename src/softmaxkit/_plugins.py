@@ -14,6 +14,7 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import ModuleType
 
 from ._table import Table
 
@@ -80,7 +81,7 @@ def load(module_name: str):
         return None, f"not implemented yet: {err}"
 
 
-def run(kind: str, name: str, module_name: str, call: Callable[[object], object]) -> Outcome:
+def run(kind: str, name: str, module_name: str, call: Callable[[ModuleType], object]) -> Outcome:
     """Import ``module_name`` and return ``call(module)``'s tables as an :class:`Outcome`."""
     start = time.perf_counter()
     module, reason = load(module_name)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import torch
 
@@ -126,7 +127,8 @@ def magnitude(scales, seed) -> tuple[Table, Table]:
     k = torch.randn(1, 1, 256, D, generator=gen, dtype=torch.float64)
     scale = 1 / math.sqrt(D)
     proj = draw_projection(256, D, generator=gen, dtype=torch.float64)
-    methods = {"linear (elu+1)": ("linear", {}), "performer": ("performer", {"projection": proj}),
+    methods: dict[str, tuple[str | None, dict[str, Any]]] = {
+               "linear (elu+1)": ("linear", {}), "performer": ("performer", {"projection": proj}),
                "cosformer": ("cosformer", {}), "inline": ("inline", {}),
                "inline (relu)": ("inline", {"kernel": "relu"}), "mala": ("mala", {})}
     tv = Table("total variation to softmax's weights, and the largest weight, as q is scaled by c",
@@ -135,6 +137,7 @@ def magnitude(scales, seed) -> tuple[Table, Table]:
     tv.add("softmax", *([0.0] * len(scales)), *soft_max)
     measured = {}
     for label, (name, params) in methods.items():
+        assert name is not None
         dists, peaks = [], []
         for c in scales:
             p = torch.softmax(c * scale * q @ k.transpose(-2, -1), -1)
@@ -160,7 +163,7 @@ def magnitude(scales, seed) -> tuple[Table, Table]:
 
     inj = Table("injectivity: largest change of the weights when q becomes c q", ["method", "c = 2", "c = 4",
                                                                                   "identical weights"])
-    changes = {}
+    changes: dict[str, list[float]] = {}
     for label, (name, params) in {**methods, "softmax": (None, {})}.items():
         row = []
         for c in (2.0, 4.0):

@@ -40,6 +40,7 @@ class Measured(float):
     """
 
     __slots__ = ("noise",)
+    noise: float | None
 
     def __new__(cls, value: float, noise: float | None = None) -> Measured:
         obj = super().__new__(cls, value)
@@ -231,6 +232,7 @@ def machine_header() -> dict:
     import numpy
 
     info = _cpuinfo()
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

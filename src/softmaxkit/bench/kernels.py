@@ -16,6 +16,7 @@ Ablavatski 2020 report 18% with AVX2).
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 
@@ -79,8 +80,8 @@ def softmax_table(shapes) -> Table:
     for shape in shapes:
         x = torch.randn(*shape)
         t_copy = copy_time(x, REPEATS)
-        t_torch = median_time(lambda x=x: torch.softmax(x, -1), REPEATS)
-        algo = {a: median_time(lambda a=a, x=x: functions.softmax(x, algorithm=a), REPEATS)
+        t_torch = median_time(functools.partial(torch.softmax, x, -1), REPEATS)
+        algo = {a: median_time(functools.partial(functions.softmax, x, algorithm=a), REPEATS)
                 for a in ("three_pass", "two_pass", "online")}
         t_kernel = algo[functions.DEFAULT_ALGORITHM]
         table.add("x".join(map(str, shape)), t_torch * 1e3, t_kernel * 1e3, t_copy * 1e3, t_torch / t_kernel,
@@ -101,12 +102,12 @@ def log_softmax_and_backward_table(shapes) -> Table:
     for shape in shapes:
         x = torch.randn(*shape)
         t_copy = copy_time(x, REPEATS)
-        t_torch = median_time(lambda x=x: torch.log_softmax(x, -1), REPEATS)
-        t_kernel = median_time(lambda x=x: functions.log_softmax(x), REPEATS)
+        t_torch = median_time(functools.partial(torch.log_softmax, x, -1), REPEATS)
+        t_kernel = median_time(functools.partial(functions.log_softmax, x), REPEATS)
         table.add("x".join(map(str, shape)), "log_softmax forward", t_torch * 1e3, t_kernel * 1e3,
                   t_torch / t_kernel, t_kernel / t_copy)
-        t_torch = median_time(lambda x=x: torch.logsumexp(x, -1), REPEATS)
-        t_kernel = median_time(lambda x=x: functions.logsumexp(x), REPEATS)
+        t_torch = median_time(functools.partial(torch.logsumexp, x, -1), REPEATS)
+        t_kernel = median_time(functools.partial(functions.logsumexp, x), REPEATS)
         table.add("x".join(map(str, shape)), "logsumexp forward", t_torch * 1e3, t_kernel * 1e3,
                   t_torch / t_kernel, t_kernel / t_copy)
         xg = x.clone().requires_grad_()
@@ -114,9 +115,9 @@ def log_softmax_and_backward_table(shapes) -> Table:
         y_torch = torch.softmax(xg, -1)
         y_kernel = functions.softmax(xg)[0]
         t_torch = median_time(
-            lambda y=y_torch, xg=xg, g=g: torch.autograd.grad(y, xg, g, retain_graph=True), REPEATS)
+            functools.partial(torch.autograd.grad, y_torch, xg, g, retain_graph=True), REPEATS)
         t_kernel = median_time(
-            lambda y=y_kernel, xg=xg, g=g: torch.autograd.grad(y, xg, g, retain_graph=True), REPEATS)
+            functools.partial(torch.autograd.grad, y_kernel, xg, g, retain_graph=True), REPEATS)
         table.add("x".join(map(str, shape)), "softmax backward", t_torch * 1e3, t_kernel * 1e3,
                   t_torch / t_kernel, t_kernel / t_copy)
         del x, xg, g, y_torch, y_kernel
@@ -153,22 +154,19 @@ def preallocated_table(shapes) -> Table:
         label = "x".join(map(str, shape))
         for algorithm in ("three_pass", "two_pass", "online"):
             code = k.ALGORITHMS[algorithm]
-            t_torch = median_time(lambda x=x, out=out: aten._softmax.out(x, -1, False, out=out), REPEATS)
+            t_torch = median_time(functools.partial(aten._softmax.out, x, -1, False, out=out), REPEATS)
             t_kernel = median_time(
-                lambda xn=xn, on=on, lse=lse, special=special, one=one, code=code:
-                k.normalize_rows(xn, on, lse, special, one, code, k.PROBS), REPEATS)
+                functools.partial(k.normalize_rows, xn, on, lse, special, one, code, k.PROBS), REPEATS)
             table.add(label, f"softmax forward ({algorithm})", t_torch * 1e3, t_kernel * 1e3, t_torch / t_kernel,
                       t_kernel / t_copy)
-        t_torch = median_time(lambda x=x, out=out: aten._log_softmax.out(x, -1, False, out=out), REPEATS)
+        t_torch = median_time(functools.partial(aten._log_softmax.out, x, -1, False, out=out), REPEATS)
         t_kernel = median_time(
-            lambda xn=xn, on=on, lse=lse, special=special, one=one:
-            k.normalize_rows(xn, on, lse, special, one, k.ONLINE, k.LOG_PROBS), REPEATS)
+            functools.partial(k.normalize_rows, xn, on, lse, special, one, k.ONLINE, k.LOG_PROBS), REPEATS)
         table.add(label, "log_softmax forward", t_torch * 1e3, t_kernel * 1e3, t_torch / t_kernel, t_kernel / t_copy)
         t_torch = median_time(
-            lambda g=g, y=y, out=out: aten._softmax_backward_data.out(g, y, -1, torch.float32, grad_input=out), REPEATS)
+            functools.partial(aten._softmax_backward_data.out, g, y, -1, torch.float32, grad_input=out), REPEATS)
         t_kernel = median_time(
-            lambda yn=yn, gn=gn, on=on, special=special, one=one: k.backward_rows(yn, gn, on, special, one, k.PROBS),
-            REPEATS)
+            functools.partial(k.backward_rows, yn, gn, on, special, one, k.PROBS), REPEATS)
         table.add(label, "softmax backward", t_torch * 1e3, t_kernel * 1e3, t_torch / t_kernel, t_kernel / t_copy)
         del x, y, g, out
         gc.collect()
@@ -178,14 +176,18 @@ def preallocated_table(shapes) -> Table:
     return table
 
 
+def _softmax_then_topk(x: torch.Tensor):
+    return torch.softmax(x, -1).topk(TOPK, dim=-1)
+
+
 def topk_table(shapes) -> Table:
     table = Table(f"fused softmax + top-{TOPK}, float32", [
         "shape", "torch softmax+topk ms", "fused ms", "speedup vs torch", "fused x copy"])
     for shape in shapes:
         x = torch.randn(*shape)
         t_copy = copy_time(x, REPEATS)
-        t_torch = median_time(lambda x=x: torch.softmax(x, -1).topk(TOPK, dim=-1), REPEATS)
-        t_kernel = median_time(lambda x=x: topk_kernel.softmax_topk(x, TOPK), REPEATS)
+        t_torch = median_time(functools.partial(_softmax_then_topk, x), REPEATS)
+        t_kernel = median_time(functools.partial(topk_kernel.softmax_topk, x, TOPK), REPEATS)
         table.add("x".join(map(str, shape)), t_torch * 1e3, t_kernel * 1e3, t_torch / t_kernel, t_kernel / t_copy)
         del x
         gc.collect()
@@ -305,7 +307,7 @@ def run(quick: bool = False) -> list[Table]:
             sparse_table(shapes["sparse"]),
             exp_accuracy_table(),
         ]
-    tables[0].notes += f" Kernel compile or cache load before timing: {compile_s:.1f} s."
+    tables[0].notes = (tables[0].notes or "") + f" Kernel compile or cache load before timing: {compile_s:.1f} s."
     return tables[:1] + algorithm_tables(tables[0]) + tables[1:]
 
 

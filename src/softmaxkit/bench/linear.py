@@ -84,7 +84,7 @@ def _interleaved(runners: dict, repeats: int, warm_sdpa: bool = True) -> dict:
     for name, run in runners.items():
         if warm_sdpa or name != "sdpa":
             run()  # warm-up
-    times = {name: [] for name in runners}
+    times: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(repeats):
         for name, run in runners.items():
             start = time.perf_counter()
@@ -119,7 +119,7 @@ def run(quick: bool = False) -> list[Table]:
     mem = Table("extra peak memory, forward (MiB) and forward + backward (KiB per token)",
                 ["L", "SDPA fwd", "linear fwd", "performer fwd", "SDPA fwd+bwd /tok", "linear fwd+bwd /tok",
                  "performer fwd+bwd /tok"])
-    speed = {"fwd": {n: [] for n in CAUSAL}, "fwbw": {n: [] for n in CAUSAL}}
+    speed: dict[str, dict[str, list[float]]] = {"fwd": {n: [] for n in CAUSAL}, "fwbw": {n: [] for n in CAUSAL}}
     mem_rows = []
     for length in lengths:
         long = length >= 32768

@@ -159,7 +159,8 @@ def _cells(table: dict) -> dict:
     columns, rows = table.get("columns", []), table.get("rows", [])
     noise = table.get("noise") or [[None] * len(r) for r in rows]
     count = label_columns(columns, rows)
-    out, seen = {}, {}
+    out: dict[tuple[str, str], tuple] = {}
+    seen: dict[str, int] = {}
     for row, row_noise in zip(rows, noise):
         label = row_label(columns, row, count)
         seen[label] = seen.get(label, 0) + 1

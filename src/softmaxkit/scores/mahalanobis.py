@@ -76,6 +76,7 @@ class Mahalanobis:
         """Squared Mahalanobis distance of each row to each class mean, shape (N, C), float64."""
         if self._whiten is None:
             raise RuntimeError("Mahalanobis is not fitted: call fit(features, labels) first")
+        assert self.means_ is not None  # fit sets means_ with _whiten
         f = _check_features(features)
         if f.shape[1] != self.means_.shape[1]:
             raise ValueError(f"features must have {self.means_.shape[1]} columns as in fit, got {f.shape[1]}")

@@ -36,7 +36,7 @@ def call_kernel(op: str, kernel, *args) -> None:
 
 def sync_threads() -> int:
     """Make numba use ``torch.get_num_threads()`` threads (at most numba's pool size)."""
-    n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # numba sets it at import
     if numba.get_num_threads() != n:
         numba.set_num_threads(n)
     return n
