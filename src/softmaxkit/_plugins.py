@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
+from typing import Any
 
 from ._table import Table
 
@@ -81,7 +82,7 @@ def load(module_name: str):
         return None, f"not implemented yet: {err}"
 
 
-def run(kind: str, name: str, module_name: str, call: Callable[[ModuleType], object]) -> Outcome:
+def run(kind: str, name: str, module_name: str, call: Callable[[ModuleType], Any]) -> Outcome:
     """Import ``module_name`` and return ``call(module)``'s tables as an :class:`Outcome`."""
     start = time.perf_counter()
     module, reason = load(module_name)

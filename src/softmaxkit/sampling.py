@@ -280,6 +280,7 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
         weights = torch.exp((values - values[:, :1]) / temperature)
         probs = weights / weights.sum(-1, keepdim=True)
     elif nucleus:
+        assert top_p is not None  # nucleus implies it
         _check_candidates(z.amax(-1))
         probs, indices = _nucleus_candidates(z / temperature if temperature != 1 else z, top_p)
         weights = probs / probs[:, :1]
@@ -288,6 +289,7 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
         _check_candidates(top.squeeze(-1))
         weights, indices = torch.exp((z - top) / temperature), None
     if nucleus:
+        assert top_p is not None  # nucleus implies it
         mass_before = probs.cumsum(-1) - probs
         weights = torch.where(mass_before < top_p, weights, torch.zeros_like(weights))
     if min_p is not None and min_p > 0:

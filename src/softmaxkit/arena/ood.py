@@ -137,6 +137,7 @@ def _train(data: _Data, seed: int, epochs: int) -> ExitMLP:
     for _ in range(epochs):
         opt.zero_grad()
         loss = sum(nn.functional.cross_entropy(z, data.train_y) for z in model(data.train_x))
+        assert isinstance(loss, torch.Tensor)  # the model has at least one exit
         loss.backward()
         opt.step()
     return model.eval()
@@ -315,6 +316,7 @@ def _cascade_table(model: ExitMLP, data: _Data) -> Table:
             out = cascade.run(data.test_x, model.stages())   # later stages only see the rows still running
         outputs[label] = out
         acc = out.accuracy(data.test_y)
+        assert cascade.thresholds_ is not None  # set by fit
         table.add(label, ", ".join(f"{t:.4f}" for t in cascade.thresholds_),
                   cascade.predict(cal).accuracy(data.cal_y), acc, 100 * (base_test - acc), out.mean_macs, out.savings)
     best = outputs["cascade, optimal thresholds"]

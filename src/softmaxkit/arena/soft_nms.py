@@ -32,6 +32,8 @@ absolute numbers; what the task shows is how the NMS - Soft-NMS gap moves with c
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -45,7 +47,7 @@ CLAIM = ("Soft-NMS improves mAP over NMS by +1.1 to +1.7 points (PASCAL VOC / MS
 WIDTH, HEIGHT = 640.0, 480.0
 CROWDING = (0.0, 0.4, 0.8)
 JITTER = (0.08, 0.16)
-METHODS = (
+METHODS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("NMS (N_t=0.3)", {"method": "hard", "iou_threshold": 0.3}),
     ("NMS (N_t=0.5)", {"method": "hard", "iou_threshold": 0.5}),
     ("Soft-NMS linear (N_t=0.3)", {"method": "linear", "iou_threshold": 0.3}),
@@ -115,7 +117,7 @@ def detect(g: np.random.Generator, truth: np.ndarray, jitter: float) -> tuple[np
 def average_precision(detections: list[tuple[np.ndarray, np.ndarray]], truths: list[np.ndarray],
                       iou_threshold: float = 0.5) -> float:
     """PASCAL VOC all-point AP over all images (see the module docstring)."""
-    records = []  # (score, image, best IoU, best ground truth)
+    records: list[tuple] = []  # (score, image, best IoU, best ground truth)
     for image, ((boxes, scores), truth) in enumerate(zip(detections, truths)):
         if len(boxes) == 0:
             continue
@@ -198,7 +200,7 @@ def run(quick: bool = False, seed: int = 0) -> list[Table]:
     return [table]
 
 
-def _figure(results: dict[float, dict[str, float]]):
+def _figure(results: dict[tuple[float, float], dict[str, float]]):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -119,7 +119,7 @@ def run(quick: bool = False) -> list[Table]:
     mem = Table("extra peak memory, forward (MiB) and forward + backward (KiB per token)",
                 ["L", "SDPA fwd", "linear fwd", "performer fwd", "SDPA fwd+bwd /tok", "linear fwd+bwd /tok",
                  "performer fwd+bwd /tok"])
-    speed: dict[str, dict[str, list[float]]] = {"fwd": {n: [] for n in CAUSAL}, "fwbw": {n: [] for n in CAUSAL}}
+    speed: dict[str, dict[str, list[float | None]]] = {"fwd": {n: [] for n in CAUSAL}, "fwbw": {n: [] for n in CAUSAL}}
     mem_rows = []
     for length in lengths:
         long = length >= 32768

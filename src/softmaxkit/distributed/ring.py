@@ -290,6 +290,7 @@ def _ring_forward(ring: _Ring, q, k, v, params: dict):
             rows.update(rule.stats(p, sums, {"params": params, **rows}))
     out = rule.output(all_sums[-1], {"params": params, **rows})
     if ring.empty_rows:  # queries that see no key output 0
+        assert ring.count is not None  # set with empty_rows
         out = torch.where(ring.count > 0, out, torch.zeros_like(out))
     return out, (all_sums, rows)
 
@@ -356,6 +357,7 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
         st = _Ring.view(params, st_full if graph else detached, r0, r1, lq)
         out = rule.output(leaves, st)
         if ring.empty_rows:
+            assert ring.count is not None  # set with empty_rows
             out = torch.where(ring.count[..., r0:r1, :] > 0, out, torch.zeros_like(out))
         return out, leaves, st
 

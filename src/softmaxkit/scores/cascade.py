@@ -232,6 +232,7 @@ class EarlyExitCascade:
             z64 = z.detach().to(torch.float64)
             conf.append(msp(z64).cpu().numpy())
             pred.append(z64.argmax(1).cpu().numpy())
+        assert shape is not None  # one tensor per stage, and a cascade has at least one
         return np.stack(conf), np.stack(pred), shape[1]
 
 
