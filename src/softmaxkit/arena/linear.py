@@ -137,7 +137,7 @@ def magnitude(scales, seed) -> tuple[Table, Table]:
     tv.add("softmax", *([0.0] * len(scales)), *soft_max)
     measured = {}
     for label, (name, params) in methods.items():
-        assert name is not None
+        assert name is not None  # None only for the softmax row added below
         dists, peaks = [], []
         for c in scales:
             p = torch.softmax(c * scale * q @ k.transpose(-2, -1), -1)
