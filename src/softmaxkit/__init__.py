@@ -38,7 +38,7 @@ from .linear import linear_attention
 from .registry import (
     NormalizerSpec,
     normalize,
-    normalizers,  # type: ignore[no-redef]  # noqa: I001  (sk.normalizers() is the registry's list)
+    normalizers,  # type: ignore[no-redef]
     register_normalizer,
     unregister_normalizer,
 )

@@ -12,8 +12,10 @@ from __future__ import annotations
 import importlib
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from types import ModuleType
+from typing import Any
 
 from ._table import Table
 
@@ -80,7 +82,7 @@ def load(module_name: str):
         return None, f"not implemented yet: {err}"
 
 
-def run(kind: str, name: str, module_name: str, call: Callable[[object], object]) -> Outcome:
+def run(kind: str, name: str, module_name: str, call: Callable[[ModuleType], Any]) -> Outcome:
     """Import ``module_name`` and return ``call(module)``'s tables as an :class:`Outcome`."""
     start = time.perf_counter()
     module, reason = load(module_name)
@@ -101,7 +103,8 @@ def run(kind: str, name: str, module_name: str, call: Callable[[object], object]
         tables = [result] if isinstance(result, Table) else list(result or [])
         bad = [type(t).__name__ for t in tables if not isinstance(t, Table)]
         if bad:
-            outcome = _without_tables(kind, name, FAILED, f"failed: run() returned {', '.join(bad)}, not Table", title, start)
+            outcome = _without_tables(kind, name, FAILED, f"failed: run() returned {', '.join(bad)}, not Table",
+                                      title, start)
         else:
             outcome = Outcome(kind, name, OK, tables, None, time.perf_counter() - start)
     outcome.claim = claim if isinstance(claim, str) else None

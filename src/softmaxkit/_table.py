@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 #: The four verdicts a claim can get; a table that tests a claim sets ``Table.status`` to one.
 VERDICTS = ("held", "did not hold", "partly", "not testable")
@@ -125,7 +125,7 @@ def noise_of(v: Any) -> float | None:
     return float(noise) if isinstance(noise, (int, float)) and noise == noise else None
 
 
-def is_number(v: Any) -> bool:
+def is_number(v: Any) -> TypeGuard[int | float]:
     """An int or float, not a bool."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -157,7 +157,7 @@ def row_label(columns, row, count: int) -> str:
     return ", ".join(parts)
 
 
-def row_labels(table: "Table") -> list[str]:
+def row_labels(table: Table) -> list[str]:
     """Every row's name (see :func:`label_columns` and :func:`row_label`)."""
     count = label_columns(table.columns, table.rows)
     return [row_label(table.columns, row, count) for row in table.rows]

@@ -67,14 +67,14 @@ class OnlineSoftmaxState:
     d: torch.Tensor
 
     @classmethod
-    def empty(cls, shape, dtype: torch.dtype = torch.float32, device=None) -> "OnlineSoftmaxState":
+    def empty(cls, shape, dtype: torch.dtype = torch.float32, device=None) -> OnlineSoftmaxState:
         """The identity state ``(-inf, 0)`` for rows of the given (reduced) shape."""
         dtype = compute_dtype(dtype)
         return cls(torch.full(tuple(shape), float("-inf"), dtype=dtype, device=device),
                    torch.zeros(tuple(shape), dtype=dtype, device=device))
 
     @classmethod
-    def from_block(cls, x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> "OnlineSoftmaxState":
+    def from_block(cls, x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> OnlineSoftmaxState:
         """The state of one block of scores along ``dim`` (visible entries only)."""
         rows = prepare_rows(x, dim, mask)
         z = rows.x
@@ -90,11 +90,11 @@ class OnlineSoftmaxState:
         d = torch.where(inf_rows, n_inf, d)
         return cls(m, d)
 
-    def update(self, block: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> "OnlineSoftmaxState":
+    def update(self, block: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> OnlineSoftmaxState:
         """This state merged with the state of ``block`` (a new state; ``self`` is unchanged)."""
         return self.merge(OnlineSoftmaxState.from_block(block, dim, mask))
 
-    def merge(self, other: "OnlineSoftmaxState") -> "OnlineSoftmaxState":
+    def merge(self, other: OnlineSoftmaxState) -> OnlineSoftmaxState:
         """The associative merge ``(m, d) ⊕ (m', d')``."""
         if not isinstance(other, OnlineSoftmaxState):
             raise TypeError(f"other must be an OnlineSoftmaxState, got {type(other).__name__}")

@@ -38,8 +38,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -55,7 +56,7 @@ COUNT = "n"
 # pieces
 # ----------------------------------------------------------------------------------------
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _signature(fn: Piece) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...], bool]:
     """Names after the first argument, their defaults, and whether ``fn`` takes ``**kwargs``."""
     params = list(inspect.signature(fn).parameters.values())
@@ -313,7 +314,8 @@ class ElementwiseRule(StreamRule):
 
 
 class ThresholdRule(StreamRule):
-    r"""alpha-entmax of ``z = g(x)`` for a number ``1 < alpha <= 2``: ``p_j = [u z_j - tau]_+^{1/u}``, ``u = alpha - 1``.
+    r"""alpha-entmax of ``z = g(x)`` for a number ``1 < alpha <= 2``:
+    ``p_j = [u z_j - tau]_+^{1/u}``, ``u = alpha - 1``.
 
     The threshold is searched first (:meth:`search`, no gradient): ``tau`` lies in
     ``[u m - 1, u m - n^{-u}]`` (``m`` the row maximum of ``z``: the largest weight is

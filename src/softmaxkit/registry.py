@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -267,7 +268,8 @@ def builtin(fn: Callable[..., torch.Tensor], *, form: Form | None, formula: str,
                   for name, default in defaults.items())
     spec = NormalizerSpec(name=fn.__name__, fn=fn, formula=formula, reference=reference, form=form,
                           sums_to_one=sums_to_one, can_be_sparse=can_be_sparse, shift_invariant=shift_invariant,
-                          can_be_negative=can_be_negative, param_specs=specs, stream=stream, stream_passes=stream_passes, examples=examples,
+                          can_be_negative=can_be_negative, param_specs=specs, stream=stream,
+                          stream_passes=stream_passes, examples=examples,
                           tsallis_alpha=tsallis_alpha, triton=triton)
     _add(spec)
     return spec

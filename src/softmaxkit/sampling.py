@@ -70,9 +70,9 @@ def gumbel_softmax(logits: torch.Tensor, tau: float = 1.0, hard: bool = False, d
     (``g`` is standard Gumbel noise). ``hard=True`` returns the one-hot ``argmax y`` in
     the forward pass with the gradient of ``y`` (straight-through). ``-inf`` logits are
     never drawn; a row of all ``-inf`` has nothing to draw and gives zeros (``hard`` or
-    not) with zero gradient, the all-masked-row rule of every normalizer. Jang, Gu & Poole (2016), "Categorical Reparameterization with
-    Gumbel-Softmax", arXiv 1611.01144; Maddison, Mnih & Teh (2016), "The Concrete
-    Distribution", arXiv 1611.00712.
+    not) with zero gradient, the all-masked-row rule of every normalizer. Jang, Gu & Poole
+    (2016), "Categorical Reparameterization with Gumbel-Softmax", arXiv 1611.01144; Maddison,
+    Mnih & Teh (2016), "The Concrete Distribution", arXiv 1611.00712.
 
     Args:
         logits: unnormalised log-probabilities, any shape.
@@ -98,7 +98,10 @@ def gumbel_softmax(logits: torch.Tensor, tau: float = 1.0, hard: bool = False, d
 def straight_through(logits: torch.Tensor, tau: float = 1.0, dim: int = -1) -> torch.Tensor:
     r"""One-hot ``argmax(logits)`` forward, gradient of ``softmax(logits / tau)`` backward.
 
-    .. math:: y = \mathrm{onehot}(\arg\max_i \text{logits}_i) + s - \mathrm{sg}(s),\quad s = \mathrm{softmax}(\text{logits}/\tau)
+    .. math::
+
+        y = \mathrm{onehot}(\arg\max_i \text{logits}_i) + s - \mathrm{sg}(s),\quad
+        s = \mathrm{softmax}(\text{logits}/\tau)
 
     (``sg`` = stop-gradient). Deterministic: the straight-through estimator of Bengio,
     Léonard & Courville (2013), "Estimating or Propagating Gradients Through Stochastic
@@ -277,6 +280,7 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
         weights = torch.exp((values - values[:, :1]) / temperature)
         probs = weights / weights.sum(-1, keepdim=True)
     elif nucleus:
+        assert top_p is not None  # nucleus implies it
         _check_candidates(z.amax(-1))
         probs, indices = _nucleus_candidates(z / temperature if temperature != 1 else z, top_p)
         weights = probs / probs[:, :1]
@@ -285,6 +289,7 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
         _check_candidates(top.squeeze(-1))
         weights, indices = torch.exp((z - top) / temperature), None
     if nucleus:
+        assert top_p is not None  # nucleus implies it
         mass_before = probs.cumsum(-1) - probs
         weights = torch.where(mass_before < top_p, weights, torch.zeros_like(weights))
     if min_p is not None and min_p > 0:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import torch
 
@@ -126,15 +127,17 @@ def magnitude(scales, seed) -> tuple[Table, Table]:
     k = torch.randn(1, 1, 256, D, generator=gen, dtype=torch.float64)
     scale = 1 / math.sqrt(D)
     proj = draw_projection(256, D, generator=gen, dtype=torch.float64)
-    methods = {"linear (elu+1)": ("linear", {}), "performer": ("performer", {"projection": proj}),
-               "cosformer": ("cosformer", {}), "inline": ("inline", {}), "inline (relu)": ("inline", {"kernel": "relu"}),
-               "mala": ("mala", {})}
+    methods: dict[str, tuple[str | None, dict[str, Any]]] = {
+               "linear (elu+1)": ("linear", {}), "performer": ("performer", {"projection": proj}),
+               "cosformer": ("cosformer", {}), "inline": ("inline", {}),
+               "inline (relu)": ("inline", {"kernel": "relu"}), "mala": ("mala", {})}
     tv = Table("total variation to softmax's weights, and the largest weight, as q is scaled by c",
                ["method"] + [f"TV c={c}" for c in scales] + [f"max w c={c}" for c in scales])
     soft_max = [float(torch.softmax(c * scale * q @ k.transpose(-2, -1), -1).amax(-1).mean()) for c in scales]
     tv.add("softmax", *([0.0] * len(scales)), *soft_max)
     measured = {}
     for label, (name, params) in methods.items():
+        assert name is not None  # None only for the softmax row added below
         dists, peaks = [], []
         for c in scales:
             p = torch.softmax(c * scale * q @ k.transpose(-2, -1), -1)
@@ -160,7 +163,7 @@ def magnitude(scales, seed) -> tuple[Table, Table]:
 
     inj = Table("injectivity: largest change of the weights when q becomes c q", ["method", "c = 2", "c = 4",
                                                                                   "identical weights"])
-    changes = {}
+    changes: dict[str, list[float]] = {}
     for label, (name, params) in {**methods, "softmax": (None, {})}.items():
         row = []
         for c in (2.0, 4.0):
@@ -180,7 +183,8 @@ def magnitude(scales, seed) -> tuple[Table, Table]:
     inj.status = "held" if relu_same and inline_diff else "partly" if relu_same or inline_diff else "did not hold"
     inj.verdict = (f"cosformer (ReLU features, ratio): largest change {max(changes['cosformer']):.2g} "
                    f"({'identical' if relu_same else 'different'}); InLine: {min(changes['inline']):.3g} "
-                   f"(identity kernel), {min(changes['inline (relu)']):.3g} (ReLU kernel). elu + 1 is not homogeneous, so "
+                   f"(identity kernel), {min(changes['inline (relu)']):.3g} (ReLU kernel). "
+                   "elu + 1 is not homogeneous, so "
                    f"plain linear attention changes too ({max(changes['linear (elu+1)']):.3g}).")
     inj.notes = "Same queries and keys as the table above; weights from softmaxkit.linear.attention_weights."
     return tv, inj

@@ -137,6 +137,7 @@ def _train(data: _Data, seed: int, epochs: int) -> ExitMLP:
     for _ in range(epochs):
         opt.zero_grad()
         loss = sum(nn.functional.cross_entropy(z, data.train_y) for z in model(data.train_x))
+        assert isinstance(loss, torch.Tensor)  # the model has at least one exit
         loss.backward()
         opt.step()
     return model.eval()
@@ -224,7 +225,8 @@ def _ood_table(model: ExitMLP, data: _Data) -> Table:
         "with the input's norm far from the data (Hein et al. 2019, arXiv 1812.05720), which feature-space "
         "Mahalanobis does not suffer; "
         f"Mahalanobis on the {model.heads[-1].in_features}-d features the last head reads "
-        f"({dead} of them never fire on the training set; the pseudo-inverse ignores those directions). Centroid distance with per-class thresholds "
+        f"({dead} of them never fire on the training set; the pseudo-inverse ignores those directions). "
+        "Centroid distance with per-class thresholds "
         f"fitted to accept 95% of the calibration split keeps {kept:.1%} of test digits 0-4 and rejects "
         + ", ".join(f"{v:.1%} of {k}" for k, v in rejected.items()) + "."
     )
@@ -314,6 +316,7 @@ def _cascade_table(model: ExitMLP, data: _Data) -> Table:
             out = cascade.run(data.test_x, model.stages())   # later stages only see the rows still running
         outputs[label] = out
         acc = out.accuracy(data.test_y)
+        assert cascade.thresholds_ is not None  # set by fit
         table.add(label, ", ".join(f"{t:.4f}" for t in cascade.thresholds_),
                   cascade.predict(cal).accuracy(data.cal_y), acc, 100 * (base_test - acc), out.mean_macs, out.savings)
     best = outputs["cascade, optimal thresholds"]
@@ -332,7 +335,8 @@ def _cascade_table(model: ExitMLP, data: _Data) -> Table:
     table.status = ("held" if inside and within else "partly" if best.savings > 0 and within else "did not hold")
     table.notes = (f"Stage costs (MACs per sample, block + exit head): {', '.join(f'{c:g}' for c in costs)}. "
                    f"Thresholds chosen on the {len(data.cal_y)}-sample calibration split to minimise mean MACs "
-                   f"subject to accuracy >= last-exit accuracy - {DELTA:g} there; measured on {len(data.test_y)} test samples "
+                   f"subject to accuracy >= last-exit accuracy - {DELTA:g} there; "
+                   f"measured on {len(data.test_y)} test samples "
                    "with EarlyExitCascade.run, which feeds each stage only the rows that have not exited.")
     return table
 

@@ -14,7 +14,8 @@ every choice fixed in advance and applied identically to each method:
   parked cars); otherwise anywhere. Three crowding levels: 0, 0.4 and 0.8;
 * the simulated detector fires 1 + Poisson(4) boxes per object: the object's box with
   its centre moved by N(0, j * size) and its width and height scaled by exp(N(0, j)),
-  for a localisation noise j of 0.08 (a tight detector) or 0.16 (a loose one), scored ``sigmoid(logit(c) + 6 (IoU_with_object - 0.75) + N(0, 0.5))``
+  for a localisation noise j of 0.08 (a tight detector) or 0.16 (a loose one), scored
+  ``sigmoid(logit(c) + 6 (IoU_with_object - 0.75) + N(0, 0.5))``
   with ``c ~ U(0.5, 0.95)`` the object's visibility, so tighter boxes score higher on
   average; 10% of objects are hard (c ~ U(0.05, 0.4)). Plus Poisson(3) background false
   positives per image of random size and place, scored U(0, 0.5);
@@ -31,6 +32,8 @@ absolute numbers; what the task shows is how the NMS - Soft-NMS gap moves with c
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -44,11 +47,11 @@ CLAIM = ("Soft-NMS improves mAP over NMS by +1.1 to +1.7 points (PASCAL VOC / MS
 WIDTH, HEIGHT = 640.0, 480.0
 CROWDING = (0.0, 0.4, 0.8)
 JITTER = (0.08, 0.16)
-METHODS = (
-    ("NMS (N_t=0.3)", dict(method="hard", iou_threshold=0.3)),
-    ("NMS (N_t=0.5)", dict(method="hard", iou_threshold=0.5)),
-    ("Soft-NMS linear (N_t=0.3)", dict(method="linear", iou_threshold=0.3)),
-    ("Soft-NMS gaussian (sigma=0.5)", dict(method="gaussian", sigma=0.5)),
+METHODS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("NMS (N_t=0.3)", {"method": "hard", "iou_threshold": 0.3}),
+    ("NMS (N_t=0.5)", {"method": "hard", "iou_threshold": 0.5}),
+    ("Soft-NMS linear (N_t=0.3)", {"method": "linear", "iou_threshold": 0.3}),
+    ("Soft-NMS gaussian (sigma=0.5)", {"method": "gaussian", "sigma": 0.5}),
 )
 BASELINE = "NMS (N_t=0.3)"
 
@@ -58,7 +61,9 @@ def pairwise_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     w = np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0])
     h = np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1])
     inter = np.clip(w, 0, None) * np.clip(h, 0, None)
-    area = lambda x: (x[:, 2] - x[:, 0]) * (x[:, 3] - x[:, 1])
+
+    def area(x: np.ndarray) -> np.ndarray:
+        return (x[:, 2] - x[:, 0]) * (x[:, 3] - x[:, 1])
     return inter / (area(a)[:, None] + area(b)[None, :] - inter)
 
 
@@ -112,7 +117,7 @@ def detect(g: np.random.Generator, truth: np.ndarray, jitter: float) -> tuple[np
 def average_precision(detections: list[tuple[np.ndarray, np.ndarray]], truths: list[np.ndarray],
                       iou_threshold: float = 0.5) -> float:
     """PASCAL VOC all-point AP over all images (see the module docstring)."""
-    records = []  # (score, image, best IoU, best ground truth)
+    records: list[tuple] = []  # (score, image, best IoU, best ground truth)
     for image, ((boxes, scores), truth) in enumerate(zip(detections, truths)):
         if len(boxes) == 0:
             continue
@@ -171,7 +176,9 @@ def run(quick: bool = False, seed: int = 0) -> list[Table]:
             vs_best[(jitter, crowding)] = best_soft - best_nms
             table.add(jitter, crowding, *[aps[label] for label, _ in METHODS], best_soft - aps[BASELINE],
                       best_soft - best_nms)
-    fmt = lambda d: ", ".join(f"{v:+.2f}" for v in d.values())
+
+    def fmt(d: dict) -> str:
+        return ", ".join(f"{v:+.2f}" for v in d.values())
     in_range = sum(1.1 <= v <= 1.7 for v in vs_baseline.values())
     table.verdict = (
         f"Best Soft-NMS minus NMS at N_t = 0.3 (the paper's baseline), rows in order: {fmt(vs_baseline)} AP points "
@@ -193,7 +200,7 @@ def run(quick: bool = False, seed: int = 0) -> list[Table]:
     return [table]
 
 
-def _figure(results: dict[float, dict[str, float]]):
+def _figure(results: dict[tuple[float, float], dict[str, float]]):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

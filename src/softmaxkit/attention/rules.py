@@ -7,7 +7,8 @@ four forms define their own next to their formula (``softmaxkit/normalizers/<nam
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from .. import registry
 from ..forms import StreamRule

@@ -18,7 +18,7 @@ import ctypes.util
 import gc
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -40,8 +40,9 @@ class Measured(float):
     """
 
     __slots__ = ("noise",)
+    noise: float | None
 
-    def __new__(cls, value: float, noise: float | None = None) -> "Measured":
+    def __new__(cls, value: float, noise: float | None = None) -> Measured:
         obj = super().__new__(cls, value)
         obj.noise = None if noise is None or noise != noise else float(noise)
         return obj
@@ -52,7 +53,7 @@ class Measured(float):
     def __repr__(self) -> str:
         return float.__repr__(self)
 
-    def _combine(self, other, value: float) -> "Measured":
+    def _combine(self, other, value: float) -> Measured:
         if isinstance(other, Measured):
             if self.noise is None or other.noise is None:
                 return Measured(value, None)
@@ -231,6 +232,7 @@ def machine_header() -> dict:
     import numpy
 
     info = _cpuinfo()
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

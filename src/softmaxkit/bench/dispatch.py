@@ -76,7 +76,7 @@ def interleaved_medians(fns, repeats: int) -> list[float]:
     """Median seconds of each callable, timed round-robin (one warm-up call each first)."""
     for fn in fns:
         fn()
-    times = [[] for _ in fns]
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
         for i, fn in enumerate(fns):
             start = time.perf_counter()

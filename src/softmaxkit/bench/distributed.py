@@ -35,6 +35,7 @@ import os
 import socket
 import tempfile
 import time
+from typing import Any
 
 import torch
 
@@ -170,7 +171,7 @@ def measure(quick: bool = False, config: dict | None = None) -> tuple[dict, dict
             os.environ.pop("MALLOC_MMAP_THRESHOLD_", None)
         else:
             os.environ["MALLOC_MMAP_THRESHOLD_"] = saved
-    measured = {"one": per_rank[0]["one"]}
+    measured: dict[str | int, Any] = {"one": per_rank[0]["one"]}
     for p in SIZES:
         rows = [per_rank[r][str(p)] for r in range(p)]
         measured[p] = {key: max(row[key] for row in rows) for key in ("peak", "sent", "time", "err")}

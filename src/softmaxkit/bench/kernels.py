@@ -16,6 +16,7 @@ Ablavatski 2020 report 18% with AVX2).
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 
@@ -79,8 +80,8 @@ def softmax_table(shapes) -> Table:
     for shape in shapes:
         x = torch.randn(*shape)
         t_copy = copy_time(x, REPEATS)
-        t_torch = median_time(lambda: torch.softmax(x, -1), REPEATS)
-        algo = {a: median_time(lambda a=a: functions.softmax(x, algorithm=a), REPEATS)
+        t_torch = median_time(functools.partial(torch.softmax, x, -1), REPEATS)
+        algo = {a: median_time(functools.partial(functions.softmax, x, algorithm=a), REPEATS)
                 for a in ("three_pass", "two_pass", "online")}
         t_kernel = algo[functions.DEFAULT_ALGORITHM]
         table.add("x".join(map(str, shape)), t_torch * 1e3, t_kernel * 1e3, t_copy * 1e3, t_torch / t_kernel,
@@ -101,20 +102,22 @@ def log_softmax_and_backward_table(shapes) -> Table:
     for shape in shapes:
         x = torch.randn(*shape)
         t_copy = copy_time(x, REPEATS)
-        t_torch = median_time(lambda: torch.log_softmax(x, -1), REPEATS)
-        t_kernel = median_time(lambda: functions.log_softmax(x), REPEATS)
+        t_torch = median_time(functools.partial(torch.log_softmax, x, -1), REPEATS)
+        t_kernel = median_time(functools.partial(functions.log_softmax, x), REPEATS)
         table.add("x".join(map(str, shape)), "log_softmax forward", t_torch * 1e3, t_kernel * 1e3,
                   t_torch / t_kernel, t_kernel / t_copy)
-        t_torch = median_time(lambda: torch.logsumexp(x, -1), REPEATS)
-        t_kernel = median_time(lambda: functions.logsumexp(x), REPEATS)
+        t_torch = median_time(functools.partial(torch.logsumexp, x, -1), REPEATS)
+        t_kernel = median_time(functools.partial(functions.logsumexp, x), REPEATS)
         table.add("x".join(map(str, shape)), "logsumexp forward", t_torch * 1e3, t_kernel * 1e3,
                   t_torch / t_kernel, t_kernel / t_copy)
         xg = x.clone().requires_grad_()
         g = torch.randn_like(x)
         y_torch = torch.softmax(xg, -1)
         y_kernel = functions.softmax(xg)[0]
-        t_torch = median_time(lambda: torch.autograd.grad(y_torch, xg, g, retain_graph=True), REPEATS)
-        t_kernel = median_time(lambda: torch.autograd.grad(y_kernel, xg, g, retain_graph=True), REPEATS)
+        t_torch = median_time(
+            functools.partial(torch.autograd.grad, y_torch, xg, g, retain_graph=True), REPEATS)
+        t_kernel = median_time(
+            functools.partial(torch.autograd.grad, y_kernel, xg, g, retain_graph=True), REPEATS)
         table.add("x".join(map(str, shape)), "softmax backward", t_torch * 1e3, t_kernel * 1e3,
                   t_torch / t_kernel, t_kernel / t_copy)
         del x, xg, g, y_torch, y_kernel
@@ -151,16 +154,19 @@ def preallocated_table(shapes) -> Table:
         label = "x".join(map(str, shape))
         for algorithm in ("three_pass", "two_pass", "online"):
             code = k.ALGORITHMS[algorithm]
-            t_torch = median_time(lambda: aten._softmax.out(x, -1, False, out=out), REPEATS)
-            t_kernel = median_time(lambda: k.normalize_rows(xn, on, lse, special, one, code, k.PROBS), REPEATS)
+            t_torch = median_time(functools.partial(aten._softmax.out, x, -1, False, out=out), REPEATS)
+            t_kernel = median_time(
+                functools.partial(k.normalize_rows, xn, on, lse, special, one, code, k.PROBS), REPEATS)
             table.add(label, f"softmax forward ({algorithm})", t_torch * 1e3, t_kernel * 1e3, t_torch / t_kernel,
                       t_kernel / t_copy)
-        t_torch = median_time(lambda: aten._log_softmax.out(x, -1, False, out=out), REPEATS)
-        t_kernel = median_time(lambda: k.normalize_rows(xn, on, lse, special, one, k.ONLINE, k.LOG_PROBS), REPEATS)
+        t_torch = median_time(functools.partial(aten._log_softmax.out, x, -1, False, out=out), REPEATS)
+        t_kernel = median_time(
+            functools.partial(k.normalize_rows, xn, on, lse, special, one, k.ONLINE, k.LOG_PROBS), REPEATS)
         table.add(label, "log_softmax forward", t_torch * 1e3, t_kernel * 1e3, t_torch / t_kernel, t_kernel / t_copy)
         t_torch = median_time(
-            lambda: aten._softmax_backward_data.out(g, y, -1, torch.float32, grad_input=out), REPEATS)
-        t_kernel = median_time(lambda: k.backward_rows(yn, gn, on, special, one, k.PROBS), REPEATS)
+            functools.partial(aten._softmax_backward_data.out, g, y, -1, torch.float32, grad_input=out), REPEATS)
+        t_kernel = median_time(
+            functools.partial(k.backward_rows, yn, gn, on, special, one, k.PROBS), REPEATS)
         table.add(label, "softmax backward", t_torch * 1e3, t_kernel * 1e3, t_torch / t_kernel, t_kernel / t_copy)
         del x, y, g, out
         gc.collect()
@@ -170,14 +176,18 @@ def preallocated_table(shapes) -> Table:
     return table
 
 
+def _softmax_then_topk(x: torch.Tensor):
+    return torch.softmax(x, -1).topk(TOPK, dim=-1)
+
+
 def topk_table(shapes) -> Table:
     table = Table(f"fused softmax + top-{TOPK}, float32", [
         "shape", "torch softmax+topk ms", "fused ms", "speedup vs torch", "fused x copy"])
     for shape in shapes:
         x = torch.randn(*shape)
         t_copy = copy_time(x, REPEATS)
-        t_torch = median_time(lambda: torch.softmax(x, -1).topk(TOPK, dim=-1), REPEATS)
-        t_kernel = median_time(lambda: topk_kernel.softmax_topk(x, TOPK), REPEATS)
+        t_torch = median_time(functools.partial(_softmax_then_topk, x), REPEATS)
+        t_kernel = median_time(functools.partial(topk_kernel.softmax_topk, x, TOPK), REPEATS)
         table.add("x".join(map(str, shape)), t_torch * 1e3, t_kernel * 1e3, t_torch / t_kernel, t_kernel / t_copy)
         del x
         gc.collect()
@@ -201,7 +211,8 @@ def sparse_table(shapes) -> Table:
         table.skipped = "the entmax package is not installed (pip install entmax)"
         return table
     cases = [
-        ("sparsemax", "entmax.sparsemax", lambda t: peer.sparsemax(t, -1), lambda t: sparse_functions.entmax(t, 2.0)[0]),
+        ("sparsemax", "entmax.sparsemax", lambda t: peer.sparsemax(t, -1),
+         lambda t: sparse_functions.entmax(t, 2.0)[0]),
         ("entmax15", "entmax.entmax15", lambda t: peer.entmax15(t, -1), lambda t: sparse_functions.entmax(t, 1.5)[0]),
         ("entmax alpha=1.3", "entmax.entmax_bisect",
          lambda t: peer.entmax_bisect(t, alpha=1.3, dim=-1), lambda t: sparse_functions.entmax(t, 1.3)[0]),
@@ -296,7 +307,7 @@ def run(quick: bool = False) -> list[Table]:
             sparse_table(shapes["sparse"]),
             exp_accuracy_table(),
         ]
-    tables[0].notes += f" Kernel compile or cache load before timing: {compile_s:.1f} s."
+    tables[0].notes = (tables[0].notes or "") + f" Kernel compile or cache load before timing: {compile_s:.1f} s."
     return tables[:1] + algorithm_tables(tables[0]) + tables[1:]
 
 

@@ -84,7 +84,7 @@ def _interleaved(runners: dict, repeats: int, warm_sdpa: bool = True) -> dict:
     for name, run in runners.items():
         if warm_sdpa or name != "sdpa":
             run()  # warm-up
-    times = {name: [] for name in runners}
+    times: dict[str, list[float]] = {name: [] for name in runners}
     for _ in range(repeats):
         for name, run in runners.items():
             start = time.perf_counter()
@@ -119,7 +119,7 @@ def run(quick: bool = False) -> list[Table]:
     mem = Table("extra peak memory, forward (MiB) and forward + backward (KiB per token)",
                 ["L", "SDPA fwd", "linear fwd", "performer fwd", "SDPA fwd+bwd /tok", "linear fwd+bwd /tok",
                  "performer fwd+bwd /tok"])
-    speed = {"fwd": {n: [] for n in CAUSAL}, "fwbw": {n: [] for n in CAUSAL}}
+    speed: dict[str, dict[str, list[float | None]]] = {"fwd": {n: [] for n in CAUSAL}, "fwbw": {n: [] for n in CAUSAL}}
     mem_rows = []
     for length in lengths:
         long = length >= 32768
@@ -188,7 +188,8 @@ def _verdicts(lengths, speed, fwd, cross, mem, mem_rows, quick) -> None:
         fwd.claim = "chunked causal linear attention (elu + 1) faster than SDPA from L = 4096, >= 4x at L = 32768"
         held = [from_4k, at_32k >= 4.0]
         fwd.status = "held" if all(held) else "partly" if any(held) else "did not hold"
-        fwd.verdict = (f"linear forward speed-up over SDPA: {', '.join(f'{s:.2f}x at {n}' for n, s in zip(lengths, lin))}"
+        speedups = ", ".join(f"{s:.2f}x at {n}" for n, s in zip(lengths, lin))
+        fwd.verdict = (f"linear forward speed-up over SDPA: {speedups}"
                        f"; faster from 4096 on: {'yes' if from_4k else 'no'}; at 32768: {at_32k:.2f}x.")
         cross.claim = "performer (256 features) and cosformer cross over SDPA by L = 8192 (forward, causal)"
         ok = {}

@@ -53,7 +53,8 @@ def detection_scene(n: int, seed: int, clustered: bool) -> tuple[np.ndarray, np.
 def soft_nms_table(quick: bool, machine: str) -> Table:
     table = Table(
         title="Soft-NMS on 2000 boxes: softmaxkit (numba) vs ensemble-boxes",
-        columns=["scene", "method", "boxes", "kept", "softmaxkit ms", "ensemble-boxes ms", "speed-up (x)", "same kept set"],
+        columns=["scene", "method", "boxes", "kept", "softmaxkit ms", "ensemble-boxes ms", "speed-up (x)",
+                 "same kept set"],
         claim="Target (issue 7): Soft-NMS gaussian on 2000 boxes at least 10x faster than ensemble-boxes.",
     )
     try:
@@ -70,10 +71,10 @@ def soft_nms_table(quick: bool, machine: str) -> Table:
         boxes_t, scores_t = torch.from_numpy(boxes), torch.from_numpy(scores)
         methods = (("gaussian", 2),) if quick else (("gaussian", 2), ("linear", 1), ("hard", 3))
         for method, code in methods:
-            def ours():
+            def ours(boxes_t=boxes_t, scores_t=scores_t, method=method):
                 return soft_nms(boxes_t, scores_t, method=method, iou_threshold=0.3, sigma=0.5, score_threshold=0.001)
 
-            def peer():
+            def peer(boxes=boxes, scores=scores, labels=labels, code=code):
                 if code == 3:
                     return ensemble_boxes.nms([boxes], [scores], [labels], iou_thr=0.3)
                 return ensemble_boxes.soft_nms([boxes], [scores], [labels], method=code, iou_thr=0.3,
@@ -132,7 +133,8 @@ def maxsim_table(quick: bool, machine: str) -> Table:
     t_chunk = median_time(lambda: maxsim(Q, sub), repeats=repeats)
     m_chunk = peak_memory_bytes(lambda: maxsim(Q, sub))
     table.add(dense_docs, "dense einsum", 1e3 * t_dense, 1.0, m_dense / MIB, 1.0, "-")
-    table.add(dense_docs, "sk.ops.maxsim", 1e3 * t_chunk, t_chunk / t_dense, m_chunk / MIB, m_chunk / max(m_dense, 1), chunk)
+    table.add(dense_docs, "sk.ops.maxsim", 1e3 * t_chunk, t_chunk / t_dense, m_chunk / MIB, m_chunk / max(m_dense, 1),
+              chunk)
     if n_docs > dense_docs:
         t_big = median_time(lambda: maxsim(Q, D), repeats=repeats, warmup=0)
         m_big = peak_memory_bytes(lambda: maxsim(Q, D))
@@ -149,7 +151,8 @@ def maxsim_table(quick: bool, machine: str) -> Table:
     table.status = verdict_of([t_chunk <= t_dense, m_chunk < m_dense])
     table.add_headline("MaxSim", "dense einsum", t_dense / t_chunk, f"{dense_docs} documents")
     table.notes = (f"Medians of {repeats} runs. The dense einsum at {n_docs} documents would hold "
-                   f"{per_doc_dense * n_docs / 2**30:.1f} GiB and is not run here (cap {DENSE_CAP_BYTES / 2**30:.0f} GiB); "
+                   f"{per_doc_dense * n_docs / 2**30:.1f} GiB and is not run here "
+                   f"(cap {DENSE_CAP_BYTES / 2**30:.0f} GiB); "
                    "its row at that size is the time measured on fewer documents scaled by the document count, and "
                    "the size of its similarity tensor. Peak = extra resident memory during the call "
                    "(bench._measure.peak_memory_bytes). " + machine)
@@ -178,7 +181,7 @@ def soft_pool_table(quick: bool, machine: str) -> Table:
     for label, backward in (("forward", False), ("forward+backward", True)):
         times = {}
         for name, fn in (("exp-weighted avg_pool", exp_weighted_pool), ("sk.ops.soft_pool2d", soft_pool2d)):
-            def call():
+            def call(fn=fn, backward=backward):
                 xi = x.detach().requires_grad_(backward)
                 out = fn(xi, 2)
                 if backward:

@@ -75,6 +75,7 @@ class _VocabParallelCE(torch.autograd.Function):
                 block = OnlineSoftmaxState.from_block(logits, dim=1)
                 state = block if state is None else state.merge(block)
                 del logits
+            assert state is not None, "the shard has at least one vocabulary block"
             lse_local[s:e] = state.logsumexp()
         comm = setup.comm
         top = comm.all_reduce_max_(lse_local.clone())

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -74,7 +75,7 @@ class _Ring:
     groups: int
     bool_mask: torch.Tensor | None  # (B, H, Lq_local, Lk_total), True = visible
     additive: torch.Tensor | None
-    count: torch.Tensor = None  # visible keys per local query (B, H, Lq, 1)
+    count: torch.Tensor | None = None  # visible keys per local query (B, H, Lq, 1)
     block_q: int = DEFAULT_BLOCK_Q
     block_k: int = DEFAULT_BLOCK_K
     sent_bytes: int = 0
@@ -117,6 +118,7 @@ class _Ring:
         x = torch.matmul(qs, k.transpose(-1, -2))
         if t.additive is not None:
             x = x + t.additive
+            assert t.visible is not None  # tiles with an additive mask carry its finite entries
             x = torch.where(t.visible, x, torch.zeros((), dtype=x.dtype, device=x.device))
         return x
 
@@ -199,7 +201,7 @@ class _Ring:
     # -- per-row state ---------------------------------------------------------------
     @staticmethod
     def view(params: dict, rows: dict, r0: int, r1: int, lq: int) -> dict:
-        st = {"params": params}
+        st: dict[str, Any] = {"params": params}
         for key, val in rows.items():
             if isinstance(val, torch.Tensor) and val.dim() >= 2 and val.shape[-2] == lq:
                 st[key] = val[..., r0:r1, :]
@@ -288,6 +290,7 @@ def _ring_forward(ring: _Ring, q, k, v, params: dict):
             rows.update(rule.stats(p, sums, {"params": params, **rows}))
     out = rule.output(all_sums[-1], {"params": params, **rows})
     if ring.empty_rows:  # queries that see no key output 0
+        assert ring.count is not None  # set with empty_rows
         out = torch.where(ring.count > 0, out, torch.zeros_like(out))
     return out, (all_sums, rows)
 
@@ -354,6 +357,7 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
         st = _Ring.view(params, st_full if graph else detached, r0, r1, lq)
         out = rule.output(leaves, st)
         if ring.empty_rows:
+            assert ring.count is not None  # set with empty_rows
             out = torch.where(ring.count[..., r0:r1, :] > 0, out, torch.zeros_like(out))
         return out, leaves, st
 
@@ -631,7 +635,11 @@ def _count(ring: _Ring, b: int, h: int, qpos: torch.Tensor, lk_total: int, dtype
         else:
             n = torch.full_like(qpos, lk_total)
         return n.to(dtype).view(1, 1, -1, 1).expand(b, h, -1, 1)
-    visible = ring.bool_mask if ring.bool_mask is not None else ring.additive != float("-inf")
+    if ring.bool_mask is not None:
+        visible = ring.bool_mask
+    else:
+        assert ring.additive is not None
+        visible = ring.additive.ne(float("-inf"))
     if ring.is_causal:
         visible = visible & (torch.arange(lk_total, device=device) <= (qpos + ring.offset).unsqueeze(-1))
     return visible.sum(-1, keepdim=True).to(dtype).expand(b, h, -1, 1)

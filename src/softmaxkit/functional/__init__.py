@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 # A normalizer module added to softmaxkit/normalizers/ is public here without another edit.
-from ..registry import normalizers as _normalizers  # noqa: E402
+from ..registry import normalizers as _normalizers
 
 for _spec in _normalizers():
     if _spec.name not in globals():

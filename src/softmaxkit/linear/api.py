@@ -156,6 +156,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: 
     visible, per_query = _key_visibility(attn_mask, inp)
     b, h, lq, lk = inp.shape
     dv = inp.v.shape[-1]
+    assert spec.check is not None  # every registered method has one
     ctx = spec.check(merged, inp.q.shape[-1], inp.q.dtype, inp.q.device)
     ctx["scale"] = inp.scale
     if lq == 0 or lk == 0:
@@ -164,6 +165,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: 
         if per_query is not None:
             raise ValueError(f"method {method!r} takes only key-padding masks (attn_mask of size 1 over the "
                              "queries, e.g. (B, 1, 1, Lk))")
+        assert spec.compute is not None  # methods that are not kernelised provide compute
         return spec.compute(inp.q, inp.k, inp.v, visible, ctx).to(inp.out_dtype)
     if spec.positional:
         ctx["M"] = ctx["max_len"] if ctx["max_len"] is not None else max(lq, lk)
@@ -183,6 +185,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: 
         fq, _ = _features(spec, ctx, inp.q, qpos, True, None)
         fk, _ = _features(spec, ctx, inp.k, kpos, False, visible)
         parts, _ = one_pass(fq, fk, inp.v, None if visible is None else visible.to(inp.v.dtype))
+    assert spec.combine is not None  # kernelised methods provide combine
     return spec.combine(*parts, ctx).to(inp.out_dtype)
 
 
@@ -249,6 +252,7 @@ class LinearAttentionState:
             raise ValueError("key_mask must not vary over the queries (shape (B, T) or (B, H, 1, T))")
         b, h, t, _ = inp.shape
         if self.ctx is None:
+            assert self.spec.check is not None  # every registered method has one
             self.ctx = self.spec.check(self.params, inp.q.shape[-1], inp.q.dtype, inp.q.device)
             self.ctx["scale"] = inp.scale
             if self.spec.positional:
@@ -262,4 +266,5 @@ class LinearAttentionState:
                                   self.chunk)
         self.sums = last if torch.is_grad_enabled() else last.detach()
         self.position += t
+        assert self.spec.combine is not None  # decoding methods are kernelised
         return self.spec.combine(*parts, self.ctx).to(inp.out_dtype)

@@ -115,6 +115,7 @@ def _row_statistics(blocks, target: torch.Tensor, setup: _Setup, keep: list | No
         if keep is not None:
             keep.append((start, logits, block_state.m))
         del logits  # free this block before the next one is computed (unless kept)
+    assert state is not None, "a chunk has at least one logit block"
     return state.logsumexp(), target_logit, logit_sum
 
 
@@ -174,7 +175,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         lse, target_logit = h.new_empty(n), h.new_empty(n)
         logit_sum = h.new_zeros(n)
         for s, e in _ranges(n, setup.chunk_size):
-            kept = [] if fused else None
+            kept: list | None = [] if fused else None
             lse[s:e], target_logit[s:e], chunk_sum = _row_statistics(
                 _logit_blocks(h[s:e], w, b, setup.vocab_block), safe_target[s:e], setup, kept)
             if chunk_sum is not None:

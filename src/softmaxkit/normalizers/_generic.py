@@ -10,8 +10,8 @@ visible gives zeros, a visible NaN makes its row NaN, a visible ``+inf`` gives t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 

@@ -23,7 +23,9 @@ def sparse_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = N
                    k: int | None = None) -> torch.Tensor:
     r"""Sparse-softmax: softmax over the ``k`` largest visible entries, 0 elsewhere.
 
-    .. math:: p_i = \frac{e^{x_i}}{\sum_{j \in \mathrm{top}_k(x)} e^{x_j}}\ (i \in \mathrm{top}_k(x)),\ 0 \text{ otherwise}
+    .. math::
+
+        p_i = \frac{e^{x_i}}{\sum_{j \in \mathrm{top}_k(x)} e^{x_j}}\ (i \in \mathrm{top}_k(x)),\ 0 \text{ otherwise}
 
     A row with fewer than ``k`` visible entries keeps them all. Ties at the ``k``-th value
     are broken as ``torch.topk`` breaks them. Sun, Zhang, Li & Guo (2021), "Sparse-softmax:
@@ -51,7 +53,8 @@ def sparse_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = N
 SPEC = builtin(
     sparse_softmax, form=None, formula="softmax over the k largest entries, 0 elsewhere",
     reference="Sun et al. 2021, Sparse-softmax, arXiv 2112.12433",
-    sums_to_one=True, can_be_sparse=True, shift_invariant=True, for_length={"k": lambda k, length: min(FALLBACK_K if k is None else int(k), max(length, 1))},
+    sums_to_one=True, can_be_sparse=True, shift_invariant=True,
+    for_length={"k": lambda k, length: min(FALLBACK_K if k is None else int(k), max(length, 1))},
     examples=(
         Example(x=(0.0, 1.0986122886681098, -5.0), expected=(0.25, 0.75, 0.0), params={"k": 2}),
         Example(x=(1.0, 2.0, 3.0), expected=(0.0, 0.0, 1.0), params={"k": 1}),

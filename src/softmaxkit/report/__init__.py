@@ -23,6 +23,7 @@ import datetime as _dt
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 from .._plugins import Outcome
 from . import gpu as _gpu
@@ -92,7 +93,7 @@ def build_report(out: str | Path = DEFAULT_OUT, quick: bool = False, suites=("al
 
 def results_dict(outcomes: list[Outcome], figures: dict[int, list[SavedFigure]], machine: dict, meta: dict) -> dict:
     """What results.json holds: schema version, machine, settings, every outcome with its tables."""
-    results = {"schema_version": SCHEMA_VERSION, "machine": machine, "meta": meta, "outcomes": []}
+    results: dict[str, Any] = {"schema_version": SCHEMA_VERSION, "machine": machine, "meta": meta, "outcomes": []}
     for outcome in outcomes:
         entry = outcome.to_dict()
         for table, table_dict in zip(outcome.tables, entry["tables"]):
@@ -159,7 +160,8 @@ def render_markdown(outcomes: list[Outcome], machine: dict, meta: dict) -> str:
     verdicts = verdict_rows(outcomes)
     if verdicts:
         lines += ["#### Verdicts", "", "| claim | source | verdict | section |", "|---|---|---|---|"]
-        lines += [f"| {r.claim.replace('|', '/')} | {r.source or '-'} | **{r.status}** | {r.producer} |" for r in verdicts]
+        lines += [f"| {r.claim.replace('|', '/')} | {r.source or '-'} | **{r.status}** | {r.producer} |"
+                  for r in verdicts]
         lines.append("")
     for outcome in outcomes:
         lines += [f"#### {outcome.kind} {outcome.name} ({outcome.status}, {outcome.seconds:.0f} s)", ""]

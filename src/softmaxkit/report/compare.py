@@ -129,7 +129,8 @@ def load_results(path: str | Path) -> dict:
 _HIGHER = re.compile(r"speed-?up|accuracy|auroc|aupr|\bap\b|ap@|ndcg|savings|soft-nms - ", re.IGNORECASE)
 _LOWER = re.compile(r"\bms\b|x copy|/ sdpa|/ dense|time vs|memory vs|\bmib\b|\bloss\b|fpr|\bece\b|\bnll\b|error|"
                     r"\|.*\|", re.IGNORECASE)
-_BASELINE = re.compile(r"^(torch|aten|copy|peer|dense|sdpa|ensemble-boxes|entmax|plain torch|exp-weighted)\b", re.IGNORECASE)
+_BASELINE = re.compile(r"^(torch|aten|copy|peer|dense|sdpa|ensemble-boxes|entmax|plain torch|exp-weighted)\b",
+                       re.IGNORECASE)
 
 
 def direction(column: str, row: str = "") -> int:
@@ -158,7 +159,8 @@ def _cells(table: dict) -> dict:
     columns, rows = table.get("columns", []), table.get("rows", [])
     noise = table.get("noise") or [[None] * len(r) for r in rows]
     count = label_columns(columns, rows)
-    out, seen = {}, {}
+    out: dict[tuple[str, str], tuple] = {}
+    seen: dict[str, int] = {}
     for row, row_noise in zip(rows, noise):
         label = row_label(columns, row, count)
         seen[label] = seen.get(label, 0) + 1
@@ -176,11 +178,12 @@ _RANK = {"held": 3, "partly": 2, "did not hold": 1, "not testable": 0}
 
 def compare(old: dict, new: dict, k: float = K) -> Comparison:
     """Every figure of ``new`` that moved from ``old`` beyond its noise; verdicts that changed."""
-    result = Comparison(old.get("label", "old"), new.get("label", "new"), old.get("machine", {}), new.get("machine", {}))
+    result = Comparison(old.get("label", "old"), new.get("label", "new"), old.get("machine", {}),
+                        new.get("machine", {}))
     old_tables, new_tables = _tables(old), _tables(new)
     result.only_old = [" / ".join(key) for key in old_tables if key not in new_tables]
     result.only_new = [" / ".join(key) for key in new_tables if key not in old_tables]
-    for key, (outcome, table) in new_tables.items():
+    for key, (_outcome, table) in new_tables.items():
         if key not in old_tables:
             continue
         kind, producer, title = key

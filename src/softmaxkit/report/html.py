@@ -71,7 +71,8 @@ def _machine_name(machine: dict) -> str:
 def _machine_line(machine: dict, meta: dict) -> str:
     return (f'<p class="lead">Measured on <b>{escape(_machine_name(machine))}</b> '
             f"(torch {escape(str(machine.get('torch', '?')))}, numba {escape(str(machine.get('numba', '?')))}, "
-            f"triton {escape(str(machine.get('triton', '?')))}) by <code>{escape(str(meta.get('command', '')))}</code>, "
+            f"triton {escape(str(machine.get('triton', '?')))}) "
+            f"by <code>{escape(str(meta.get('command', '')))}</code>, "
             f"started {escape(str(meta.get('started (UTC)', '?')))} UTC.</p>")
 
 
@@ -193,7 +194,8 @@ def _table(table: Table, saved: list[SavedFigure], failed: bool, show_claim: boo
     body = []
     for row in table.rows:
         cells = "".join(
-            f'<td class="num">{escape(format_value(v))}</td>' if _is_number(v) else f"<td>{escape(format_value(v))}</td>"
+            f'<td class="num">{escape(format_value(v))}</td>' if _is_number(v)
+            else f"<td>{escape(format_value(v))}</td>"
             for v in row)
         body.append(f"<tr>{cells}</tr>")
     parts.append(f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")

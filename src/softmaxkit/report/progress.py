@@ -6,7 +6,8 @@ Everything goes to stderr so that stdout carries only results.
 from __future__ import annotations
 
 import sys
-from typing import Iterable, Iterator, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -52,8 +52,8 @@ _PAREN = re.compile(r"\(([^()]*)\)")
 
 def claim_source(claim: str) -> str:
     """Where a claim comes from, read off its text: "softmaxkit target (issue N)"; a short leading
-    "Authors Year (arXiv id):" (the year outside parentheses); else the parenthesised references that name a year (each cut at
-    its first colon); "" when none is named."""
+    "Authors Year (arXiv id):" (the year outside parentheses); else the parenthesised references
+    that name a year (each cut at its first colon); "" when none is named."""
     target = _TARGET.match(claim)
     if target:
         return "softmaxkit " + target.group(1)[0].lower() + target.group(1)[1:]

@@ -60,7 +60,8 @@ def as_score_array(scores, name: str) -> np.ndarray:
         try:
             arr = np.asarray(scores, dtype=np.float64)
         except (TypeError, ValueError):
-            raise TypeError(f"{name} must be a 1-d tensor or array of real numbers, got {type(scores).__name__}") from None
+            raise TypeError(
+                f"{name} must be a 1-d tensor or array of real numbers, got {type(scores).__name__}") from None
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-d (one score per sample), got shape {arr.shape}")
     if arr.size == 0:

@@ -66,10 +66,12 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor,
 
     lo, hi = -math.log(hi_t), -math.log(lo_t)   # log(beta) = -log(T)
     if slope(hi) <= 0:
-        warnings.warn(f"the NLL still decreases at T = {lo_t:g}; returning the lower bound", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"the NLL still decreases at T = {lo_t:g}; returning the lower bound", RuntimeWarning,
+                      stacklevel=2)
         return float(lo_t)
     if slope(lo) >= 0:
-        warnings.warn(f"the NLL still decreases at T = {hi_t:g}; returning the upper bound", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"the NLL still decreases at T = {hi_t:g}; returning the upper bound", RuntimeWarning,
+                      stacklevel=2)
         return float(hi_t)
     for _ in range(FIT_TEMPERATURE_MAX_STEPS):
         if not hi - lo > tol:

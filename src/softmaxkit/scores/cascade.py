@@ -45,9 +45,9 @@ equivalent to one built from candidates. Two searches use that:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from numbers import Real
-from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -125,7 +125,7 @@ class EarlyExitCascade:
 
     # ------------------------------------------------------------------ public
     def fit(self, stage_logits: Sequence[torch.Tensor], labels: torch.Tensor, delta: float = 0.01,
-            search: str = "auto", max_sweeps: int = 20000) -> "EarlyExitCascade":
+            search: str = "auto", max_sweeps: int = 20000) -> EarlyExitCascade:
         """Choose the thresholds on a calibration set (see the module docstring).
 
         Args:
@@ -186,9 +186,11 @@ class EarlyExitCascade:
             state, logits = stage(state)
             check_logits_2d(logits, f"the logits of stages[{k}]")
             if logits.shape[0] != len(running):
-                raise ValueError(f"stages[{k}] returned {logits.shape[0]} rows of logits for {len(running)} running inputs")
+                raise ValueError(
+                    f"stages[{k}] returned {logits.shape[0]} rows of logits for {len(running)} running inputs")
             z = logits.detach().to(torch.float64)
-            done = msp(z) >= self.thresholds_[k] if k < self.num_stages - 1 else torch.ones(len(running), dtype=torch.bool)
+            done = (msp(z) >= self.thresholds_[k] if k < self.num_stages - 1
+                    else torch.ones(len(running), dtype=torch.bool))
             done = done.cpu()
             predictions[running[done]] = z.argmax(1).cpu()[done]
             exit_stage[running[done]] = k
@@ -218,7 +220,8 @@ class EarlyExitCascade:
         if isinstance(stage_logits, torch.Tensor) or not isinstance(stage_logits, Sequence):
             raise TypeError("stage_logits must be a list with one (N, C) tensor per stage")
         if len(stage_logits) != self.num_stages:
-            raise ValueError(f"stage_logits must have one tensor per stage ({self.num_stages}), got {len(stage_logits)}")
+            raise ValueError(
+                f"stage_logits must have one tensor per stage ({self.num_stages}), got {len(stage_logits)}")
         shape = None
         conf, pred = [], []
         for k, z in enumerate(stage_logits):
@@ -229,6 +232,7 @@ class EarlyExitCascade:
             z64 = z.detach().to(torch.float64)
             conf.append(msp(z64).cpu().numpy())
             pred.append(z64.argmax(1).cpu().numpy())
+        assert shape is not None  # one tensor per stage, and a cascade has at least one
         return np.stack(conf), np.stack(pred), shape[1]
 
 

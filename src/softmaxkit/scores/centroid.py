@@ -69,11 +69,11 @@ class CentroidDistance:
         scores = -detector.distance(test_logits)     # higher = in-distribution
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.centroids_: torch.Tensor | None = None
         self.thresholds_: torch.Tensor | None = None
 
-    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> "CentroidDistance":
+    def fit(self, logits: torch.Tensor, labels: torch.Tensor) -> CentroidDistance:
         self.centroids_ = fit_centroids(logits, labels)
         self.thresholds_ = None
         return self
@@ -96,6 +96,7 @@ class CentroidDistance:
         if isinstance(accept, bool) or not isinstance(accept, (int, float)) or not 0 < accept <= 1:
             raise ValueError(f"accept must be a number in (0, 1], got {accept!r}")
         d = self.distance(logits).detach().to(torch.float64).cpu().numpy()
+        assert self.centroids_ is not None  # distance() raised if not fitted
         pred = logits.detach().argmax(1).cpu().numpy()
         pooled = _order_statistic(d, accept)
         thresholds = np.full(self.centroids_.shape[0], pooled)

@@ -47,7 +47,7 @@ class Mahalanobis:
         self.covariance_: torch.Tensor | None = None
         self._whiten: torch.Tensor | None = None
 
-    def fit(self, features: torch.Tensor, labels: torch.Tensor, num_classes: int | None = None) -> "Mahalanobis":
+    def fit(self, features: torch.Tensor, labels: torch.Tensor, num_classes: int | None = None) -> Mahalanobis:
         """Fit class means and the tied covariance on ``features`` (N, D) with ``labels`` (N,).
 
         ``num_classes`` defaults to ``labels.max() + 1``; every class must have a sample.
@@ -66,7 +66,8 @@ class Mahalanobis:
         centred = f - means[y]
         cov = centred.T @ centred / f.shape[0]
         d = cov.shape[0]
-        cov = (1 - self.shrinkage) * cov + self.shrinkage * (torch.trace(cov) / d) * torch.eye(d, dtype=f.dtype, device=f.device)
+        cov = ((1 - self.shrinkage) * cov
+               + self.shrinkage * (torch.trace(cov) / d) * torch.eye(d, dtype=f.dtype, device=f.device))
         self.means_, self.covariance_ = means, cov
         self._whiten = _pinv_sqrt(cov)
         return self
@@ -75,6 +76,7 @@ class Mahalanobis:
         """Squared Mahalanobis distance of each row to each class mean, shape (N, C), float64."""
         if self._whiten is None:
             raise RuntimeError("Mahalanobis is not fitted: call fit(features, labels) first")
+        assert self.means_ is not None  # fit sets means_ with _whiten
         f = _check_features(features)
         if f.shape[1] != self.means_.shape[1]:
             raise ValueError(f"features must have {self.means_.shape[1]} columns as in fit, got {f.shape[1]}")

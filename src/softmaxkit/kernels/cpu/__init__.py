@@ -29,14 +29,14 @@ def call_kernel(op: str, kernel, *args) -> None:
     it did not finish keep :data:`FLAG_TODO` and are recomputed by the reference)."""
     try:
         kernel(*args)
-    except Exception as exc:  # noqa: BLE001 - any failure: the flagged rows are recomputed
+    except Exception as exc:
         warnings.warn(f"the numba kernel for {op} raised {type(exc).__name__}: {exc}; the rows it did "
                       "not finish are recomputed by the reference", RuntimeWarning, stacklevel=3)
 
 
 def sync_threads() -> int:
     """Make numba use ``torch.get_num_threads()`` threads (at most numba's pool size)."""
-    n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))
+    n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # numba sets it at import
     if numba.get_num_threads() != n:
         numba.set_num_threads(n)
     return n

@@ -154,7 +154,6 @@ def _block_pair_sum(out, expo, nmax):
 def _three_pass_probs(x, out, scale):
     """max; store exp(x - max) and sum; scale by 1/sum (three-pass, reloading)."""
     neg_inf = cast_like(-np.inf, scale)
-    n = x.shape[0]
     m = _max(x, neg_inf) * scale
     if not (m > neg_inf and m < -neg_inf):
         return False
