@@ -103,7 +103,8 @@ def _verdict(sizes, weights: dict[str, list[float]]) -> str:
         parts.append(f"softmax's weight on the maximum falls from {at('softmax', 0):.3g} at n={first} "
                      f"to {at('softmax', -1):.3g} at n={last} (dispersion reproduced)"
                      if at("softmax", -1) < 0.1 * at("softmax", 0) else
-                     f"softmax's weight goes from {at('softmax', 0):.3g} to {at('softmax', -1):.3g}: no clear dispersion")
+                     f"softmax's weight goes from {at('softmax', 0):.3g} to {at('softmax', -1):.3g}: "
+                     "no clear dispersion")
     if "adaptive_softmax" in weights and "softmax" in weights:
         ratios = [a / max(b, 1e-300) for a, b in zip(weights["adaptive_softmax"], weights["softmax"])]
         helped = [n for n, r in zip(sizes, ratios) if r > 1.05]

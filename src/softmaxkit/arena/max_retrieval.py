@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -86,7 +87,7 @@ class MaxRetriever(nn.Module):
         self.linear = normalizer[len(LINEAR_TAG):] if normalizer.startswith(LINEAR_TAG) else None
         # last: the other weights start equal for every normalizer (a linear method keeps an unused softmax)
         self.normalizer = sknn.Normalizer("softmax" if self.linear else normalizer)
-        self.linear_params = {}
+        self.linear_params: dict[str, Any] = {}
         if self.linear and "projection" in get_linear(self.linear).params:   # performer: fixed features
             self.linear_params["projection"] = draw_projection(64, width, generator=generator(0))
 
@@ -196,7 +197,7 @@ def measure(cfg: Config, seed: int = 0, normalizers=NORMALIZERS, workers: int | 
     results: dict[str, list[float]] = {}
     skipped: dict[str, str] = {}
     learned: dict[str, str] = {}
-    for (name, tests, _, _), (out, params) in zip(jobs, outputs):
+    for (_name, tests, _, _), (out, params) in zip(jobs, outputs):
         for label, test_name in tests:
             if isinstance(out[label], str):
                 skipped[label] = out[label]

@@ -42,6 +42,7 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -194,11 +195,13 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))
         self.normalizer = sknn.Normalizer(normalizer, param_shape=(heads, 1, 1))
+        self.linear: str | None = None          # a linear-attention method instead of the normalizer
+        self.linear_params: dict[str, Any] = {}
 
     def forward(self, x, keep_weights: bool = False):
         batch, length, width = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(batch, length, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
-        linear = getattr(self, "linear", None)
+        linear = self.linear
         if linear is None:
             out, weights = attend(rotary(q), rotary(k), v, self.normalizer, keep_weights)
         else:
@@ -233,6 +236,7 @@ def build(normalizer: str, cfg: Config, seed: int) -> TinyLM:
     model = TinyLM("softmax", cfg)
     linear = normalizer[len(LINEAR_TAG):] if normalizer.startswith(LINEAR_TAG) else None
     for i, block in enumerate(model.blocks):
+        assert isinstance(block, Block)
         block.normalizer = sknn.Normalizer("softmax" if linear else normalizer, param_shape=(cfg.heads, 1, 1))
         if linear:
             block.linear = linear
@@ -307,6 +311,7 @@ def attention_stats(model: TinyLM, windows: torch.Tensor, batch: int = 8) -> dic
     h = torch.cat(hidden)
     centred = h - h.mean()
     kurtosis = (centred.pow(4).mean() / centred.pow(2).mean().pow(2)).item()
+    assert isinstance(first_token, torch.Tensor)  # at least one chunk of windows
     mean_first = first_token / len(windows)
     return {"sink rate": (mean_first > SINK_THRESHOLD).double().mean().item(),
             "zero weights": zeros / pairs, "kurtosis": kurtosis}
@@ -325,7 +330,7 @@ def fake_quantise(model: TinyLM, bits: int) -> TinyLM:
     return out
 
 
-def run_one(normalizer: str, cfg: Config, seed: int) -> dict[str, float] | str:
+def run_one(normalizer: str, cfg: Config, seed: int) -> dict[str, Any] | str:
     """Train and evaluate one model; the metrics, or the reason it was skipped."""
     train_tokens, val_tokens = split(load_corpus(cfg.corpus_bytes), cfg.val_fraction)
     model = build(normalizer, cfg, seed)
@@ -335,15 +340,16 @@ def run_one(normalizer: str, cfg: Config, seed: int) -> dict[str, float] | str:
         losses = train(model, train_tokens, cfg, seed, evaluate=lambda: loss_on(model, val), curve=curve)
     except Exception as err:  # one broken normalizer must not take the others' rows down
         return why_skipped(err)
-    result = {"train loss": sum(losses[-20:]) / len(losses[-20:]), "val loss": loss_on(model, val),
-              "curve": curve}
+    result: dict[str, Any] = {"train loss": sum(losses[-20:]) / len(losses[-20:]), "val loss": loss_on(model, val),
+                              "curve": curve}
     for factor in (2, 4):
         windows = fixed_windows(val_tokens, max(cfg.eval_windows // factor, 4), factor * cfg.context)
         result[f"loss at {factor}x context"] = loss_on(model, windows)
     result.update(attention_stats(model, val))
     for bits in (8, 4):
         result[f"int{bits} val loss"] = loss_on(fake_quantise(model, bits), val)
-    params = {k: v.detach().flatten() for b in model.blocks for k, v in b.normalizer.learned_values().items()}
+    params = {k: v.detach().flatten() for b in model.blocks if isinstance(b, Block)
+              for k, v in b.normalizer.learned_values().items()}
     result["learned"] = ", ".join(f"{k}~{v.mean().item():.3g}" for k, v in params.items()) or "-"
     return result
 

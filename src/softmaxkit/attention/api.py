@@ -80,8 +80,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
               *, method: str = "auto", block_size=None, **params) -> torch.Tensor:
     r"""Attention ``normalize(q k^T * scale + attn_mask) v`` with any registered normalizer.
 
-    .. math:: \mathrm{out}_i = \sum_j p_{ij} v_j,\quad
-              p_{i\cdot} = \mathrm{normalize}\big(q_i k_\cdot^\top \cdot \mathrm{scale} + a_{i\cdot};\ \text{visible keys}\big)
+    .. math::
+        \mathrm{out}_i = \sum_j p_{ij} v_j,\quad
+        p_{i\cdot} = \mathrm{normalize}\big(q_i k_\cdot^\top \cdot \mathrm{scale} + a_{i\cdot};\
+        \text{visible keys}\big)
 
     Shapes as in ``torch.nn.functional.scaled_dot_product_attention``: ``q`` is
     ``(B, H, Lq, D)``, ``k`` and ``v`` are ``(B, Hkv, Lk, D)`` and ``(B, Hkv, Lk, Dv)`` with

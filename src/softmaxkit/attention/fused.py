@@ -230,6 +230,7 @@ def _scores(plan: _Plan, bufs: _Buffers, qs: torch.Tensor, blk: _Block, slot: in
     s = bufs.matmul(slot, qs[blk.b:blk.b + 1, blk.h0:blk.h1, blk.r0:blk.r1], k.transpose(-1, -2))
     if blk.additive is not None:
         s.add_(blk.additive)
+        assert blk.hidden is not None  # an additive mask always comes with its hidden entries
         s.masked_fill_(blk.hidden, 0.0)
     return s
 
@@ -249,6 +250,7 @@ def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
     divisor the output needs (None: none). Overwrites ``s`` when it can."""
     form, kind = plan.spec.form, plan.kind
     if kind == "softmax_of":
+        assert isinstance(form, SoftmaxOf)  # the kind is the form's family
         z = s if plan.linear is not None else forms.call(form.g, s, params, blk.count)
         blk.fill(z, float("-inf"))
         p = torch.softmax(z, -1)
@@ -256,12 +258,14 @@ def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
             p.masked_fill_(blk.empty, 0.0)
         return p, None
     if kind in ("sum_normalized", "elementwise"):
+        assert isinstance(form, (SumNormalized, Elementwise))
         f = blk.fill(forms.call(form.h, s, params, blk.count), 0.0)
         if kind == "elementwise":
             return f, None
         den = f.sum(-1, keepdim=True) + plan.eps
         return f, torch.where(den == 0, torch.ones_like(den), den)
     if kind == "threshold":
+        assert isinstance(form, forms.Threshold)
         z = s if form.g is forms.identity else forms.call(form.g, s, params, blk.count)
         blk.fill(z, float("-inf"))
         p = _entmax(z, plan.alpha)
@@ -471,14 +475,16 @@ def fused_attention(spec: NormalizerSpec, inp: AttentionInputs, params: dict,
     heads = max(1, min(h, per_head_rows // block_q))
     form = spec.form
     linear = None
-    if kind == "softmax_of" and form.linear_factor is not None and not names:
+    if isinstance(form, SoftmaxOf) and kind == "softmax_of" and form.linear_factor is not None and not names:
         linear = form.linear_factor(params)
     plan = _Plan(kind, spec, inp, fixed, names, {p.name: p.size for p in spec.param_specs}, block_q, heads,
-                 needs_count=kind != "rows" and forms.form_uses_count(form))
+                 needs_count=kind != "rows" and form is not None and forms.form_uses_count(form))
     plan.linear = None if linear is None else float(linear)
     if kind == "threshold":
+        assert isinstance(form, forms.Threshold)
         plan.alpha = float(form.alpha(params))
     if kind == "sum_normalized":
-        plan.eps = float(params.get("eps", 0.0))
+        assert isinstance(form, SumNormalized)
+        plan.eps = float(form.epsilon(params))
     out = _FusedAttention.apply(plan, inp.q, inp.k, inp.v, *tensors)
     return out.to(inp.out_dtype)

@@ -60,6 +60,7 @@ def _scores(qs: torch.Tensor, k: torch.Tensor, t: Tile) -> torch.Tensor:
     x = torch.matmul(qs, k[:, :, t.c0:t.c1].transpose(-1, -2))
     if t.additive is not None:
         x = x + t.additive
+        assert t.visible is not None  # an additive mask's tile carries its visibility
         x = torch.where(t.visible, x, torch.zeros((), dtype=x.dtype, device=x.device))
     return x
 
@@ -91,7 +92,7 @@ class _Extremes:
 
 
 def _row_state(plan: Plan, r0: int, r1: int, params: dict) -> dict:
-    st = {"params": params}
+    st: dict = {"params": params}
     if plan.rule.needs_count:
         st["n"] = plan.inp.visible_count(r0, r1, plan.block_k)
     return st
@@ -118,6 +119,7 @@ def _reduce(rule, qs, k, tiles, st, fn, how: str) -> torch.Tensor:
             total = part if total is None else torch.maximum(total, part)
         else:
             total = part if total is None else total + part
+    assert total is not None  # called with at least one tile
     return total
 
 

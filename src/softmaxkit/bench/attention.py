@@ -81,15 +81,15 @@ def _flex_forward(spec, params: dict, length: int):
             compiled(q, k, v, score_mod=score_mod, block_mask=mask, scale=scale)
     except Exception as err:
         return f"not run: {type(err).__name__}: {str(err).splitlines()[0][:80]}"
-    return lambda qkv: compiled(*qkv, score_mod=score_mod, block_mask=mask, scale=scale)
+    return lambda qkv: compiled(qkv[0], qkv[1], qkv[2], score_mod=score_mod, block_mask=mask, scale=scale)
 
 
 def _runner(path: str, name: str, params: dict, flex=None):
     if path == "sdpa":
-        return lambda qkv: F.scaled_dot_product_attention(*qkv, is_causal=True)
+        return lambda qkv: F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
     if path == "flex":
         return flex
-    return lambda qkv: attention(*qkv, name, is_causal=True, method=path, **params)
+    return lambda qkv: attention(qkv[0], qkv[1], qkv[2], name, is_causal=True, method=path, **params)
 
 
 def _timings(fns: dict, length: int, repeats: int) -> dict:
@@ -189,7 +189,8 @@ def run(quick: bool = False, names: list[str] | None = None, length: int | None 
                  "fwd+bwd ms", "peak MiB fwd+bwd"])
     for spec in specs:
         params: dict[str, Any] = {}
-        chosen = auto_method(*_inputs(length, False), spec.name, is_causal=True, **params)
+        q, k, v = _inputs(length, False)
+        chosen = auto_method(q, k, v, spec.name, is_causal=True, **params)
         fns: dict = {"sdpa": (_runner("sdpa", spec.name, params), True)}
         skipped = {}
         for path in paths:
