@@ -81,7 +81,7 @@ SINK_THRESHOLD = 0.3
 #: path): normalizer name ``"linear:<method>"``; quick mode runs QUICK_LINEAR only, to keep its run time.
 LINEAR_TAG = "linear:"
 LINEAR = tuple(LINEAR_TAG + spec.name for spec in linear_methods() if spec.causal)
-QUICK_LINEAR = (LINEAR_TAG + "linear", LINEAR_TAG + "mala")
+QUICK_LINEAR = (LINEAR_TAG + "mala",)
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def attention_rows(args, device, dtype):
     from ..attention.rules import rule_for
 
     for name, path in cases:
-        params = {"k": 8} if name == "sparse_softmax" else {}
+        params = sk.registry.get(name).params_for_length({}, 8)  # parameters without a default (sparse_softmax's k)
         if path.startswith("ring") and hasattr(rule_for(name, {**sk.registry.get(name).params, **params}) or 0,
                                                "search"):
             path = "ring->ulysses"  # the threshold family is delegated
