@@ -17,7 +17,7 @@ import torch
 __all__ = [
     "check_floating", "check_dim", "check_positive", "check_at_least", "check_nonnegative",
     "check_int_in_range", "check_number", "check_finite", "check_bool", "check_known_params",
-    "check_choice", "check_count",
+    "check_choice", "check_count", "check_head_shape",
 ]
 
 
@@ -150,3 +150,23 @@ def check_count(n: object, name: str = "n") -> None:
     if isinstance(n, bool) or not isinstance(n, Real):
         raise TypeError(f"{name} must be an int, a tensor or None, got {type(n).__name__}")
     check_at_least(n, 1, name, allow_tensor=False)
+
+
+def check_head_shape(dim: object, heads: object, kv_heads: object, head_dim: object) -> tuple[int, int, int]:
+    """``(heads, kv_heads, head_dim)`` of a multi-head layer of width ``dim``: positive ints, ``kv_heads``
+    (default ``heads``) dividing ``heads``, ``head_dim`` (default ``dim // heads``) given when ``heads``
+    does not divide ``dim``."""
+    for name, value in (("dim", dim), ("heads", heads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    assert isinstance(dim, int) and isinstance(heads, int)
+    kv_heads = heads if kv_heads is None else kv_heads
+    if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
+        raise ValueError(f"kv_heads must be a positive int dividing heads={heads}, got {kv_heads!r}")
+    if head_dim is None:
+        if dim % heads:
+            raise ValueError(f"dim={dim} is not divisible by heads={heads}; pass head_dim")
+        head_dim = dim // heads
+    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
+        raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
+    return heads, kv_heads, head_dim

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from .._checks import check_floating, check_int_in_range
+from .._checks import check_int_in_range
 from .._rows import compute_dtype
 from ..algorithms import OnlineSoftmaxState
 from ..losses._reduce import check_reduction
-from ..losses.linear_cross_entropy import default_chunk_size, default_vocab_block
+from ..losses.linear_cross_entropy import check_projection, default_chunk_size, default_vocab_block
 from ._comm import Comm, resolve
 
 __all__ = ["vocab_parallel_linear_cross_entropy"]
@@ -182,16 +182,7 @@ def vocab_parallel_linear_cross_entropy(hidden: torch.Tensor, weight_shard: torc
         The loss (the same value on every rank). Gradients: ``weight_shard`` gets its own
         rows' gradient; ``hidden`` gets the full gradient (summed over the ranks).
     """
-    check_floating(hidden, "hidden")
-    check_floating(weight_shard, "weight_shard")
-    if weight_shard.dim() != 2 or weight_shard.shape[0] == 0:
-        raise ValueError(f"weight_shard must have shape (V_r, D) with V_r >= 1, got {tuple(weight_shard.shape)}")
-    if hidden.dim() == 0 or hidden.shape[-1] != weight_shard.shape[1]:
-        raise ValueError(f"hidden must have shape (..., D) with D = weight_shard.shape[1] = {weight_shard.shape[1]}, "
-                         f"got {tuple(hidden.shape)}")
-    if hidden.dtype != weight_shard.dtype:
-        raise TypeError(f"hidden and weight_shard must have the same dtype, got {hidden.dtype} and "
-                        f"{weight_shard.dtype}")
+    check_projection(hidden, weight_shard, "weight_shard")
     if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.is_complex() \
             or target.dtype == torch.bool:
         raise TypeError("target must be an integer tensor of class indices")

@@ -237,16 +237,21 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return tuple(None if g is None else g.to(dtype) for g, dtype in zip(out, dtypes)) + (None, None)
 
 
-def _check_inputs(hidden, weight, target, bias) -> None:
+def check_projection(hidden, weight, weight_name: str = "weight") -> None:
+    """``hidden`` ``(..., D)`` and an output projection ``weight`` ``(V, D)``, ``V >= 1``, same dtype."""
     check_floating(hidden, "hidden")
-    check_floating(weight, "weight")
+    check_floating(weight, weight_name)
     if weight.dim() != 2 or weight.shape[0] == 0:
-        raise ValueError(f"weight must have shape (V, D) with V >= 1, got {tuple(weight.shape)}")
+        raise ValueError(f"{weight_name} must have shape (V, D) with V >= 1, got {tuple(weight.shape)}")
     if hidden.dim() == 0 or hidden.shape[-1] != weight.shape[1]:
-        raise ValueError(f"hidden must have shape (..., D) with D = weight.shape[1] = {weight.shape[1]}, "
+        raise ValueError(f"hidden must have shape (..., D) with D = {weight_name}.shape[1] = {weight.shape[1]}, "
                          f"got {tuple(hidden.shape)}")
     if hidden.dtype != weight.dtype:
-        raise TypeError(f"hidden and weight must have the same dtype, got {hidden.dtype} and {weight.dtype}")
+        raise TypeError(f"hidden and {weight_name} must have the same dtype, got {hidden.dtype} and {weight.dtype}")
+
+
+def _check_inputs(hidden, weight, target, bias) -> None:
+    check_projection(hidden, weight)
     if bias is not None:
         check_floating(bias, "bias")
         if bias.shape != weight.shape[:1]:

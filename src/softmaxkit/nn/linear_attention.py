@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .._checks import check_head_shape
 from ..linear.api import LinearAttentionState, get, linear_attention
 from ..linear.performer import draw_projection
 
@@ -45,16 +46,7 @@ class LinearAttention(nn.Module):
         if unknown:
             raise TypeError(f"method {method!r} got unexpected parameter(s) {unknown}; "
                             f"accepted: {', '.join(self.spec.params) or 'none'}")
-        for name, value in (("dim", dim), ("heads", heads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        kv_heads = heads if kv_heads is None else kv_heads
-        if isinstance(kv_heads, bool) or not isinstance(kv_heads, int) or kv_heads < 1 or heads % kv_heads:
-            raise ValueError(f"kv_heads must be a positive int dividing heads={heads}, got {kv_heads!r}")
-        if head_dim is None:
-            if dim % heads:
-                raise ValueError(f"dim={dim} is not divisible by heads={heads}; pass head_dim")
-            head_dim = dim // heads
+        heads, kv_heads, head_dim = check_head_shape(dim, heads, kv_heads, head_dim)
         if is_causal and not self.spec.causal:
             raise ValueError(f"method {method!r} has no causal form (is_causal=True)")
         self.method, self.dim, self.heads, self.kv_heads, self.head_dim = method, dim, heads, kv_heads, head_dim
