@@ -20,6 +20,8 @@ from typing import Any
 from ._table import Table
 
 OK, SKIPPED, FAILED = "ok", "skipped", "failed"
+#: The name that expands to every suite or task.
+ALL = "all"
 
 
 @dataclass
@@ -58,7 +60,7 @@ def expand_names(names, known, kind: str) -> list[str]:
     names = list(names) or ["all"]
     out: list[str] = []
     for name in names:
-        if name == "all":
+        if name == ALL:
             chosen = list(known)
         elif name in known:
             chosen = [name]

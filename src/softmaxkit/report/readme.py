@@ -74,9 +74,8 @@ def headline_section(results_path: Path) -> str:
 
 
 def generated(name: str, root: Path) -> str:
-    if name == "normalizers":
-        return normalizer_section()
-    return headline_section(root / RESULTS)
+    generators = {"normalizers": normalizer_section, "headline": lambda: headline_section(root / RESULTS)}
+    return generators[name]()
 
 
 def current_section(text: str, name: str = "normalizers") -> str:
