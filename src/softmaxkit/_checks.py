@@ -17,7 +17,7 @@ import torch
 __all__ = [
     "check_floating", "check_dim", "check_positive", "check_at_least", "check_nonnegative",
     "check_int_in_range", "check_number", "check_finite", "check_bool", "check_known_params",
-    "check_choice", "check_count", "check_head_shape",
+    "check_choice", "check_count", "check_head_shape", "check_in_range",
 ]
 
 
@@ -170,3 +170,13 @@ def check_head_shape(dim: object, heads: object, kv_heads: object, head_dim: obj
     if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1:
         raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
     return heads, kv_heads, head_dim
+
+
+def check_in_range(value: object, name: str, low: float, high: float | None = None) -> float:
+    """``value`` as a float: a number (not a bool) with ``low <= value <= high`` (NaN refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not value >= low or (high is not None and not value <= high):
+        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
+        raise ValueError(f"{name} must be {bound}, got {value}")
+    return float(value)

@@ -33,24 +33,28 @@ import torch.nn.functional as F
 
 from .._table import Table
 from ..linear import draw_projection, linear_attention
+from ..linear import get as get_linear
 from ._measure import machine_header, peak_memory_bytes
 
 HEADS, HEAD_DIM = 4, 64
 CAUSAL = ["linear", "performer", "cosformer", "inline", "mala"]
 NB_FEATURES, SOFT_RANK, CHUNK = 256, 64, 64
+SDPA = "sdpa"  # the baseline runner's name
 FULL_LENGTHS = [1024, 2048, 4096, 8192, 16384, 32768, 65536]
 QUICK_LENGTHS = [128, 256]
 MIB = 2 ** 20
 
 
 def _params(name: str, length: int) -> dict:
-    if name == "performer":
-        return {"projection": draw_projection(NB_FEATURES, HEAD_DIM, generator=torch.Generator().manual_seed(0))}
-    if name == "cosformer":
-        return {"max_len": length}
-    if name == "soft":
-        return {"rank": SOFT_RANK}
-    return {}
+    """The bench's setting of each parameter the method declares (a fixed Performer projection of
+    NB_FEATURES features, cosFormer's horizon at L, SOFT's rank); ``"sdpa"`` takes none."""
+    declared = {} if name == SDPA else get_linear(name).params
+    settings = {
+        "projection": lambda: draw_projection(NB_FEATURES, HEAD_DIM, generator=torch.Generator().manual_seed(0)),
+        "max_len": lambda: length,
+        "rank": lambda: SOFT_RANK,
+    }
+    return {key: make() for key, make in settings.items() if key in declared}
 
 
 def _inputs(length: int, grad: bool):
@@ -60,7 +64,7 @@ def _inputs(length: int, grad: bool):
 
 def _call(name, qkv, causal, params):
     q, k, v = qkv
-    if name == "sdpa":
+    if name == SDPA:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
     return linear_attention(q, k, v, name, is_causal=causal, chunk_size=CHUNK, **params)
 

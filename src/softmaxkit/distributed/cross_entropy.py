@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from .._checks import check_int_in_range
+from .._checks import check_in_range, check_int_in_range
 from .._rows import compute_dtype
 from ..algorithms import OnlineSoftmaxState
 from ..losses._reduce import check_reduction
@@ -135,15 +135,6 @@ class _VocabParallelCE(torch.autograd.Function):
                 None if grad_w is None else grad_w.to(weight.dtype), None, None)
 
 
-def _number(value, name: str, low: float, high: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not value >= low or (high is not None and not value <= high):
-        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {bound}, got {value}")
-    return float(value)
-
-
 def vocab_parallel_linear_cross_entropy(hidden: torch.Tensor, weight_shard: torch.Tensor, target: torch.Tensor, *,
                                         group=None, ignore_index: int = -100, label_smoothing: float = 0.0,
                                         z_penalty: float = 0.0, reduction: str = "mean",
@@ -191,8 +182,8 @@ def vocab_parallel_linear_cross_entropy(hidden: torch.Tensor, weight_shard: torc
                          f"got {tuple(target.shape)}")
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
-    label_smoothing = _number(label_smoothing, "label_smoothing", 0.0, 1.0)
-    z_penalty = _number(z_penalty, "z_penalty", 0.0)
+    label_smoothing = check_in_range(label_smoothing, "label_smoothing", 0.0, 1.0)
+    z_penalty = check_in_range(z_penalty, "z_penalty", 0.0)
     reduction = check_reduction(reduction)
     comm = resolve(group)
     shards = [x[0] for x in comm.all_gather_ints([weight_shard.shape[0]])]

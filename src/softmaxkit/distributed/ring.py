@@ -33,6 +33,7 @@ import torch
 from .. import registry
 from .._checks import check_floating
 from .._rows import compute_dtype
+from ..attention.inputs import Tile
 from ..attention.rules import StreamRule, rule_for
 from ._comm import Comm, check_layout, resolve, ring_positions, ring_segments
 
@@ -46,16 +47,6 @@ GRAD_CHUNKS = 8
 
 def _fz(t: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(t), t, torch.zeros_like(t))
-
-
-@dataclass
-class _Tile:
-    r0: int
-    r1: int
-    c0: int
-    c1: int
-    visible: torch.Tensor | None
-    additive: torch.Tensor | None
 
 
 @dataclass
@@ -109,9 +100,9 @@ class _Ring:
                             additive = self.additive[..., ql + a:ql + b, h0:h1]
                             finite = additive != float("-inf")
                             visible = finite if visible is None else finite & visible
-                        yield _Tile(ql + a, ql + b, kl + c, kl + d, visible, additive)
+                        yield Tile(ql + a, ql + b, kl + c, kl + d, visible, additive)
 
-    def scores(self, qs: torch.Tensor, kb: torch.Tensor, t: _Tile) -> torch.Tensor:
+    def scores(self, qs: torch.Tensor, kb: torch.Tensor, t: Tile) -> torch.Tensor:
         k = kb[:, :, t.c0:t.c1].to(qs.dtype)
         if self.groups > 1:
             k = k.repeat_interleave(self.groups, dim=1)
@@ -122,7 +113,7 @@ class _Ring:
             x = torch.where(t.visible, x, torch.zeros((), dtype=x.dtype, device=x.device))
         return x
 
-    def values(self, vb: torch.Tensor, t: _Tile, dtype) -> torch.Tensor:
+    def values(self, vb: torch.Tensor, t: Tile, dtype) -> torch.Tensor:
         v = vb[:, :, t.c0:t.c1].to(dtype)
         return v.repeat_interleave(self.groups, dim=1) if self.groups > 1 else v
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
 
-from .._checks import check_floating, check_int_in_range
+from .._checks import check_floating, check_in_range, check_int_in_range
 from .._rows import compute_dtype
 from ..algorithms import OnlineSoftmaxState
 from ._reduce import check_reduction
@@ -276,15 +276,6 @@ def _check_targets(target: torch.Tensor, vocab: int, ignore_index: int) -> None:
                          f"found {value}")
 
 
-def _check_number(value, name: str, low: float, high: float | None = None) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not value >= low or (high is not None and not value <= high):
-        bound = f"in [{low}, {high}]" if high is not None else f">= {low}"
-        raise ValueError(f"{name} must be {bound}, got {value}")
-    return float(value)
-
-
 def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: torch.Tensor,
                          bias: torch.Tensor | None = None, ignore_index: int = -100,
                          label_smoothing: float = 0.0, z_penalty: float = 0.0, reduction: str = "mean",
@@ -341,8 +332,8 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
     _check_targets(target, vocab, ignore_index)
-    label_smoothing = _check_number(label_smoothing, "label_smoothing", 0.0, 1.0)
-    z_penalty = _check_number(z_penalty, "z_penalty", 0.0)
+    label_smoothing = check_in_range(label_smoothing, "label_smoothing", 0.0, 1.0)
+    z_penalty = check_in_range(z_penalty, "z_penalty", 0.0)
     reduction = check_reduction(reduction)
     chunk_size = (default_chunk_size(target.numel(), vocab) if chunk_size is None
                   else check_int_in_range(chunk_size, "chunk_size", 1))
