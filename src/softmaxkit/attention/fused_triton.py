@@ -274,7 +274,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
     FlashAttention-2: Dao (2023), arXiv 2307.08691; the threshold family after AdaSplash,
     Gonçalves, Treviso & Martins (2025), arXiv 2502.12082.
     """
-    from .inputs import _check_mask
+    from .inputs import check_mask
 
     spec = registry.get(normalizer)
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -294,7 +294,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
     form = spec.form
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d else 1.0
-    bool_mask, additive = _check_mask(attn_mask, (b, h, lq, lk))
+    bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk))
     mask = bool_mask if bool_mask is not None else additive
     qdoc = kdoc = None
     if cu_seqlens is not None:

@@ -111,7 +111,10 @@ class AttentionInputs:
         return count
 
 
-def _check_mask(attn_mask, shape) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+def check_mask(attn_mask, shape, layout: str = "(B, H, Lq, Lk)",
+               hint: str = "") -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(bool_mask, additive_mask)`` of ``attn_mask`` expanded to ``shape`` (one of them None):
+    bool (True = visible) or floating (added to the scores); errors name ``layout``."""
     if attn_mask is None:
         return None, None
     if not isinstance(attn_mask, torch.Tensor):
@@ -120,11 +123,11 @@ def _check_mask(attn_mask, shape) -> tuple[torch.Tensor | None, torch.Tensor | N
         raise TypeError(f"attn_mask must be bool (True = visible) or floating point (added to the scores), "
                         f"got dtype {attn_mask.dtype}")
     try:
-        if torch.broadcast_shapes(attn_mask.shape, shape) != shape:
+        if torch.broadcast_shapes(attn_mask.shape, shape) != tuple(shape):
             raise RuntimeError
     except RuntimeError:
         raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
-                         f"(B, H, Lq, Lk) = {tuple(shape)}") from None
+                         f"{layout} = {tuple(shape)}{hint}") from None
     if attn_mask.dtype == torch.bool:
         return attn_mask.expand(shape), None
     return None, attn_mask.expand(shape)
@@ -160,7 +163,7 @@ def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
     if groups > 1:
         k_ = k_.repeat_interleave(groups, dim=1)
         v_ = v_.repeat_interleave(groups, dim=1)
-    bool_mask, additive = _check_mask(attn_mask, (b, h, lq, lk))
+    bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk))
     if additive is not None:
         additive = additive.to(dtype)
     if bool_mask is not None and bool_mask.device != q.device:

@@ -34,6 +34,7 @@ from .. import registry
 from .._checks import check_floating
 from .._rows import compute_dtype
 from ..attention.inputs import Tile
+from ..attention.inputs import check_mask as check_attention_mask
 from ..attention.rules import StreamRule, rule_for
 from ._comm import Comm, check_layout, resolve, ring_positions, ring_segments
 
@@ -588,24 +589,8 @@ def check_params(normalizer: str, params: dict, b: int, h: int, dtype, device, v
 
 def check_mask(attn_mask, shape):
     """``attn_mask`` (this rank's query rows against every key, in global key order)."""
-    if attn_mask is None:
-        return None, None
-    if not isinstance(attn_mask, torch.Tensor):
-        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
-    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-        raise TypeError(f"attn_mask must be bool (True = visible) or floating point (added to the scores), "
-                        f"got dtype {attn_mask.dtype}")
-    try:
-        ok = torch.broadcast_shapes(attn_mask.shape, shape) == tuple(shape)
-    except RuntimeError:
-        ok = False
-    if not ok:
-        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, L_local, "
-                         f"L_total) = {tuple(shape)}: rows are this rank's queries, columns every key in global "
-                         "order")
-    if attn_mask.dtype == torch.bool:
-        return attn_mask.expand(shape), None
-    return None, attn_mask.expand(shape)
+    return check_attention_mask(attn_mask, shape, "(B, H, L_local, L_total)",
+                                ": rows are this rank's queries, columns every key in global order")
 
 
 def _check_blocks(block_size) -> tuple[int, int]:
