@@ -19,7 +19,9 @@ kernel-against-aten crossovers that :data:`softmaxkit.kernels.dispatch.NUMBA_WIN
 from __future__ import annotations
 
 import gc
+import math
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -47,6 +49,9 @@ DTYPES = (torch.float32, torch.float64)
 TARGET_CELL = 0.95
 TARGET_MEDIAN = 1.0
 THP_SHAPE = (4096, 32768)
+#: Seconds of timed rounds per callable in a cell, and the most rounds (small cells).
+ROUND_BUDGET = 0.05
+MAX_ROUNDS = 400
 THP_SHAPE_QUICK = (256, 32768)
 
 _TORCH = {"softmax": lambda x: torch.softmax(x, -1), "log_softmax": lambda x: torch.log_softmax(x, -1),
@@ -73,14 +78,23 @@ def _callable(fn, x, pass_):
 
 
 def interleaved_medians(fns, repeats: int) -> list[float]:
-    """Median seconds of each callable, timed round-robin (one warm-up call each first)."""
+    """Median seconds of each callable, timed round-robin (one warm-up call each first).
+    Fast callables get more rounds: at least ``repeats``, and as many as fit in about
+    :data:`ROUND_BUDGET` seconds per callable (at most :data:`MAX_ROUNDS`)."""
+    start = time.perf_counter()
     for fn in fns:
         fn()
+    k = len(fns)
+    per_round = (time.perf_counter() - start) / k
+    repeats = max(repeats, min(MAX_ROUNDS, int(ROUND_BUDGET / max(per_round, 1e-9))))
     times: list[list[float]] = [[] for _ in fns]
+    order = random.Random(0)
     for _ in range(repeats):
-        for i, fn in enumerate(fns):
+        # a new order each round, so that no callable always runs right after the same other
+        # one (threads a kernel leaves spinning, or memory it just freed, favour or slow the next)
+        for i in order.sample(range(k), k):
             start = time.perf_counter()
-            fn()
+            fns[i]()
             times[i].append(time.perf_counter() - start)
     return [statistics.median(t) for t in times]
 
@@ -192,7 +206,8 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None) -> tuple[Table, fr
     """Measure the numba kernel against aten per (op, dtype, pass, shape class, threads).
 
     A cell is a win when, over the shapes of its class, the median of kernel time /
-    torch time is <= 0.9 and none is above 1.05. Returns the table and the set of winning keys (the value of
+    torch time is <= ``dispatch.WIN_MEDIAN`` and none is above ``dispatch.WIN_WORST``.
+    Returns the table and the set of winning keys (the value of
     :data:`softmaxkit.kernels.dispatch.NUMBA_WINS`).
     """
     shapes = FULL_SHAPES if shapes is None else shapes
@@ -204,7 +219,7 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None) -> tuple[Table, fr
         for t in threads:
             torch.set_num_threads(t)
             for _, shape in shapes:
-                cls = dispatch.shape_class(shape[-1])
+                cls = dispatch.shape_class(math.prod(shape[:-1]), shape[-1])
                 for dtype in DTYPES:
                     for pass_ in PASSES:
                         x = _inputs(shape, dtype, pass_)
@@ -220,7 +235,8 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None) -> tuple[Table, fr
                         gc.collect()
     finally:
         torch.set_num_threads(before)
-    wins = frozenset(key for key, r in ratios.items() if statistics.median(r) <= 0.9 and max(r) <= 1.05)
+    wins = frozenset(key for key, r in ratios.items()
+                     if statistics.median(r) <= dispatch.WIN_MEDIAN and max(r) <= dispatch.WIN_WORST)
     return table, wins
 
 

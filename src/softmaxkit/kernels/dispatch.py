@@ -153,58 +153,57 @@ def _plain_float(value) -> bool:
 # measured crossovers: where a numba kernel beats aten
 # ----------------------------------------------------------------------------------------
 
-#: Row-length classes of the crossover table: (name, largest row length in the class).
-SHAPE_CLASSES = (("short", 2048), ("medium", 65536), ("long", float("inf")))
+#: Shape classes of the crossover table, by what decides who wins: a single row (the
+#: kernels parallelise over rows, aten inside one), short rows (per-row overhead),
+#: small inputs (fixed per-call cost) and the rest.
+SHAPE_CLASSES = ("one row", "short rows", "small", "large")
+#: Rows shorter than this are "short rows"; inputs with fewer elements are "small".
+SHORT_ROW = 512
+SMALL_NUMEL = 1 << 21
+
 
 #: Cells (op, dtype, pass, shape class, threads) where the numba kernel measurably beat
 #: aten; everywhere else ``auto`` calls aten. A cell is a win when, over the shapes of
 #: the class in the dispatch benchmark's grid, the median of kernel time / torch time is
-#: <= 0.9 and none is above 1.05 (medians of interleaved runs). ``pass`` is ``"fwd"``
-#: when no gradient is recorded, ``"fwd+bwd"`` when ``x`` requires grad under grad mode.
-#: Thread counts not listed (not measured) use aten.
+#: <= :data:`WIN_MEDIAN` and none is above :data:`WIN_WORST` (medians of interleaved runs
+#: in shuffled order). ``pass`` is ``"fwd"`` when no gradient is recorded, ``"fwd+bwd"``
+#: when ``x`` requires grad under grad mode. Thread counts not listed (not measured) use
+#: aten.
 #:
 #: Measured 2026-11-30 on the shared 2-core development machine (Intel Xeon, torch
 #: 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, with
 #:   ``PYTHONPATH=src python -m softmaxkit.bench.dispatch --crossovers --threads 1 2``
 #: which prints the per-shape table and this set. Result: softmax and log_softmax never
-#: won consistently (kernel / torch between 0.8 and 2.4, and 100x slower on one short
-#: row, where the kernel's thread hand-off dominates), so ``auto`` leaves them to aten;
-#: torch.logsumexp is a composite of five full-size ops, and the one-pass kernel was
-#: 2-5x faster on every shape with more than one row (0.17-0.79 forward, 0.36-0.80
-#: forward+backward).
+#: won (kernel / torch medians 1.01-9.5 per class: aten's vectorised row kernels are as
+#: fast on large rows and the kernels' per-call cost loses on the rest), so ``auto``
+#: leaves them to aten. torch.logsumexp is a composite of five full-size ops; on large
+#: inputs the one-pass kernel took 0.34-0.66 of its time (medians per class), on single
+#: rows, short rows and small inputs it lost (1.0-2.9).
 NUMBA_WINS: frozenset = frozenset({
-    ('logsumexp', 'float32', 'fwd', 'long', 1),
-    ('logsumexp', 'float32', 'fwd', 'long', 2),
-    ('logsumexp', 'float32', 'fwd', 'medium', 1),
-    ('logsumexp', 'float32', 'fwd', 'medium', 2),
-    ('logsumexp', 'float32', 'fwd', 'short', 1),
-    ('logsumexp', 'float32', 'fwd', 'short', 2),
-    ('logsumexp', 'float32', 'fwd+bwd', 'long', 1),
-    ('logsumexp', 'float32', 'fwd+bwd', 'long', 2),
-    ('logsumexp', 'float32', 'fwd+bwd', 'medium', 1),
-    ('logsumexp', 'float32', 'fwd+bwd', 'short', 1),
-    ('logsumexp', 'float32', 'fwd+bwd', 'short', 2),
-    ('logsumexp', 'float64', 'fwd', 'long', 1),
-    ('logsumexp', 'float64', 'fwd', 'long', 2),
-    ('logsumexp', 'float64', 'fwd', 'medium', 1),
-    ('logsumexp', 'float64', 'fwd', 'short', 1),
-    ('logsumexp', 'float64', 'fwd', 'short', 2),
-    ('logsumexp', 'float64', 'fwd+bwd', 'long', 1),
-    ('logsumexp', 'float64', 'fwd+bwd', 'long', 2),
-    ('logsumexp', 'float64', 'fwd+bwd', 'short', 1),
-    ('logsumexp', 'float64', 'fwd+bwd', 'short', 2),
+    ('logsumexp', 'float32', 'fwd', 'large', 1),
+    ('logsumexp', 'float32', 'fwd', 'large', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'large', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'large', 2),
+    ('logsumexp', 'float64', 'fwd', 'large', 1),
+    ('logsumexp', 'float64', 'fwd', 'large', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'large', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'large', 2),
 })
+#: The rule that makes a crossover cell a win (see :data:`NUMBA_WINS`).
+WIN_MEDIAN = 0.9
+WIN_WORST = 1.15
 
 
 _WIN_OPS = frozenset(key[0] for key in NUMBA_WINS)
 
 
-def shape_class(n: int) -> str:
-    """The row-length class of a row of ``n`` entries (:data:`SHAPE_CLASSES`)."""
-    for name, top in SHAPE_CLASSES:
-        if n <= top:
-            return name
-    return SHAPE_CLASSES[-1][0]
+def shape_class(rows: int, n: int) -> str:
+    """The class (:data:`SHAPE_CLASSES`) of ``rows`` rows of ``n`` entries."""
+    if rows <= 1:
+        return "one row"
+    if n < SHORT_ROW:
+        return "short rows"
+    return "small" if rows * n < SMALL_NUMEL else "large"
 
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
@@ -213,8 +212,9 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 def _numba_wins(op, x, threads=None) -> bool:
     wants_grad = torch.is_grad_enabled() and x.requires_grad
     threads = torch.get_num_threads() if threads is None else threads
+    n = x.shape[-1]
     key = (op, _DTYPE_NAMES.get(x.dtype), "fwd+bwd" if wants_grad else "fwd",
-           shape_class(x.shape[-1]), threads)
+           shape_class(x.numel() // n if n else 0, n), threads)
     return key in NUMBA_WINS
 
 
@@ -273,6 +273,12 @@ def run(op: str, reference: Callable, x, dim=-1, mask=None, **params):
             (or aten) does not compute as the reference defines them.
         x, dim, mask, params: the public function's arguments.
     """
+    if mask is None and type(x) is torch.Tensor and not torch.compiler.is_compiling():
+        lane = _LANES.get(op)
+        if lane is not None and _current.get().backend == "auto":
+            out = lane(x, dim, params)
+            if out is not None:
+                return out
     how = plan(op, x, dim, mask, **params)
     if how == "aten":
         return _run_aten(op, reference, x, dim, mask, params)
@@ -403,11 +409,23 @@ def _aten_covers(op, x, dim, mask, params) -> bool:
 _CTYPES = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
 
 
+#: Rows from which the numba scan reads the first column (fewer: ctypes reads, no compile
+#: for toy calls).
+SCAN_MIN_ROWS = 5
+
+
 def _first_column_has_nan(out, d) -> bool:
     """Whether ``out`` has a NaN at index 0 along ``d``, read at the lowest fixed cost."""
     if out.is_cpu and out.dtype in _CTYPES:
-        if out.numel() == out.shape[d]:   # one row: read its first element in place
-            return math.isnan(_CTYPES[out.dtype].from_address(out.data_ptr()).value)
+        n = out.shape[d]
+        rows = out.numel() // n
+        last = d == out.dim() - 1 and out.is_contiguous()
+        if last and rows < SCAN_MIN_ROWS:   # a few rows: read their first elements in place
+            read, size, base = _CTYPES[out.dtype].from_address, out.element_size() * n, out.data_ptr()
+            return any(math.isnan(read(base + r * size).value) for r in range(rows))
+        if last and numba_available():
+            from .cpu.scan import first_entries_have_nan
+            return first_entries_have_nan(out)
         a = out.detach().numpy()
         return bool(np.isnan(a[(slice(None),) * d + (0,)]).any())
     return bool(torch.isnan(out.narrow(d, 0, 1)).any())
@@ -440,6 +458,64 @@ def _aten_op(op, z, d):
     if y.requires_grad:
         y.register_hook(functools.partial(_drop_invisible_grad, y.detach()))
     return y
+
+
+_SCANS: dict = {}
+
+
+def _scans() -> dict:
+    """The first-column NaN scans by dtype (none without numba), loaded on first use."""
+    if numba_available():
+        from .cpu.scan import SCANS
+        _SCANS.update(SCANS)
+    else:
+        _SCANS[None] = None
+    return _SCANS
+
+
+def _lane_scan(x, dim):
+    """The first-column NaN scan for ``x`` when ``x`` is a plain contiguous CPU float32 /
+    float64 tensor normalised along its last, non-empty axis; else None."""
+    if type(dim) is not int or x.is_nested or x.layout is not torch.strided or not x.is_cpu:
+        return None
+    shape = x.shape
+    nd = len(shape)
+    if not nd or (dim != -1 and dim != nd - 1) or not shape[-1] or not x.is_contiguous():
+        return None
+    return (_SCANS or _scans()).get(x.dtype)
+
+
+def _softmax_lane(x, dim, params, log=False):
+    """The common call (auto backend, a plain contiguous CPU float32/float64 tensor, the
+    last axis, no mask, temperature 1) in the fewest Python steps: the aten op, then one
+    scan of the first column (:mod:`.cpu.scan`). None when the call needs :func:`plan`
+    (an argument is unusual, or a row needs the reference: the rare path then recomputes)."""
+    if params:
+        t = params.get("temperature", 1.0)
+        if type(t) not in (float, int) or t != 1:
+            return None
+    scan = _lane_scan(x, dim)
+    if scan is None:
+        return None
+    out = _aten_op("log_softmax", x, -1) if log else torch.softmax(x, -1)
+    n = x.shape[-1]
+    return None if scan(out.data_ptr(), out.numel() // n, n) else out
+
+
+def _log_softmax_lane(x, dim, params):
+    return _softmax_lane(x, dim, params, log=True)
+
+
+def _logsumexp_lane(x, dim, params):
+    """As :func:`_softmax_lane`, for log-sum-exp where aten wins (every row finite)."""
+    keepdim = params.get("keepdim", False) if params else False
+    if type(keepdim) is not bool or _lane_scan(x, dim) is None or _numba_wins("logsumexp", x):
+        return None
+    out = torch.logsumexp(x, -1, keepdim=keepdim)
+    return out if _all_finite(out) else None
+
+
+_LANES = {"softmax": _softmax_lane, "log_softmax": _log_softmax_lane, "logsumexp": _logsumexp_lane}
 
 
 def _run_aten(op, reference, x, dim, mask, params):

@@ -1,0 +1,48 @@
+"""The first-column NaN scan behind the aten path, and the path itself on rows aten leaves NaN."""
+
+import pytest
+import torch
+
+import softmaxkit as sk
+from softmaxkit.kernels import dispatch
+from softmaxkit.kernels.cpu.scan import first_entries_have_nan
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(1, 7), (3, 1), (64, 33), (2, 3, 5)])
+def test_scan_finds_exactly_a_nan_in_the_first_column(dtype, shape):
+    x = torch.randn(*shape, dtype=dtype)
+    assert not first_entries_have_nan(x)
+    flat = x.view(-1, shape[-1])
+    if shape[-1] > 1:
+        flat[-1, 1] = float("nan")          # not the first column: not reported
+        assert not first_entries_have_nan(x)
+    flat[-1, 0] = float("nan")
+    assert first_entries_have_nan(x)
+    flat[-1, 0] = float("inf")              # infinities are not NaN
+    assert not first_entries_have_nan(x)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+@pytest.mark.parametrize("rows", [1, 4, 5, 300])
+def test_default_path_gives_the_reference_on_rows_aten_leaves_nan(op, rows):
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 40)
+    bad = [0, rows // 2, rows - 1]
+    x[bad[0]] = float("-inf")
+    x[bad[1], 3] = float("inf")
+    x[bad[2], 7] = float("nan")
+    got = getattr(sk, op)(x)
+    with sk.use_backend("reference"):
+        ref = getattr(sk, op)(x)
+    torch.testing.assert_close(got, ref, equal_nan=True)
+    if op == "softmax" and rows > 2:
+        assert torch.equal(got[0], torch.zeros(40))
+
+
+def test_shape_classes():
+    assert dispatch.shape_class(1, 10 ** 6) == "one row"
+    assert dispatch.shape_class(4096, 128) == "short rows"
+    assert dispatch.shape_class(8, 50257) == "small"
+    assert dispatch.shape_class(32, 128256) == "large"
+    assert set(dispatch.SHAPE_CLASSES) >= {key[3] for key in dispatch.NUMBA_WINS}
