@@ -9,7 +9,7 @@ from softmaxkit.kernels.cpu.scan import first_entries_have_nan
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("shape", [(1, 7), (3, 1), (64, 33), (2, 3, 5)])
+@pytest.mark.parametrize("shape", [(1, 7), (3, 1), (64, 33), (2, 3, 5), (5000, 3)])
 def test_scan_finds_exactly_a_nan_in_the_first_column(dtype, shape):
     x = torch.randn(*shape, dtype=dtype)
     assert not first_entries_have_nan(x)

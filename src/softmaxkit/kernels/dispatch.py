@@ -424,8 +424,7 @@ def _first_column_has_nan(out, d) -> bool:
             read, size, base = _CTYPES[out.dtype].from_address, out.element_size() * n, out.data_ptr()
             return any(math.isnan(read(base + r * size).value) for r in range(rows))
         if last and numba_available():
-            from .cpu.scan import first_entries_have_nan
-            return first_entries_have_nan(out)
+            return (_SCANS or _scans())[out.dtype](out)
         a = out.detach().numpy()
         return bool(np.isnan(a[(slice(None),) * d + (0,)]).any())
     return bool(torch.isnan(out.narrow(d, 0, 1)).any())
@@ -464,10 +463,10 @@ _SCANS: dict = {}
 
 
 def _scans() -> dict:
-    """The first-column NaN scans by dtype (none without numba), loaded on first use."""
+    """The first-column NaN scan by dtype (none without numba), loaded on first use."""
     if numba_available():
-        from .cpu.scan import SCANS
-        _SCANS.update(SCANS)
+        from .cpu.scan import first_entries_have_nan
+        _SCANS.update({torch.float32: first_entries_have_nan, torch.float64: first_entries_have_nan})
     else:
         _SCANS[None] = None
     return _SCANS
@@ -498,8 +497,7 @@ def _softmax_lane(x, dim, params, log=False):
     if scan is None:
         return None
     out = _aten_op("log_softmax", x, -1) if log else torch.softmax(x, -1)
-    n = x.shape[-1]
-    return None if scan(out.data_ptr(), out.numel() // n, n) else out
+    return None if scan(out) else out
 
 
 def _log_softmax_lane(x, dim, params):

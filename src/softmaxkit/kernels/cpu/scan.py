@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import carray, njit, types
+from numba import carray, njit, prange, types
 from numba.extending import intrinsic
+
+from . import sync_threads
 
 
 @intrinsic
@@ -27,8 +29,8 @@ def _pointer(typingctx, address, like):
 
 
 @njit(cache=True, nogil=True)
-def _scan_float32(address, count, stride):
-    values = carray(_pointer(address, np.float32(0)), (count * stride,))
+def _scan(address, count, stride, like):
+    values = carray(_pointer(address, like), (count * stride,))
     for r in range(count):
         v = values[r * stride]
         if v != v:
@@ -36,23 +38,29 @@ def _scan_float32(address, count, stride):
     return False
 
 
-@njit(cache=True, nogil=True)
-def _scan_float64(address, count, stride):
-    values = carray(_pointer(address, np.float64(0)), (count * stride,))
-    for r in range(count):
+@njit(cache=True, nogil=True, parallel=True)
+def _scan_parallel(address, count, stride, like):
+    values = carray(_pointer(address, like), (count * stride,))
+    found = 0
+    for r in prange(count):
         v = values[r * stride]
         if v != v:
-            return True
-    return False
+            found += 1
+    return found > 0
 
 
-#: ``SCANS[dtype](address, rows, stride)``: whether any of ``rows`` entries ``stride``
-#: apart from ``address`` is NaN (integer arguments only: numba's cheapest call).
-SCANS = {torch.float32: _scan_float32, torch.float64: _scan_float64}
+#: From this many rows the scan runs on every thread: one cache miss per row, so many
+#: short rows (attention probabilities) cost tens of microseconds on one thread.
+PARALLEL_ROWS = 4096
+_LIKE = {torch.float32: np.float32(0), torch.float64: np.float64(0)}
 
 
 def first_entries_have_nan(t: torch.Tensor) -> bool:
     """Whether any row of ``t`` (CPU, float32 or float64, C-contiguous, rows along the last
     axis, at least one column) has a NaN as its first entry."""
     n = t.shape[-1]
-    return SCANS[t.dtype](t.data_ptr(), t.numel() // n, n)
+    rows = t.numel() // n
+    if rows >= PARALLEL_ROWS:
+        sync_threads()
+        return _scan_parallel(t.data_ptr(), rows, n, _LIKE[t.dtype])
+    return _scan(t.data_ptr(), rows, n, _LIKE[t.dtype])
