@@ -47,7 +47,7 @@ DEFAULT_BLOCK_K = 512
 GRAD_CHUNKS = 8
 #: about how many regions a key/value block is cut into on the ring (see ``_Ring.circulate``):
 #: a rank holds one block plus one region in flight, ``1 + 1/REGIONS`` blocks, not two
-REGIONS = 8
+REGIONS = 4
 
 
 class _Pool:
@@ -153,12 +153,22 @@ class _Ring:
 
     # -- the ring --------------------------------------------------------------------
     def cut_regions(self) -> None:
-        """Cut every rank's key block into regions: pieces of its segments of a whole number
-        of ``block_k`` tiles (so the tiles are those of the whole block), about
-        :data:`REGIONS` per block; every block gets the same number (``None``: empty)."""
-        span = self.block_k * max(1, -(-max(self.k_lengths) // (self.block_k * REGIONS)))
-        regions = [[(kg + a, kl + a, min(span, kn - a)) for kg, kl, kn in segs for a in range(0, kn, span)]
-                   for segs in self.k_segments]
+        """Cut every rank's key block into regions: about :data:`REGIONS` near-equal pieces of
+        its segments, none narrower than a ``block_k`` tile (so tiles are never narrower than
+        asked, except at a region's end); every block gets the same number (``None``: empty).
+
+        The regions of a zigzag block's two segments alternate (front, back, front, ...):
+        under causal masking a front piece and its back piece together cost every rank
+        about the same, so that ranks, which move in step region by region, seldom wait."""
+        regions = []
+        for segs in self.k_segments:
+            total = sum(kn for _, _, kn in segs)
+            pieces = []
+            for kg, kl, kn in segs:
+                span = max(self.block_k, -(-kn // max(1, round(REGIONS * kn / total))))
+                pieces.append([(kg + a, kl + a, min(span, kn - a)) for a in range(0, kn, span)])
+            regions.append([r for i in range(max(map(len, pieces), default=0)) for part in pieces
+                            for r in part[i:i + 1]])
         m = max(len(r) for r in regions)
         self.regions = [r + [None] * (m - len(r)) for r in regions]
 
@@ -498,38 +508,12 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
     dqs = torch.zeros_like(q)
     cdt = q.dtype
 
-    def tile_backward(p, values, extremes, g_sums, kb, vb, dkb, dvb, t: Tile) -> None:
-        """Add one tile's share to ``dq``, ``dK``, ``dV`` and the per-row and parameter gradients.
-
-        The gradient of each summed term is formed directly (``g V^T`` for a value sum, ``g``
-        for a row sum; terms that are the same tensor, as softmax's numerator and
-        denominator, get one gradient), ``dV`` is ``term^T g``; autograd then runs only from
-        the terms back to the scores, on gradient edges, so that neither the terms nor the
-        scores are held while it runs: a handful of tiles of memory, not a dozen."""
-        st = _Ring.view(params, kept, t.r0, t.r1, lq)
-        tile_leaves = {}
-        for name in row_names:
-            if name in extremes:
-                continue
-            tile_leaves[name] = st[name] = _leaf(row_diff[name].detach()[..., t.r0:t.r1, :], True)
-        qs = q[:, :, t.r0:t.r1] * ring.scale
-        x = _leaf(ring.scores(qs, kb, t), True)
-        vt = ring.values(vb, t, cdt) if values else None
-        outs: list = []  # (tensor whose gradient is known, that gradient)
+    def term_gradients(terms: dict, values, g_sums, vt, t: Tile, outs: list):
+        """Append ``(term, gradient)`` to ``outs`` for the terms with a gradient, one entry per
+        distinct tensor; return ``dV`` of the tile (None without value terms)."""
         by_term: dict = {}  # id(term) -> index in outs
         mine: dict = {}  # id(term) -> whether its gradient in outs is a tensor of our own
         dvt = None
-        with torch.enable_grad():
-            z = rule.z(p, x, st)
-            terms = rule.terms(p, z, t.visible, st)
-            if p == last:
-                for flag, key, ties in ((rule.max_grad, f"m{p}", f"ties{p}"), (rule.min_grad, f"mn{p}", f"minties{p}")):
-                    if flag and acc.get(key) is not None:
-                        hit = z.detach() == kept[key][..., t.r0:t.r1, :]
-                        if t.visible is not None:
-                            hit = hit & t.visible
-                        outs.append(((z * hit).sum(-1, keepdim=True), (acc[key] / kept[ties])[..., t.r0:t.r1, :]))
-        del z
         for name, term in terms.items():
             g = g_sums.get(name)
             if g is None:
@@ -541,7 +525,6 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
             else:
                 g = g[..., t.r0:t.r1, :]
             if name in values:
-                assert vt is not None  # fetched for the value terms
                 if need_v:
                     part = torch.matmul(term.detach().transpose(-1, -2), g)
                     dvt = part if dvt is None else dvt.add_(part)
@@ -559,6 +542,40 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
             else:
                 outs[i] = (term, g.add_(outs[i][1]) if owned else g + outs[i][1])
                 mine[id(term)] = True
+        return dvt
+
+    def tile_backward(p, values, extremes, g_sums, kb, vb, dkb, dvb, t: Tile) -> None:
+        """Add one tile's share to ``dq``, ``dK``, ``dV`` and the per-row and parameter gradients.
+
+        The gradient of each summed term is formed directly (``g V^T`` for a value sum, ``g``
+        for a row sum; terms that are the same tensor, as softmax's numerator and
+        denominator, get one gradient), ``dV`` is ``term^T g``; autograd then runs only from
+        the terms back to the scores, between gradient edges, so that neither the terms nor
+        the scores are held while it runs (the scores come from a query leaf, and
+        ``q K^T`` keeps only its inputs): a few tiles of memory, not a dozen."""
+        st = _Ring.view(params, kept, t.r0, t.r1, lq)
+        tile_leaves = {}
+        for name in row_names:
+            if name in extremes:
+                continue
+            tile_leaves[name] = st[name] = _leaf(row_diff[name].detach()[..., t.r0:t.r1, :], True)
+        qs = _leaf(q[:, :, t.r0:t.r1] * ring.scale, True)
+        outs: list = []  # (tensor whose gradient is known, that gradient)
+        with torch.enable_grad():
+            x = ring.scores(qs, kb, t)
+            x_edge = get_gradient_edge(x)
+            z = rule.z(p, x, st)
+            del x
+            terms = rule.terms(p, z, t.visible, st)
+            if p == last:
+                for flag, key, ties in ((rule.max_grad, f"m{p}", f"ties{p}"), (rule.min_grad, f"mn{p}", f"minties{p}")):
+                    if flag and acc.get(key) is not None:
+                        hit = z.detach() == kept[key][..., t.r0:t.r1, :]
+                        if t.visible is not None:
+                            hit = hit & t.visible
+                        outs.append(((z * hit).sum(-1, keepdim=True), (acc[key] / kept[ties])[..., t.r0:t.r1, :]))
+        del z
+        dvt = term_gradients(terms, values, g_sums, ring.values(vb, t, cdt) if values else None, t, outs)
         del terms
         if dvt is not None:
             dvb[:, :, t.c0:t.c1] += ring.fold(dvt)
@@ -566,12 +583,12 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
         if not outs:
             return
         names = list(tile_leaves)
-        inputs = [x] + [tile_leaves[n] for n in names] + [params[n] for n in param_names]
-        wanted = [i for i, u in enumerate(inputs) if u.requires_grad]
+        inputs = [tile_leaves[n] for n in names] + [params[n] for n in param_names]
+        wanted = [0] + [1 + i for i, u in enumerate(inputs) if u.requires_grad]
         edges = [get_gradient_edge(u) for u, _ in outs]
         gouts = [g for _, g in outs]
-        targets = [get_gradient_edge(inputs[i]) for i in wanted]
-        del outs, x, inputs[0]
+        targets = [x_edge] + [get_gradient_edge(inputs[i - 1]) for i in wanted[1:]]
+        del outs, inputs
         got = torch.autograd.grad(edges, targets, gouts, allow_unused=True)
         del gouts
         grads: list = [None] * (1 + len(names) + len(param_names))
