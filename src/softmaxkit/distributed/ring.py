@@ -17,7 +17,20 @@ between them.
 The backward pass is a ring too: the blocks travel again, each rank recomputes its tiles
 and differentiates the rule (as the single-process engine does), and the gradients of
 ``K`` and ``V`` travel with their blocks, each rank adding its queries' contribution,
-until they come home after ``P`` hops. Gradients of per-head tensor parameters (SSMax's
+until they come home after ``P`` hops.
+
+Memory per rank. A block travels in regions (about :data:`REGIONS` per block): region
+``i`` goes on to the next rank, and region ``i`` of the next block comes in, while the
+rank works on region ``i + 1``; the regions live in a pool of ``m + 1`` reused buffers,
+so a rank holds ``1 + 1/m`` blocks of K/V besides its own, not two or three. The
+travelling dK/dV is one buffer per tensor, passed on in place, which becomes this rank's
+gradient when it comes home. For the backward the ring keeps the output it returned
+(which the caller holds anyway) instead of the last pass's value sum, a second tensor of
+the output's size: the rule's output is ``a * S`` with ``a`` per query row
+(:attr:`~softmaxkit.forms.StreamRule.output_scales_values`), so ``S = out / a``; rules
+with two value sums and half-precision outputs keep ``S``. The tile backward forms the
+terms' gradients directly and runs autograd between gradient edges, so that a tile
+costs a few ``block_q x block_k`` buffers. Gradients of per-head tensor parameters (SSMax's
 ``s``, MultiMax's ``r, t``) are summed over the ranks, so every rank holds the gradient
 of the total loss, as for ``K`` and ``V``.
 """
@@ -843,6 +856,11 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         block_size: ``block`` or ``(block_q, block_k)`` of the tiles inside each block.
         **params: the normalizer's parameters: numbers, or per-head tensors broadcastable to
             ``(B, H, 1, 1)`` (learnable; their gradient is summed over the ranks).
+
+    Memory: besides its shard of the inputs, output and gradients, a rank holds ``1 + 1/m``
+    key/value blocks on the ring (``m`` regions per block, see the module docstring) and a
+    few tiles. The backward reads the returned output: changing it in place before the
+    backward raises autograd's error (as for torch's own functions that keep their output).
 
     Returns:
         ``(B, H, Lq_local, Dv)``: this rank's output rows, in the dtype of ``q``.
