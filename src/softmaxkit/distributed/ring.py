@@ -178,7 +178,8 @@ class _Ring:
             total = sum(kn for _, _, kn in segs)
             pieces = []
             for kg, kl, kn in segs:
-                span = max(self.block_k, -(-kn // max(1, round(REGIONS * kn / total))))
+                count = max(1, min(round(REGIONS * kn / total), kn // self.block_k))
+                span = -(-kn // count)  # count near-equal pieces, none narrower than block_k
                 pieces.append([(kg + a, kl + a, min(span, kn - a)) for a in range(0, kn, span)])
             regions.append([r for i in range(max(map(len, pieces), default=0)) for part in pieces
                             for r in part[i:i + 1]])
