@@ -243,6 +243,10 @@ class StreamRule:
     min_grad: bool = False
     #: needs the number of visible keys of each query (``st["n"]``)
     needs_count: bool = False
+    #: ``output`` is ``a * S`` for the last pass's value sum ``S`` with ``a`` per query row,
+    #: not depending on ``S`` (attention is linear in the values): with one value sum, the
+    #: distributed ring keeps the output for its backward instead of ``S`` (``S = out / a``)
+    output_scales_values: bool = True
 
     def z(self, p: int, x: torch.Tensor, st: dict) -> torch.Tensor:
         return x

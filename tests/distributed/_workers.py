@@ -89,6 +89,8 @@ def attention_check(case: dict) -> dict:
     shards = [_shard(t.detach(), rank, size, layout, lengths).requires_grad_() for t in full[:3]]
     dist_params = {**params, **({learn[0]: full[3]} if learn else {})}
     local_mask = None if mask is None else (mask if mask.shape[-2] == 1 else _shard(mask, rank, size, layout, lengths))
+    if "block_size" in case:  # small tiles: several regions per travelling block
+        dist_params["block_size"] = tuple(case["block_size"])
     out = fn(*shards, name, is_causal=case.get("causal", False), attn_mask=local_mask, layout=layout, **dist_params)
     (out * _shard(w, rank, size, layout, lengths)).sum().backward()
     errors = {}

@@ -263,3 +263,70 @@ def test_head_split_uneven_and_repeated_kv_heads():
     assert head_split(3, 3, 2) == ([2, 1], [2, 1], 1)
     with pytest.raises(ValueError, match="heads"):
         head_split(2, 2, 3)
+
+
+def test_ring_keeps_one_block_and_one_region_of_keys_in_flight(monkeypatch):
+    """K/V travel region by region through a pool of m + 1 region buffers (m regions per
+    block), reused from step to step: a rank never holds more than 1 + 1/m blocks of them."""
+    from softmaxkit.distributed import ring as ring_module
+
+    made: list = []
+    take = ring_module._Pool.take
+
+    def counting_take(self):
+        if not self.free:
+            self.made = getattr(self, "made", 0) + 1
+            made.append(self.made)
+        return take(self)
+
+    monkeypatch.setattr(ring_module._Pool, "take", counting_take)
+    # 4 ranks, 32 keys each in two zigzag halves of 16, block_k = 4: 2 regions of 8 per half, m = 4
+    errs = compare("softmax", 4, layout="zigzag", length=128, causal=True, block_size=(8, 4), b=1)
+    assert max(errs) < 1e-10, errs
+    assert made and max(made) == 4 + 1, max(made)
+
+
+@pytest.mark.parametrize("name, params", [("softmax", {}), ("softpick", {}), ("sigmoid", {}),
+                                          ("sa_softmax", {"normalized": True}), ("adaptive_softmax", {})])
+def test_backward_from_the_kept_output_or_the_sums(name, params):
+    """One value sum: the backward recovers it from the output (out = a S); two (normalized
+    SA-softmax) or a half-precision output: the sums are kept. Gradients are exact either way."""
+    for kwargs in ({"size": 3, "lengths": [5, 2, 6], "causal": True, "mask": _padding(13)},
+                   {"size": 2, "layout": "zigzag", "length": 12, "causal": True}):
+        size = kwargs.pop("size")
+        errs = compare(name, size, params=params, **kwargs)
+        assert max(errs) < 1e-10, (name, kwargs, errs)
+
+
+def test_half_precision_backward_keeps_the_sums():
+    q, k, v, w = _problem(length=12, dtype=torch.float16)
+    ref_in = [t.float().requires_grad_() for t in (q, k, v)]
+    (sk.attention(*ref_in, "softmax", is_causal=True) * w.float()).sum().backward()
+
+    def rank_fn(comm):
+        sh = [shard_sequence(t, comm.rank, 2).clone().requires_grad_() for t in (q, k, v)]
+        out = context_parallel_attention(*sh, "softmax", group=comm, is_causal=True)
+        (out.float() * shard_sequence(w, comm.rank, 2).float()).sum().backward()
+        return [t.grad for t in sh]
+
+    results, errors = run_ranks(2, rank_fn)
+    assert errors == [None, None]
+    for i, want in enumerate(t.grad for t in ref_in):
+        got = unshard_sequence([r[i] for r in results])
+        assert got.dtype == torch.float16
+        assert (got.float() - want).abs().max() < 3e-2
+
+
+def test_changing_the_output_in_place_before_backward_is_an_error():
+    """The backward reads the output it returned (as torch's own ops that keep their output):
+    changing it in place first raises autograd's error instead of giving a wrong gradient."""
+    q, k, v, _ = _problem(length=12)
+
+    def rank_fn(comm):
+        sh = [shard_sequence(t, comm.rank, 2).clone().requires_grad_() for t in (q, k, v)]
+        out = context_parallel_attention(*sh, "softmax", group=comm, is_causal=True)
+        out.mul_(2.0)
+        out.sum().backward()
+
+    results, errors = run_ranks(2, rank_fn)
+    assert all(isinstance(err, RuntimeError) and "inplace" in str(err) for err in errors), errors

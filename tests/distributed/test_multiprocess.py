@@ -55,6 +55,12 @@ THREE_RANKS = [
     {"check": "attention", "normalizer": "adaptive_softmax", "layout": "contiguous", "lengths": UNEVEN,
      "causal": True, "shape": (1, 2, 1, 18, 8)},
     {"check": "attention", "normalizer": "stablemax", "layout": "zigzag", "causal": True, "shape": (1, 2, 2, 18, 4)},
+    # blocks travelling in several regions: uneven blocks with different region counts (empty
+    # regions send nothing), and equal ones through the pool's spare region buffer
+    {"check": "attention", "normalizer": "softmax", "layout": "contiguous", "lengths": UNEVEN, "causal": True,
+     "shape": (2, 4, 2, 18, 8), "block_size": (2, 2)},
+    {"check": "attention", "normalizer": "softpick", "layout": "zigzag", "causal": True, "padding": True,
+     "shape": (1, 4, 2, 24, 8), "block_size": (3, 2)},
     {"check": "attention", "normalizer": "entmax15", "layout": "contiguous", "lengths": UNEVEN, "causal": True,
      "shape": (1, 4, 2, 18, 8)},
     {"check": "attention", "normalizer": "sparse_softmax", "ulysses": True, "layout": "contiguous",

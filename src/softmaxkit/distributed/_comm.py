@@ -46,7 +46,8 @@ class Comm:
 
     def ring_start(self, send: Sequence[torch.Tensor], recv: Sequence[torch.Tensor], tag: int):
         """Send ``send`` to rank ``rank + 1`` and receive ``recv`` (filled in place) from
-        ``rank - 1``, without blocking; returns a handle for :meth:`ring_wait`."""
+        ``rank - 1``, without blocking; returns a handle for :meth:`ring_wait`. The two lists
+        may differ in length (blocks of unequal shards); the ``i``-th of each has tag ``tag + i``."""
         raise NotImplementedError
 
     def ring_wait(self, handle) -> None:
@@ -114,10 +115,8 @@ class TorchComm(Comm):
         dist = self.dist
         nxt = self._global[(self.rank + 1) % self.size]
         prv = self._global[(self.rank - 1) % self.size]
-        ops = []
-        for i, (s, r) in enumerate(zip(send, recv)):
-            ops.append(dist.P2POp(dist.isend, s.contiguous(), nxt, self.group, tag + i))
-            ops.append(dist.P2POp(dist.irecv, r, prv, self.group, tag + i))
+        ops = [dist.P2POp(dist.isend, s.contiguous(), nxt, self.group, tag + i) for i, s in enumerate(send)]
+        ops += [dist.P2POp(dist.irecv, r, prv, self.group, tag + i) for i, r in enumerate(recv)]
         return self._run("batch_isend_irecv around the ring", dist.batch_isend_irecv, ops) if ops else []
 
     def ring_wait(self, handle):

@@ -17,7 +17,20 @@ between them.
 The backward pass is a ring too: the blocks travel again, each rank recomputes its tiles
 and differentiates the rule (as the single-process engine does), and the gradients of
 ``K`` and ``V`` travel with their blocks, each rank adding its queries' contribution,
-until they come home after ``P`` hops. Gradients of per-head tensor parameters (SSMax's
+until they come home after ``P`` hops.
+
+Memory per rank. A block travels in regions (about :data:`REGIONS` per block): region
+``i`` goes on to the next rank, and region ``i`` of the next block comes in, while the
+rank works on region ``i + 1``; the regions live in a pool of ``m + 1`` reused buffers,
+so a rank holds ``1 + 1/m`` blocks of K/V besides its own, not two or three. The
+travelling dK/dV is one buffer per tensor, passed on in place, which becomes this rank's
+gradient when it comes home. For the backward the ring keeps the output it returned
+(which the caller holds anyway) instead of the last pass's value sum, a second tensor of
+the output's size: the rule's output is ``a * S`` with ``a`` per query row
+(:attr:`~softmaxkit.forms.StreamRule.output_scales_values`), so ``S = out / a``; rules
+with two value sums and half-precision outputs keep ``S``. The tile backward forms the
+terms' gradients directly and runs autograd between gradient edges, so that a tile
+costs a few ``block_q x block_k`` buffers. Gradients of per-head tensor parameters (SSMax's
 ``s``, MultiMax's ``r, t``) are summed over the ranks, so every rank holds the gradient
 of the total loss, as for ``K`` and ``V``.
 """
@@ -29,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.autograd.graph import get_gradient_edge
 
 from .. import registry
 from .._checks import check_floating
@@ -44,6 +58,30 @@ DEFAULT_BLOCK_Q = 128
 DEFAULT_BLOCK_K = 512
 #: pieces in which a travelling gradient is passed on in place (see ``_Ring._pass_on``)
 GRAD_CHUNKS = 8
+#: about how many regions a key/value block is cut into on the ring (see ``_Ring.circulate``):
+#: a rank holds one block plus one region in flight, ``1 + 1/REGIONS`` blocks, not two
+REGIONS = 4
+
+
+class _Pool:
+    """Region buffers for the tensors of a travelling block, reused once given back.
+
+    A slot holds one flat buffer per tensor, of ``numel`` elements (the largest region);
+    :meth:`view` shapes the start of it as a region of that tensor."""
+
+    def __init__(self, like):
+        self.like = like  # (tensor, numel) per travelling tensor
+        self.free: list = []
+
+    def take(self) -> list:
+        return self.free.pop() if self.free else [t.new_empty(n) for t, n in self.like]
+
+    def give(self, slot) -> None:
+        self.free.append(slot)
+
+    @staticmethod
+    def view(slot, j: int, shape) -> torch.Tensor:
+        return slot[j][:math.prod(shape)].view(shape)
 
 
 def _fz(t: torch.Tensor) -> torch.Tensor:
@@ -73,35 +111,36 @@ class _Ring:
     sent_bytes: int = 0
     empty_rows: bool = False
     out_dtype: torch.dtype = torch.float32
-    extra: dict = field(default_factory=dict)
+    regions: list = field(default_factory=list)  # per rank, its key block's regions (see cut_regions)
 
     # -- tiles ---------------------------------------------------------------------
-    def tiles(self, src: int, device):
-        """The visible tiles of this rank's queries against the key block of rank ``src``."""
+    def tiles(self, region, device):
+        """The visible tiles of this rank's queries against the keys of ``region`` (key
+        columns ``c0:c1`` relative to the region's start)."""
+        kg, _, kn = region
         for qg, ql, qn in self.q_segments:
             for a in range(0, qn, self.block_q):
                 b = min(a + self.block_q, qn)
                 g0, g1 = qg + a, qg + b
-                for kg, kl, kn in self.k_segments[src]:
-                    for c in range(0, kn, self.block_k):
-                        d = min(c + self.block_k, kn)
-                        h0, h1 = kg + c, kg + d
-                        visible = None
-                        if self.is_causal:
-                            if h0 > g1 - 1 + self.offset:
-                                continue
-                            if h1 - 1 > g0 + self.offset:
-                                rows = torch.arange(g0, g1, device=device).unsqueeze(-1)
-                                visible = torch.arange(h0, h1, device=device) <= rows + self.offset
-                        if self.bool_mask is not None:
-                            part = self.bool_mask[..., ql + a:ql + b, h0:h1]
-                            visible = part if visible is None else part & visible
-                        additive = None
-                        if self.additive is not None:
-                            additive = self.additive[..., ql + a:ql + b, h0:h1]
-                            finite = additive != float("-inf")
-                            visible = finite if visible is None else finite & visible
-                        yield Tile(ql + a, ql + b, kl + c, kl + d, visible, additive)
+                for c in range(0, kn, self.block_k):
+                    d = min(c + self.block_k, kn)
+                    h0, h1 = kg + c, kg + d
+                    visible = None
+                    if self.is_causal:
+                        if h0 > g1 - 1 + self.offset:
+                            continue
+                        if h1 - 1 > g0 + self.offset:
+                            rows = torch.arange(g0, g1, device=device).unsqueeze(-1)
+                            visible = torch.arange(h0, h1, device=device) <= rows + self.offset
+                    if self.bool_mask is not None:
+                        part = self.bool_mask[..., ql + a:ql + b, h0:h1]
+                        visible = part if visible is None else part & visible
+                    additive = None
+                    if self.additive is not None:
+                        additive = self.additive[..., ql + a:ql + b, h0:h1]
+                        finite = additive != float("-inf")
+                        visible = finite if visible is None else finite & visible
+                    yield Tile(ql + a, ql + b, c, d, visible, additive)
 
     def scores(self, qs: torch.Tensor, kb: torch.Tensor, t: Tile) -> torch.Tensor:
         k = kb[:, :, t.c0:t.c1].to(qs.dtype)
@@ -126,48 +165,109 @@ class _Ring:
         return g.view(b, h // self.groups, self.groups, n, d).sum(2)
 
     # -- the ring --------------------------------------------------------------------
-    def _shape(self, t: torch.Tensor, src: int):
-        return (*t.shape[:2], self.k_lengths[src], t.shape[-1])
+    def cut_regions(self) -> None:
+        """Cut every rank's key block into regions: about :data:`REGIONS` near-equal pieces of
+        its segments, none narrower than a ``block_k`` tile (so tiles are never narrower than
+        asked, except at a region's end); every block gets the same number (``None``: empty).
 
-    def blocks(self, tensors):
-        """``(src, tensors of rank src)`` for every rank, the next block in flight meanwhile."""
+        The regions of a zigzag block's two segments alternate (front, back, front, ...):
+        under causal masking a front piece and its back piece together cost every rank
+        about the same, so that ranks, which move in step region by region, seldom wait."""
+        regions = []
+        for segs in self.k_segments:
+            total = sum(kn for _, _, kn in segs)
+            pieces = []
+            for kg, kl, kn in segs:
+                count = max(1, min(round(REGIONS * kn / total), kn // self.block_k))
+                span = -(-kn // count)  # count near-equal pieces, none narrower than block_k
+                pieces.append([(kg + a, kl + a, min(span, kn - a)) for a in range(0, kn, span)])
+            regions.append([r for i in range(max(map(len, pieces), default=0)) for part in pieces
+                            for r in part[i:i + 1]])
+        m = max(len(r) for r in regions)
+        self.regions = [r + [None] * (m - len(r)) for r in regions]
+
+    @staticmethod
+    def _piece(t: torch.Tensor, region) -> torch.Tensor:
+        _, kl, kn = region
+        return t[:, :, kl:kl + kn]
+
+    def circulate(self, tensors, visit, grad_dtype=None):
+        """Send the blocks of ``tensors`` (K, V) around the ring and call ``visit(region, parts,
+        grad_parts)`` for every region of every rank's block, this rank's own first.
+
+        A block travels region by region: as soon as this rank has used region ``i`` of the
+        block it holds, region ``i`` goes on to the next rank while region ``i`` of the next
+        block comes in from the previous one, during the work on region ``i + 1``. So a rank
+        holds its block, the received regions of the next one and one region in flight:
+        ``1 + 1/m`` blocks besides its own inputs (``m`` regions per block), in a pool of
+        ``m + 1`` region buffers that are reused from step to step.
+
+        With ``grad_dtype``, a gradient buffer per tensor travels with the blocks (the visitor
+        adds into ``grad_parts``); after every step it is passed on in place (see
+        :meth:`_pass_on`), and after ``P`` steps the gradients of this rank's own tensors are
+        home and returned."""
         comm, size = self.comm, self.comm.size
-        cur = [t.contiguous() for t in tensors]
-        for step in range(size):
-            src = (comm.rank - step) % size
-            handle, bufs = None, None
-            if step < size - 1:
-                nsrc = (src - 1) % size
-                bufs = [t.new_empty(self._shape(t, nsrc)) for t in cur]
-                handle = comm.ring_start(cur, bufs, tag=0)
-                self.sent_bytes += sum(t.numel() * t.element_size() for t in cur)
-            yield src, cur
-            if handle is not None:
+        own = [t.contiguous() for t in tensors]
+        grads = None
+        if grad_dtype is not None:
+            grads = [torch.zeros(t.shape, dtype=grad_dtype, device=t.device) for t in own]
+        longest = max((r[2] for regs in self.regions for r in regs if r is not None), default=0)
+        pool = _Pool([(t, t.shape[0] * t.shape[1] * longest * t.shape[3]) for t in own])
+        cur: list = []  # per region of the block at hand: (pool slot, its views), once it came over the ring
+        pending = None  # the exchange in flight: (handle, slot to free when it is done, region received)
+
+        def settle():
+            nonlocal pending
+            if pending is not None:
+                handle, done, _ = pending
                 comm.ring_wait(handle)
-                cur = bufs
+                if done is not None:
+                    pool.give(done)
+                pending = None
 
-    def grad_blocks(self, tensors, grad_dtype):
-        """Like :meth:`blocks`, with a gradient buffer per tensor that travels with its block
-        (the consumer adds into it); returns the gradients of this rank's own tensors."""
-        comm, size = self.comm, self.comm.size
-        cur = [t.contiguous() for t in tensors]
-        grads = [torch.zeros(t.shape, dtype=grad_dtype, device=t.device) for t in cur]  # travel with the blocks
         for step in range(size):
             src = (comm.rank - step) % size
             nsrc = (src - 1) % size
-            handle, bufs = None, None
-            if step < size - 1:
-                bufs = [t.new_empty(self._shape(t, nsrc)) for t in cur]
-                handle = comm.ring_start(cur, bufs, tag=0)
-                self.sent_bytes += sum(t.numel() * t.element_size() for t in cur)
-            yield src, cur, grads
-            if handle is not None:  # the next block is in; this one can go
-                comm.ring_wait(handle)
-                cur = bufs
-                bufs = None
-            for i in range(len(grads) if size > 1 else 0):
-                grads[i] = self._pass_on(grads[i], self._shape(grads[i], nsrc), tag=len(cur) + i)
-        self.extra["own_grads"] = grads
+            ahead = step < size - 1  # the next block comes in during this step
+            incoming: list = []
+            for i, region in enumerate(self.regions[src]):
+                slot, parts = (None, None) if step == 0 else cur[i]
+                if pending is not None and pending[2] == i:  # this very region is still arriving
+                    settle()
+                if region is not None:
+                    if step == 0:
+                        parts = [self._piece(t, region) for t in own]
+                    visit(region, parts, None if grads is None else [self._piece(g, region) for g in grads])
+                if not ahead:
+                    continue  # the last block: nothing goes on; its buffers are dropped
+                settle()  # the previous region has left and the one before it has arrived
+                send = []
+                if region is not None:
+                    send = list(parts)
+                    if step == 0 and not all(x.is_contiguous() for x in send):
+                        slot = pool.take()
+                        send = [pool.view(slot, j, x.shape).copy_(x) for j, x in enumerate(send)]
+                nregion = self.regions[nsrc][i]
+                rslot, recv = None, []
+                if nregion is not None:
+                    rslot = pool.take()
+                    recv = [pool.view(rslot, j, self._shape(t, nregion[2])) for j, t in enumerate(own)]
+                self.sent_bytes += sum(x.numel() * x.element_size() for x in send)
+                pending = (comm.ring_start(send, recv, tag=0), slot, i)
+                incoming.append((rslot, recv))
+            cur = incoming
+            if not ahead:
+                pool.free.clear()  # the block is used up: its buffers go before the gradients move
+            if grads is not None and size > 1:
+                for j in range(len(grads)):
+                    grads[j] = self._pass_on(grads[j], self._shape(grads[j], self.k_lengths[nsrc]),
+                                             tag=len(own) + j)
+        settle()
+        return grads
+
+    @staticmethod
+    def _shape(t: torch.Tensor, n: int):
+        return (*t.shape[:2], n, t.shape[-1])
 
     def _pass_on(self, g: torch.Tensor, incoming_shape, tag: int) -> torch.Tensor:
         """Send ``g`` to the next rank and return the tensor received from the previous one.
@@ -252,8 +352,9 @@ def _ring_forward(ring: _Ring, q, k, v, params: dict):
         sums = {name: (torch.matmul(t, q.new_zeros(b, h, 0, dv)) if name in values else t.sum(-1, keepdim=True))
                 .expand(b, h, lq, -1).clone()
                 for name, t in rule.terms(p, z0, None, st0).items()}
-        for src, (kb, vb) in ring.blocks([k, v]):
-            for t in ring.tiles(src, q.device):
+        def visit(region, parts, _, p=p, values=values, top=top, bottom=bottom, sums=sums):
+            kb, vb = parts
+            for t in ring.tiles(region, q.device):
                 st = _Ring.view(params, rows, t.r0, t.r1, lq)
                 x = ring.scores(q[:, :, t.r0:t.r1] * ring.scale, kb, t)
                 z = rule.z(p, x, st)
@@ -271,6 +372,8 @@ def _ring_forward(ring: _Ring, q, k, v, params: dict):
                     part = (torch.matmul(term, ring.values(vb, t, term.dtype)) if name in values
                             else term.sum(-1, keepdim=True))
                     sums[name][..., t.r0:t.r1, :] += part
+
+        ring.circulate([k, v], visit)
         if top is not None:
             rows[f"m{p}"] = top.final()
             rows[f"ties{p}"] = top.ties.clamp_min(1.0)
@@ -313,9 +416,13 @@ def _add(acc: dict, key, g, r0=None, r1=None, like=None) -> None:
     acc[key][..., r0:r1, :] += g
 
 
-def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool):
+def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool, out_saved=None):
     """``dq`` (local), ``dk``, ``dv`` (this rank's blocks, after travelling the ring) and the
-    local gradients of the tensor parameters (summed over ranks by the caller)."""
+    local gradients of the tensor parameters (summed over ranks by the caller).
+
+    A value sum saved as ``None`` is recovered from the output ``out_saved``: the rule's
+    output is ``a * S`` with ``a`` per row (:attr:`StreamRule.output_scales_values`), so
+    ``S = out / a`` where ``a != 0`` (and 0 where ``a = 0``: those rows output 0)."""
     rule = ring.rule
     all_sums, kept = saved
     lq = q.shape[2]
@@ -329,7 +436,7 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
     sum_leaves, stat_graphs = [], []
     with torch.enable_grad():
         for p in range(rule.passes):
-            leaves = {name: _leaf(t, True) for name, t in all_sums[p].items()}
+            leaves = {name: _leaf(t, True) for name, t in all_sums[p].items() if t is not None}
             sum_leaves.append(leaves)
             if p < last:
                 stats = rule.stats(p, leaves, st_full)
@@ -341,11 +448,28 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
     value_names = [n for n in all_sums[last] if n in rule.value_terms[last]]
     detached = {**kept, **{n: t.detach() for n, t in row_diff.items()}}
 
+    def sum_rows(name, r0, r1) -> torch.Tensor:
+        """Rows ``r0:r1`` of the last pass's sum ``name`` (a value sum not kept: from the output)."""
+        t = all_sums[last][name]
+        if t is not None:
+            return t[..., r0:r1, :]
+        assert out_saved is not None  # kept in its place
+        out = out_saved[..., r0:r1, :]
+        probe = {n: (out.new_ones(*out.shape[:-1], 1) if s is None else s[..., r0:r1, :])
+                 for n, s in all_sums[last].items()}
+        with torch.no_grad():
+            a = rule.output(probe, _Ring.view(params, detached, r0, r1, lq))
+            if ring.empty_rows:
+                assert ring.count is not None  # set with empty_rows
+                a = torch.where(ring.count[..., r0:r1, :] > 0, a, torch.zeros_like(a))
+            nonzero = a != 0
+            return torch.where(nonzero, out / torch.where(nonzero, a, torch.ones_like(a)), torch.zeros_like(out))
+
     def output_rows(r0, r1, grad_values: bool, graph: bool):
         """The output of rows ``r0:r1`` from the sums (autograd graph to the sums, the per-row
         quantities and the parameters when ``graph``)."""
-        leaves = {n: _leaf(t[..., r0:r1, :], graph or (grad_values and n in value_names))
-                  for n, t in all_sums[last].items()}
+        leaves = {n: _leaf(sum_rows(n, r0, r1), graph or (grad_values and n in value_names))
+                  for n in all_sums[last]}
         st = _Ring.view(params, st_full if graph else detached, r0, r1, lq)
         out = rule.output(leaves, st)
         if ring.empty_rows:
@@ -373,7 +497,7 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
                 g_sums[name] = "recompute"
             else:
                 if g_sums.get(name) is None:
-                    g_sums[name] = torch.zeros_like(all_sums[last][name])
+                    g_sums[name] = torch.zeros_like(all_sums[last][name])  # a row sum: (B, H, Lq, 1)
                 g_sums[name][..., r0:r1, :] = g
         rest = gs[len(names):]
         for name, g in zip(row_names, rest[:len(row_names)]):
@@ -397,69 +521,117 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
 
     dqs = torch.zeros_like(q)
     cdt = q.dtype
+
+    def term_gradients(terms: dict, values, g_sums, vt, t: Tile, outs: list):
+        """Append ``(term, gradient)`` to ``outs`` for the terms with a gradient, one entry per
+        distinct tensor; return ``dV`` of the tile (None without value terms)."""
+        by_term: dict = {}  # id(term) -> index in outs
+        mine: dict = {}  # id(term) -> whether its gradient in outs is a tensor of our own
+        dvt = None
+        for name, term in terms.items():
+            g = g_sums.get(name)
+            if g is None:
+                continue
+            if isinstance(g, str):  # recomputed for these rows
+                g = value_grads(t.r0, t.r1)[name]
+                if g is None:
+                    continue
+            else:
+                g = g[..., t.r0:t.r1, :]
+            if name in values:
+                if need_v:
+                    part = torch.matmul(term.detach().transpose(-1, -2), g)
+                    dvt = part if dvt is None else dvt.add_(part)
+                g = torch.matmul(g, vt.transpose(-1, -2))
+            if not term.requires_grad:
+                continue
+            owned = name in values  # g is a new tensor of the term's shape, free to add into
+            i = by_term.get(id(term))
+            if i is None:
+                by_term[id(term)] = len(outs)
+                outs.append((term, g if owned else g.expand_as(term)))
+                mine[id(term)] = owned
+            elif mine[id(term)]:
+                outs[i][1].add_(g)
+            else:
+                outs[i] = (term, g.add_(outs[i][1]) if owned else g + outs[i][1])
+                mine[id(term)] = True
+        return dvt
+
+    def tile_backward(p, values, extremes, g_sums, kb, vb, dkb, dvb, t: Tile) -> None:
+        """Add one tile's share to ``dq``, ``dK``, ``dV`` and the per-row and parameter gradients.
+
+        The gradient of each summed term is formed directly (``g V^T`` for a value sum, ``g``
+        for a row sum; terms that are the same tensor, as softmax's numerator and
+        denominator, get one gradient), ``dV`` is ``term^T g``; autograd then runs only from
+        the terms back to the scores, between gradient edges, so that neither the terms nor
+        the scores are held while it runs (the scores come from a query leaf, and
+        ``q K^T`` keeps only its inputs): a few tiles of memory, not a dozen."""
+        st = _Ring.view(params, kept, t.r0, t.r1, lq)
+        tile_leaves = {}
+        for name in row_names:
+            if name in extremes:
+                continue
+            tile_leaves[name] = st[name] = _leaf(row_diff[name].detach()[..., t.r0:t.r1, :], True)
+        qs = _leaf(q[:, :, t.r0:t.r1] * ring.scale, True)
+        outs: list = []  # (tensor whose gradient is known, that gradient)
+        with torch.enable_grad():
+            x = ring.scores(qs, kb, t)
+            x_edge = get_gradient_edge(x)
+            z = rule.z(p, x, st)
+            del x
+            terms = rule.terms(p, z, t.visible, st)
+            if p == last:
+                for flag, key, ties in ((rule.max_grad, f"m{p}", f"ties{p}"), (rule.min_grad, f"mn{p}", f"minties{p}")):
+                    if flag and acc.get(key) is not None:
+                        hit = z.detach() == kept[key][..., t.r0:t.r1, :]
+                        if t.visible is not None:
+                            hit = hit & t.visible
+                        outs.append(((z * hit).sum(-1, keepdim=True), (acc[key] / kept[ties])[..., t.r0:t.r1, :]))
+        del z
+        dvt = term_gradients(terms, values, g_sums, ring.values(vb, t, cdt) if values else None, t, outs)
+        del terms
+        if dvt is not None:
+            dvb[:, :, t.c0:t.c1] += ring.fold(dvt)
+            del dvt
+        if not outs:
+            return
+        names = list(tile_leaves)
+        inputs = [tile_leaves[n] for n in names] + [params[n] for n in param_names]
+        wanted = [0] + [1 + i for i, u in enumerate(inputs) if u.requires_grad]
+        edges = [get_gradient_edge(u) for u, _ in outs]
+        gouts = [g for _, g in outs]
+        targets = [x_edge] + [get_gradient_edge(inputs[i - 1]) for i in wanted[1:]]
+        del outs, inputs
+        got = torch.autograd.grad(edges, targets, gouts, allow_unused=True)
+        del gouts
+        grads: list = [None] * (1 + len(names) + len(param_names))
+        for i, g in zip(wanted, got):
+            grads[i] = g
+        del got
+        dx = grads[0]
+        if dx is not None:
+            kt = kb[:, :, t.c0:t.c1].to(cdt)
+            if ring.groups > 1:
+                kt = kt.repeat_interleave(ring.groups, dim=1)
+            dqs[:, :, t.r0:t.r1] += torch.matmul(dx, kt)
+            dkb[:, :, t.c0:t.c1] += ring.fold(torch.matmul(dx.transpose(-1, -2), qs))
+        for name, g in zip(names, grads[1:1 + len(names)]):
+            _add(acc, name, g, t.r0, t.r1, row_diff[name])
+        for name, g in zip(param_names, grads[1 + len(names):]):
+            _add(acc, "param:" + name, g)
+
     dk = dv = None
     for p in range(last, -1, -1):
         values = rule.value_terms[p]
         if any(g is not None for g in g_sums.values()) or extremes:
-            def block_backward(src, cur, grads, p=p, values=values, extremes=extremes, g_sums=g_sums):
-                kb, vb = cur
-                dkb, dvb = grads
-                for t in ring.tiles(src, q.device):
-                    st = _Ring.view(params, kept, t.r0, t.r1, lq)
-                    tile_leaves = {}
-                    for name in row_names:
-                        if name in extremes:
-                            continue
-                        tile_leaves[name] = st[name] = _leaf(row_diff[name].detach()[..., t.r0:t.r1, :], True)
-                    qs = q[:, :, t.r0:t.r1] * ring.scale
-                    x = _leaf(ring.scores(qs, kb, t), True)
-                    vt = _leaf(ring.values(vb, t, cdt), need_v and bool(values))
-                    outs_t, gouts = [], []
-                    with torch.enable_grad():
-                        z = rule.z(p, x, st)
-                        for name, term in rule.terms(p, z, t.visible, st).items():
-                            g = g_sums.get(name)
-                            if g is None or not term.requires_grad:
-                                continue
-                            if isinstance(g, str):  # recomputed for these rows
-                                g = value_grads(t.r0, t.r1)[name]
-                                if g is None:
-                                    continue
-                            else:
-                                g = g[..., t.r0:t.r1, :]
-                            outs_t.append(torch.matmul(term, vt) if name in values else term.sum(-1, keepdim=True))
-                            gouts.append(g)
-                        if p == last:
-                            for flag, key, ties in ((rule.max_grad, f"m{p}", f"ties{p}"),
-                                                    (rule.min_grad, f"mn{p}", f"minties{p}")):
-                                if flag and acc.get(key) is not None:
-                                    hit = z.detach() == kept[key][..., t.r0:t.r1, :]
-                                    if t.visible is not None:
-                                        hit = hit & t.visible
-                                    outs_t.append((z * hit).sum(-1, keepdim=True))
-                                    gouts.append((acc[key] / kept[ties])[..., t.r0:t.r1, :])
-                    if not outs_t:
-                        continue
-                    names = list(tile_leaves)
-                    grads = _grads(outs_t, [x, vt] + [tile_leaves[n] for n in names] + [params[n] for n in param_names],
-                                   gouts)
-                    dx = grads[0]
-                    if dx is not None:
-                        kt = kb[:, :, t.c0:t.c1].to(cdt)
-                        if ring.groups > 1:
-                            kt = kt.repeat_interleave(ring.groups, dim=1)
-                        dqs[:, :, t.r0:t.r1] += torch.matmul(dx, kt)
-                        dkb[:, :, t.c0:t.c1] += ring.fold(torch.matmul(dx.transpose(-1, -2), qs))
-                    if grads[1] is not None:
-                        dvb[:, :, t.c0:t.c1] += ring.fold(grads[1])
-                    for name, g in zip(names, grads[2:2 + len(names)]):
-                        _add(acc, name, g, t.r0, t.r1, row_diff[name])
-                    for name, g in zip(param_names, grads[2 + len(names):]):
-                        _add(acc, "param:" + name, g)
+            def visit(region, parts, grad_parts, p=p, values=values, extremes=extremes, g_sums=g_sums):
+                kb, vb = parts
+                dkb, dvb = grad_parts
+                for t in ring.tiles(region, q.device):
+                    tile_backward(p, values, extremes, g_sums, kb, vb, dkb, dvb, t)
 
-            for src, cur, grads in ring.grad_blocks([k, v], cdt):
-                block_backward(src, cur, grads)
-            own_dk, own_dv = ring.extra.pop("own_grads")
+            own_dk, own_dv = ring.circulate([k, v], visit, grad_dtype=cdt)
             dk = own_dk if dk is None else dk.add_(own_dk)
             dv = own_dv if dv is None else dv.add_(own_dv)
         if p > 0:
@@ -489,19 +661,30 @@ class _RingAttention(torch.autograd.Function):
         params = dict(ring.fixed)
         params.update(zip(ring.tensor_names, [t.to(cdt) for t in tensors]))
         out, saved = _ring_forward(ring, q.to(cdt), k, v, params)
+        result = out.to(ring.out_dtype)
+        all_sums, _ = saved
+        rule, last = ring.rule, ring.rule.passes - 1
+        value_names = [n for n in all_sums[last] if n in rule.value_terms[last]]
+        kept_out = None
+        if len(value_names) == 1 and result is out and rule.output_scales_values:
+            # the output is a * S (a per row): keep it, which the caller holds anyway, instead of
+            # the value sum S, a second tensor of the output's size (see _ring_backward)
+            all_sums[last] = {n: (None if n == value_names[0] else t) for n, t in all_sums[last].items()}
+            kept_out = result
         ctx.ring, ctx.saved = ring, saved
-        ctx.save_for_backward(q, k, v, *tensors)
-        return out.to(ring.out_dtype)
+        ctx.save_for_backward(q, k, v, kept_out, *tensors)
+        return result
 
     @staticmethod
     def backward(ctx, dout):
         ring = ctx.ring
-        q, k, v, *tensors = ctx.saved_tensors
+        q, k, v, kept_out, *tensors = ctx.saved_tensors
         needs = ctx.needs_input_grad
         cdt = compute_dtype(q.dtype)
         params = dict(ring.fixed)
         params.update({n: _leaf(t.to(cdt), needs[4 + i]) for i, (n, t) in enumerate(zip(ring.tensor_names, tensors))})
-        dq, dk, dv, dparams = _ring_backward(ring, q.to(cdt), k, v, params, ctx.saved, dout.to(cdt), needs[3])
+        dq, dk, dv, dparams = _ring_backward(ring, q.to(cdt), k, v, params, ctx.saved, dout.to(cdt), needs[3],
+                                             kept_out)
         grads = []
         for name, t in zip(ring.tensor_names, tensors):
             g = dparams.get(name)
@@ -675,6 +858,11 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         **params: the normalizer's parameters: numbers, or per-head tensors broadcastable to
             ``(B, H, 1, 1)`` (learnable; their gradient is summed over the ranks).
 
+    Memory: besides its shard of the inputs, output and gradients, a rank holds ``1 + 1/m``
+    key/value blocks on the ring (``m`` regions per block, see the module docstring) and a
+    few tiles. The backward reads the returned output: changing it in place before the
+    backward raises autograd's error (as for torch's own functions that keep their output).
+
     Returns:
         ``(B, H, Lq_local, Dv)``: this rank's output rows, in the dtype of ``q``.
     """
@@ -711,6 +899,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ring = _Ring(comm, rule, fixed, tensor_names, scale, is_causal, lk_total - lq_total, q_segs[comm.rank],
                  k_segs, k_lengths, h // k.shape[1], bool_mask, additive, block_q=block_q, block_k=block_k,
                  out_dtype=q.dtype)
+    ring.cut_regions()
     ring.count = _count(ring, b, h, ring_positions(q_segs[comm.rank]), lk_total, cdt, q.device)
     ring.empty_rows = bool((ring.count == 0).any())
     tensors = [merged[n] for n in tensor_names]
