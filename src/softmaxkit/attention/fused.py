@@ -267,34 +267,71 @@ def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
     if kind == "threshold":
         assert isinstance(form, forms.Threshold)
         z = s if form.g is forms.identity else forms.call(form.g, s, params, blk.count)
-        blk.fill(z, float("-inf"))
-        p = _entmax(z, plan.alpha)
-        u = plan.alpha - 1.0
-        top = z.amax(-1, keepdim=True)
-        top_p = p.amax(-1, keepdim=True)
-        tau = u * top - (top_p if u == 1.0 else top_p ** u)
-        if blk.empty is not None:
-            tau = torch.where(blk.empty, torch.zeros_like(tau), tau)
+        p, tau = _entmax(z, plan.alpha, blk)
         blk.stats["tau"] = tau
         return p, None
     vis = _visible(blk, s)
     return plan.spec.fn(s, dim=-1, mask=vis, **params), None
 
 
-def _entmax(z: torch.Tensor, alpha: float) -> torch.Tensor:
-    """alpha-entmax of rows with ``-inf`` at hidden entries: the row kernels when they
-    cover the input (CPU, float32/float64), else the reference solver."""
-    from ..normalizers.entmax import entmax
+def _entmax(z: torch.Tensor, alpha: float, blk: _Block) -> tuple[torch.Tensor, torch.Tensor]:
+    """alpha-entmax of the tile's rows and their thresholds ``tau`` (``p = [u z - tau]_+^{1/u}``,
+    ``u = alpha - 1``; 0 for a row with nothing visible). On the CPU (float32/float64) the numba
+    row kernel overwrites ``z`` with ``p``: block maxima bound the threshold, only the blocks
+    above the bound are read entry by entry, and a causal row is read only up to its last
+    visible key. Elsewhere (or under the reference backend) the reference solver on the filled
+    tile, and ``tau`` from each row's largest weight."""
+    from ..kernels import dispatch
 
     if torch.compiler.is_compiling():
-        return entmax_by_bisection(z, alpha)
+        p = entmax_by_bisection(blk.fill(z, float("-inf")), alpha)
+    elif dispatch.plan("entmax", z, -1, None, alpha=alpha) == "numba" and z.is_contiguous():
+        return _entmax_kernel(z, alpha, blk)
+    else:
+        from ..normalizers.entmax import entmax
+
+        p = entmax(blk.fill(z, float("-inf")), alpha=alpha)
+    return p, _tau_of(z, p, alpha, blk.empty)
+
+
+def _tau_of(z: torch.Tensor, p: torch.Tensor, alpha: float, empty: torch.Tensor | None) -> torch.Tensor:
+    """``tau = u max(z) - max(p)^u`` per row (``-inf`` at hidden entries of ``z``; 0 where
+    ``empty``)."""
+    u = alpha - 1.0
+    top_p = p.amax(-1, keepdim=True)
+    tau = u * z.amax(-1, keepdim=True) - (top_p if u == 1.0 else top_p ** u)
+    if empty is not None:
+        tau = torch.where(empty, torch.zeros_like(tau), tau)
+    return tau
+
+
+def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block) -> tuple[torch.Tensor, torch.Tensor]:
+    from ..kernels.cpu.sparse_functions import entmax_in_place
+    from ..normalizers.entmax import entmax_reference
+
+    c = z.shape[-1]
+    stop = None
+    if blk.hidden is None and blk.tri is not None:   # causal only: each row's visible prefix
+        stop = (blk.d0 + (~blk.tri).sum(-1)).expand(z.shape[:-1])
+    else:
+        blk.fill(z, float("-inf"))
     # numba's OpenMP pool resets the OpenMP thread count torch reads (seen: 1 -> 2 after
     # the first kernel), which then runs every elementwise op on an oversubscribed team
     threads = torch.get_num_threads()
-    p = entmax(z, alpha=alpha)   # the dispatcher: row kernels where they cover the input, else the reference
+    tau, todo = entmax_in_place(z, alpha, stop)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    return p
+    tau = tau.to(z.dtype).unsqueeze(-1)
+    if bool(todo.any()):   # a NaN or a +inf: those rows (left as they were) by the reference
+        rows = z[todo]
+        visible = rows > float("-inf")
+        if stop is not None:
+            visible &= torch.arange(c) < stop[todo].unsqueeze(-1)
+        rows = rows.masked_fill(~visible, float("-inf"))
+        p = entmax_reference(rows, mask=visible, alpha=alpha)
+        z[todo] = p
+        tau[todo] = _tau_of(rows, p, alpha, ~visible.any(-1, keepdim=True))
+    return z, tau
 
 
 #: bisection steps of :func:`entmax_by_bisection`: the bracket (width below 1) shrinks to

@@ -60,6 +60,14 @@ from .softmax import _max
 MAX_STEPS = 200
 #: Entries per chunk: a chunk is scanned entry by entry only if its maximum can matter.
 CHUNK = 64
+#: Entries per block of the forward row solver: the block maxima give a lower bound on the
+#: threshold, and only blocks whose maximum exceeds it are read entry by entry.
+BLOCK = 32
+#: Slack under the block-level bound (shifted units, where the threshold lies in [-1/u, 0]):
+#: covers the solver's rounding and tolerance, costs no candidate in practice.
+MARGIN = 1e-6
+#: Row groups per thread in :func:`entmax_rows` (rows are dealt round-robin to the groups).
+GROUPS_PER_THREAD = 8
 
 
 @njit(cache=True, error_model="numpy")
@@ -126,10 +134,11 @@ def _compact(vals, idx, count, lower):
 
 
 @njit(cache=True, error_model="numpy")
-def _threshold(vals, idx, count, n, u):
-    """Root ``theta`` of ``f`` by safeguarded Newton; returns (theta, candidate count)."""
-    lo = -1.0 / u
-    hi = -math.exp(-u * math.log(n)) / u
+def _threshold(vals, idx, count, u, lo):
+    """Root ``theta`` of ``f`` over the candidates, from the lower bound ``lo``, by safeguarded
+    Newton (any alpha); returns (theta, candidate count). ``-count^{-u} / u`` bounds the root
+    from above (each of the ``count`` terms is at most ``1 / count`` there)."""
+    hi = max(-math.exp(-u * math.log(max(count, 1))) / u, lo)
     theta = lo
     tol = 4e-16 * max(1.0, count)
     best, best_f = theta, math.inf
@@ -155,15 +164,7 @@ def _threshold(vals, idx, count, n, u):
             step = mid
         prev_f = abs(F)
         theta = step
-    theta = best
-    if u == 1.0 or u == 0.5:
-        # exact on the support found; repeat while the support it implies differs
-        for _ in range(8):
-            exact = _closed_form(vals, count, theta, u)
-            if exact == theta:
-                break
-            theta = exact
-    return theta, count
+    return best, count
 
 
 @njit(fastmath={"reassoc", "nsz"}, cache=True, error_model="numpy")
@@ -196,61 +197,172 @@ def _gather_above(x, reach, top, vals, idx):
     return count
 
 
-@njit(cache=True, error_model="numpy")
-def _reach(top, u):
-    """A value of ``top``'s type ``< top`` and ``<= top - 1/u`` (exactly): entries above it
-    are the candidates. ``top - 1/u`` rounded in the input type can equal ``top`` (|x| about
-    1e8 in float32, a -1e9 mask fill), which would leave no candidate at all."""
-    exact = np.float64(top) - 1.0 / u
-    reach = cast_like(exact, top)
-    if np.float64(reach) > exact or reach >= top:
-        reach = np.nextafter(reach, cast_like(-np.inf, top))
-    return reach
+@njit(fastmath={"reassoc", "nsz"}, cache=True, error_model="numpy")
+def _count_nan(x):
+    """NaN entries of ``x`` (vectorised count)."""
+    bad = 0
+    for i in range(x.shape[0]):
+        bad += x[i] != x[i]
+    return bad
 
 
 @njit(cache=True, error_model="numpy")
-def _row(x, out, u):
-    """alpha-entmax of one row into ``out``; False for a row it leaves to the reference
-    (a NaN or a ``+inf``, or a result that is not a finite distribution)."""
+def _sparsemax_threshold(vals, idx, count, theta):
+    """Michelot's (1986) iteration from a lower bound ``theta``: ``theta <- (sum_S v - 1) / |S|``
+    over ``S = {v > theta}`` until ``S`` stops shrinking. Every iterate is a lower bound (the
+    threshold of a subset), so ``S`` always contains the support and the last iterate is exact.
+    Returns (theta, support size); the support is compacted to the front of ``vals`` / ``idx``."""
+    first = True
+    for _ in range(count + 2):
+        kept = 0
+        total = 0.0
+        for i in range(count):
+            v = vals[i]
+            if v > theta:
+                vals[kept] = v
+                idx[kept] = idx[i]
+                kept += 1
+                total += v
+        if kept == 0 or (kept == count and not first):
+            return theta, kept
+        first = False
+        count = kept
+        theta = (total - 1.0) / kept
+    return theta, count
+
+
+@njit(cache=True, error_model="numpy")
+def _entmax15_threshold(vals, idx, count, theta):
+    """1.5-entmax threshold from a lower bound ``theta``: Newton steps (``f`` is convex, so they
+    stay below the root and ``S = {v > theta}`` keeps the support), each pass also giving the
+    closed-form root of ``f`` restricted to ``S``; that root is exact as soon as every entry of
+    ``S`` lies above it. Returns (theta, support size) like :func:`_sparsemax_threshold`."""
+    for _ in range(MAX_STEPS):
+        kept = 0
+        s1 = 0.0
+        s2 = 0.0
+        low = math.inf
+        for i in range(count):
+            v = vals[i]
+            if v > theta:
+                vals[kept] = v
+                idx[kept] = idx[i]
+                kept += 1
+                w = 0.5 * (v - theta)
+                s1 += w
+                s2 += w * w
+                low = min(low, v)
+        count = kept
+        if kept == 0:
+            return theta, 0
+        excess = s2 - 1.0       # f(theta) = sum_S w^2 - 1, -f'(theta) = sum_S w
+        if excess <= 0.0:
+            break               # theta is the root to rounding
+        disc = s1 * s1 - kept * excess
+        if disc >= 0.0 and low > theta + 2.0 * (s1 - math.sqrt(disc)) / kept:
+            return _closed_form(vals, count, theta, 0.5), count   # the same root, computed stably
+        step = theta + excess / s1
+        if not step > theta:
+            break
+        theta = step
+    return theta, count
+
+
+@njit(cache=True, error_model="numpy")
+def _solve(vals, idx, count, u, lower):
+    """The threshold of the candidates ``vals[:count]`` (shifted scores, maximum 0, all above
+    the lower bound ``lower``) for ``u = alpha - 1``; returns (theta, candidates left)."""
+    if u == 1.0:
+        return _sparsemax_threshold(vals, idx, count, lower)
+    if u == 0.5:
+        return _entmax15_threshold(vals, idx, count, lower)
+    return _threshold(vals, idx, count, u, lower)
+
+
+@njit(cache=True, error_model="numpy")
+def _row(x, out, u, stop, peaks, vals, idx):
+    """alpha-entmax of ``x[:stop]`` into ``out`` (``out[stop:] = 0``: entries past ``stop`` are
+    hidden); ``out`` may be ``x`` itself (nothing is written before the row is solved).
+
+    Returns ``(ok, tau)`` with ``p = [u x - tau]_+^{1/u}``; ``ok`` is False for a row left to
+    the reference (a NaN or a ``+inf``, or no finite distribution found), which is not written.
+    ``peaks``, ``vals``, ``idx``: scratch of at least ``ceil(stop / BLOCK)``, ``stop``, ``stop``.
+    """
     n = x.shape[0]
+    if stop <= 0 or n == 0:
+        out[:] = 0
+        return True, 0.0
+    xs = x[:stop]
+    if _count_nan(xs):
+        return False, 0.0
     neg_inf = cast_like(-np.inf, x[0])
-    top = _max(x, neg_inf)
-    out[:] = 0
+    nb = (stop + BLOCK - 1) // BLOCK
+    top = neg_inf
+    for b in range(nb):
+        m = _max(xs[b * BLOCK:min(stop, b * BLOCK + BLOCK)], neg_inf)
+        peaks[b] = m
+        if m > top:
+            top = m
     if top == -neg_inf:
-        return False
+        return False, 0.0
     if top == neg_inf:
-        return True
-    reach = _reach(top, u)
-    count, nans = _count_above(x, reach)
-    if nans or count == 0:
-        return False
-    vals = np.empty(count, np.float64)
-    idx = np.empty(count, np.int64)
-    count = _gather_above(x, reach, top, vals, idx)
-    theta, count = _threshold(vals, idx, count, n, u)
+        out[:] = 0
+        return True, 0.0
+    top64 = np.float64(top)
+    # level 1: the block maxima are a subset of the row, and the threshold of a subset is a
+    # lower bound on the row's (f only grows with more entries)
+    count = 0
+    for b in range(nb):
+        v = peaks[b] - top64
+        if v > -1.0 / u:
+            vals[count] = v
+            idx[count] = b
+            count += 1
+    theta, _ = _solve(vals, idx, count, u, -1.0 / u)
+    lower = max(theta - MARGIN, -1.0 / u)
+    # level 2: the entries above the bound, from the blocks that have any
+    count = 0
+    for b in range(nb):
+        if peaks[b] - top64 > lower:
+            for i in range(b * BLOCK, min(stop, b * BLOCK + BLOCK)):
+                v = np.float64(xs[i]) - top64
+                if v > lower:
+                    vals[count] = v
+                    idx[count] = i
+                    count += 1
+    theta, count = _solve(vals, idx, count, u, lower)
     total = 0.0
     for i in range(count):
         w = u * (vals[i] - theta)
         vals[i] = _power(w, u) if w > 0 else 0.0
         total += vals[i]
     if not (total > 0.5 and total < 2.0):
-        return False
+        return False, 0.0
     scale = 1.0 / total if u != 1.0 and u != 0.5 else 1.0
+    out[:] = 0
     for i in range(count):
         out[idx[i]] = vals[i] * scale
-    return True
+    return True, u * (top64 + theta)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def entmax_rows(x, out, alpha, special):
-    """alpha-entmax of each row of ``x`` (C-contiguous 2-d); ``alpha`` float64, one per row."""
+def entmax_rows(x, out, alpha, stop, tau, special, groups):
+    """alpha-entmax of each row of ``x`` (C-contiguous 2-d) into ``out`` (which may be ``x``).
+
+    ``alpha`` float64 and ``stop`` int64 (entries ``>= stop`` are hidden), one per row;
+    ``tau`` (float64) receives each row's threshold, ``p = [(alpha - 1) x - tau]_+^{1/(alpha-1)}``.
+    Rows are dealt round-robin to ``groups`` groups (causal rows differ in length; a few per
+    thread balance them), each with its own scratch."""
     rows, n = x.shape
-    for r in prange(rows):
-        if n == 0:
-            special[r] = 0
-            continue
-        ok = _row(x[r], out[r], alpha[r] - 1.0)
-        special[r] = 0 if ok else 1
+    groups = max(1, min(rows, groups))
+    for g in prange(groups):
+        peaks = np.empty((n + BLOCK - 1) // BLOCK + 1, np.float64)
+        vals = np.empty(n + 1, np.float64)
+        idx = np.empty(n + 1, np.int64)
+        for r in range(g, rows, groups):
+            ok, t = _row(x[r], out[r], alpha[r] - 1.0, min(n, stop[r]), peaks, vals, idx)
+            tau[r] = t
+            special[r] = 0 if ok else 1
 
 
 @njit(cache=True, error_model="numpy")

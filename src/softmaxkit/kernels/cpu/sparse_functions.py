@@ -9,6 +9,7 @@ in :mod:`softmaxkit.kernels.dispatch`.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from . import FLAG_TODO, call_kernel, sync_threads
@@ -42,14 +43,17 @@ def _differentiable_backward(p, grad, alpha, special):
 class _EntmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, alpha_tensor, alpha_value):
-        sync_threads()
+        threads = sync_threads()
         n = x.shape[-1]
         x2 = x.detach().reshape(-1, n)
         rows = x2.shape[0]
         alpha = _alpha_rows(alpha_tensor if alpha_tensor is not None else alpha_value, rows)
         out = torch.empty_like(x2)
         special = torch.full((rows,), FLAG_TODO, dtype=torch.uint8)
-        call_kernel("entmax", _k.entmax_rows, x2.numpy(), out.numpy(), alpha.numpy(), special.numpy())
+        stop = np.full(rows, n, dtype=np.int64)
+        tau = np.empty(rows, dtype=np.float64)
+        call_kernel("entmax", _k.entmax_rows, x2.numpy(), out.numpy(), alpha.numpy(), stop, tau, special.numpy(),
+                    _k.GROUPS_PER_THREAD * threads)
         todo = special != 0
         if bool(todo.any()):
             out[todo] = 0
@@ -90,3 +94,27 @@ def entmax(x: torch.Tensor, alpha):
     if isinstance(alpha, torch.Tensor):
         return _EntmaxFunction.apply(x, alpha, None)
     return _EntmaxFunction.apply(x, None, float(alpha))
+
+
+def entmax_in_place(x: torch.Tensor, alpha: float, stop: torch.Tensor | None = None):
+    """alpha-entmax of the rows of ``x`` (CPU, C-contiguous, float32 / float64, last axis)
+    written over ``x``, without autograd (the fused attention path).
+
+    ``stop``: int64 per row (``x.shape[:-1]``), the visible prefix of each row; entries at or
+    after it are hidden (set to 0) whatever they hold. ``-inf`` entries are hidden too.
+    Returns ``(tau, todo)``: each row's threshold (float64, ``x.shape[:-1]``) with
+    ``p = [(alpha - 1) x - tau]_+^{1/(alpha - 1)}`` (0 for a row with nothing visible), and the
+    rows the kernel left to the reference (a NaN or a ``+inf``), which still hold their input.
+    """
+    threads = sync_threads()
+    n = x.shape[-1]
+    x2 = x.view(-1, n)
+    rows = x2.shape[0]
+    stops = np.full(rows, n, dtype=np.int64) if stop is None else stop.reshape(rows).to(torch.int64).numpy()
+    alphas = np.full(rows, float(alpha), dtype=np.float64)
+    tau = np.zeros(rows, dtype=np.float64)
+    special = np.full(rows, FLAG_TODO, dtype=np.uint8)
+    a = x2.detach().numpy()
+    call_kernel("entmax", _k.entmax_rows, a, a, alphas, stops, tau, special, _k.GROUPS_PER_THREAD * threads)
+    shape = x.shape[:-1]
+    return torch.from_numpy(tau).reshape(shape), torch.from_numpy(special != 0).reshape(shape)
