@@ -245,9 +245,11 @@ def _visible(blk: _Block, like: torch.Tensor) -> torch.Tensor:
     return vis
 
 
-def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
+def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict, v: torch.Tensor | None = None):
     """The attention weights of the tile (``p`` or the unnormalised ``h``), and the row
-    divisor the output needs (None: none). Overwrites ``s`` when it can."""
+    divisor the output needs (None: none). Overwrites ``s`` when it can. Given the block's
+    values ``v``, the threshold family may return the block's output ``p v`` instead, from each
+    row's support (then ``blk.stats["attended"]`` is True)."""
     form, kind = plan.spec.form, plan.kind
     if kind == "softmax_of":
         assert isinstance(form, SoftmaxOf)  # the kind is the form's family
@@ -267,26 +269,28 @@ def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
     if kind == "threshold":
         assert isinstance(form, forms.Threshold)
         z = s if form.g is forms.identity else forms.call(form.g, s, params, blk.count)
-        p, tau = _entmax(z, plan.alpha, blk)
+        p, tau = _entmax(z, plan.alpha, blk, v)
         blk.stats["tau"] = tau
         return p, None
     vis = _visible(blk, s)
     return plan.spec.fn(s, dim=-1, mask=vis, **params), None
 
 
-def _entmax(z: torch.Tensor, alpha: float, blk: _Block) -> tuple[torch.Tensor, torch.Tensor]:
+def _entmax(z: torch.Tensor, alpha: float, blk: _Block,
+            v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """alpha-entmax of the tile's rows and their thresholds ``tau`` (``p = [u z - tau]_+^{1/u}``,
     ``u = alpha - 1``; 0 for a row with nothing visible). On the CPU (float32/float64) the numba
-    row kernel overwrites ``z`` with ``p``: block maxima bound the threshold, only the blocks
-    above the bound are read entry by entry, and a causal row is read only up to its last
-    visible key. Elsewhere (or under the reference backend) the reference solver on the filled
-    tile, and ``tau`` from each row's largest weight."""
+    row kernel: block maxima bound the threshold, only the blocks above the bound are read
+    entry by entry, and a causal row is read only up to its last visible key; given ``v`` it
+    returns ``p v`` computed from the support (a few entries per row) instead of ``p``, else it
+    overwrites ``z`` with ``p``. Elsewhere (or under the reference backend) the reference
+    solver on the filled tile, and ``tau`` from each row's largest weight."""
     from ..kernels import dispatch
 
     if torch.compiler.is_compiling():
         p = entmax_by_bisection(blk.fill(z, float("-inf")), alpha)
     elif dispatch.plan("entmax", z, -1, None, alpha=alpha) == "numba" and z.is_contiguous():
-        return _entmax_kernel(z, alpha, blk)
+        return _entmax_kernel(z, alpha, blk, v)
     else:
         from ..normalizers.entmax import entmax
 
@@ -305,8 +309,9 @@ def _tau_of(z: torch.Tensor, p: torch.Tensor, alpha: float, empty: torch.Tensor 
     return tau
 
 
-def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block) -> tuple[torch.Tensor, torch.Tensor]:
-    from ..kernels.cpu.sparse_functions import entmax_in_place
+def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block,
+                   v: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    from ..kernels.cpu.sparse_functions import entmax_attend, entmax_in_place
     from ..normalizers.entmax import entmax_reference
 
     c = z.shape[-1]
@@ -315,23 +320,36 @@ def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block) -> tuple[torch.Te
         stop = (blk.d0 + (~blk.tri).sum(-1)).expand(z.shape[:-1])
     else:
         blk.fill(z, float("-inf"))
+    attend = v is not None and v.dtype == z.dtype and z.dim() == 4 and z.shape[0] == 1
     # numba's OpenMP pool resets the OpenMP thread count torch reads (seen: 1 -> 2 after
     # the first kernel), which then runs every elementwise op on an oversubscribed team
     threads = torch.get_num_threads()
-    tau, todo = entmax_in_place(z, alpha, stop)
+    if attend:
+        assert v is not None
+        out, tau, todo = entmax_attend(z[0], v[0], alpha, None if stop is None else stop[0])
+        out, tau, todo = out.unsqueeze(0), tau.unsqueeze(0), todo.unsqueeze(0)
+    else:
+        tau, todo = entmax_in_place(z, alpha, stop)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
     tau = tau.to(z.dtype).unsqueeze(-1)
-    if bool(todo.any()):   # a NaN or a +inf: those rows (left as they were) by the reference
+    if bool(todo.any()):   # a NaN or a +inf: those rows (the kernel left z as it was) by the reference
         rows = z[todo]
         visible = rows > float("-inf")
         if stop is not None:
             visible &= torch.arange(c) < stop[todo].unsqueeze(-1)
         rows = rows.masked_fill(~visible, float("-inf"))
         p = entmax_reference(rows, mask=visible, alpha=alpha)
-        z[todo] = p
         tau[todo] = _tau_of(rows, p, alpha, ~visible.any(-1, keepdim=True))
-    return z, tau
+        if not attend:
+            z[todo] = p
+        else:
+            assert v is not None
+            full = torch.zeros_like(z)
+            full[todo] = p
+            out[todo] = torch.matmul(full, v)[todo]
+    blk.stats["attended"] = attend
+    return (out if attend else z), tau
 
 
 #: bisection steps of :func:`entmax_by_bisection`: the bracket (width below 1) shrinks to
@@ -387,8 +405,8 @@ class _FusedAttention(torch.autograd.Function):
             for blk in plan.blocks():
                 params = _block_params(plan, params_full, blk)
                 s = _scores(plan, bufs, qs, blk)
-                p, den = _weights(plan, s, blk, params)
-                o = torch.matmul(p, v[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c])
+                p, den = _weights(plan, s, blk, params, v[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c])
+                o = p if blk.stats.get("attended") else torch.matmul(p, v[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c])
                 if den is not None:
                     o = o / den
                 out[blk.b:blk.b + 1, blk.h0:blk.h1, blk.r0:blk.r1] = o

@@ -280,21 +280,21 @@ def _solve(vals, idx, count, u, lower):
 
 
 @njit(cache=True, error_model="numpy")
-def _row(x, out, u, stop, peaks, vals, idx):
-    """alpha-entmax of ``x[:stop]`` into ``out`` (``out[stop:] = 0``: entries past ``stop`` are
-    hidden); ``out`` may be ``x`` itself (nothing is written before the row is solved).
+def _support(x, u, stop, peaks, vals, idx):
+    """Solve alpha-entmax on ``x[:stop]`` (entries past ``stop`` are hidden, as are ``-inf``).
 
-    Returns ``(ok, tau)`` with ``p = [u x - tau]_+^{1/u}``; ``ok`` is False for a row left to
-    the reference (a NaN or a ``+inf``, or no finite distribution found), which is not written.
-    ``peaks``, ``vals``, ``idx``: scratch of at least ``ceil(stop / BLOCK)``, ``stop``, ``stop``.
+    Returns ``(status, tau, count)``: status 0 with the weights of the support in
+    ``vals[:count]`` at the positions ``idx[:count]`` and the threshold ``tau``
+    (``p = [u x - tau]_+^{1/u}``); status 2 for a row with nothing visible (``tau = 0``);
+    status 1 for a row left to the reference (a NaN or a ``+inf``, or no finite distribution
+    found). ``peaks``, ``vals``, ``idx``: scratch of at least ``ceil(stop / BLOCK)``,
+    ``stop``, ``stop`` entries. ``x`` is only read.
     """
-    n = x.shape[0]
-    if stop <= 0 or n == 0:
-        out[:] = 0
-        return True, 0.0
+    if stop <= 0:
+        return 2, 0.0, 0
     xs = x[:stop]
     if _count_nan(xs):
-        return False, 0.0
+        return 1, 0.0, 0
     neg_inf = cast_like(-np.inf, x[0])
     nb = (stop + BLOCK - 1) // BLOCK
     top = neg_inf
@@ -304,10 +304,9 @@ def _row(x, out, u, stop, peaks, vals, idx):
         if m > top:
             top = m
     if top == -neg_inf:
-        return False, 0.0
+        return 1, 0.0, 0
     if top == neg_inf:
-        out[:] = 0
-        return True, 0.0
+        return 2, 0.0, 0
     top64 = np.float64(top)
     # level 1: the block maxima are a subset of the row, and the threshold of a subset is a
     # lower bound on the row's (f only grows with more entries)
@@ -337,17 +336,17 @@ def _row(x, out, u, stop, peaks, vals, idx):
         vals[i] = _power(w, u) if w > 0 else 0.0
         total += vals[i]
     if not (total > 0.5 and total < 2.0):
-        return False, 0.0
-    scale = 1.0 / total if u != 1.0 and u != 0.5 else 1.0
-    out[:] = 0
-    for i in range(count):
-        out[idx[i]] = vals[i] * scale
-    return True, u * (top64 + theta)
+        return 1, 0.0, 0
+    if u != 1.0 and u != 0.5:   # closed forms are exact; elsewhere the tolerance of the solver
+        for i in range(count):
+            vals[i] /= total
+    return 0, u * (top64 + theta), count
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
 def entmax_rows(x, out, alpha, stop, tau, special, groups):
-    """alpha-entmax of each row of ``x`` (C-contiguous 2-d) into ``out`` (which may be ``x``).
+    """alpha-entmax of each row of ``x`` (C-contiguous 2-d) into ``out`` (which may be ``x``:
+    a row is written after it is solved; a row flagged in ``special`` is not written).
 
     ``alpha`` float64 and ``stop`` int64 (entries ``>= stop`` are hidden), one per row;
     ``tau`` (float64) receives each row's threshold, ``p = [(alpha - 1) x - tau]_+^{1/(alpha-1)}``.
@@ -360,9 +359,48 @@ def entmax_rows(x, out, alpha, stop, tau, special, groups):
         vals = np.empty(n + 1, np.float64)
         idx = np.empty(n + 1, np.int64)
         for r in range(g, rows, groups):
-            ok, t = _row(x[r], out[r], alpha[r] - 1.0, min(n, stop[r]), peaks, vals, idx)
+            status, t, count = _support(x[r], alpha[r] - 1.0, min(n, stop[r]), peaks, vals, idx)
             tau[r] = t
-            special[r] = 0 if ok else 1
+            special[r] = 1 if status == 1 else 0
+            if status != 1:
+                o = out[r]
+                o[:] = 0
+                for i in range(count):
+                    o[idx[i]] = vals[i]
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def entmax_attend(x, v, rows_per_head, alpha, stop, out, tau, special, groups):
+    """``out = alpha-entmax(x) v`` row by row, from the support only (no weight matrix).
+
+    ``x`` ``(rows, n)`` C-contiguous scores (``-inf`` hidden), row ``r`` belonging to head
+    ``r // rows_per_head`` of ``v`` ``(heads, n, d)``; ``out`` ``(rows, d)``; ``alpha``, ``stop``,
+    ``tau``, ``special`` as in :func:`entmax_rows` (a flagged row of ``out`` is not written).
+    The products accumulate in float64."""
+    rows, n = x.shape
+    d = v.shape[2]
+    groups = max(1, min(rows, groups))
+    for g in prange(groups):
+        peaks = np.empty((n + BLOCK - 1) // BLOCK + 1, np.float64)
+        vals = np.empty(n + 1, np.float64)
+        idx = np.empty(n + 1, np.int64)
+        acc = np.empty(d, np.float64)
+        for r in range(g, rows, groups):
+            status, t, count = _support(x[r], alpha[r] - 1.0, min(n, stop[r]), peaks, vals, idx)
+            tau[r] = t
+            special[r] = 1 if status == 1 else 0
+            if status == 1:
+                continue
+            vh = v[r // rows_per_head]
+            acc[:] = 0
+            for i in range(count):
+                p = vals[i]
+                vj = vh[idx[i]]
+                for e in range(d):
+                    acc[e] += p * vj[e]
+            o = out[r]
+            for e in range(d):
+                o[e] = acc[e]
 
 
 @njit(cache=True, error_model="numpy")

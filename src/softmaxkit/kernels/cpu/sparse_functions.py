@@ -118,3 +118,24 @@ def entmax_in_place(x: torch.Tensor, alpha: float, stop: torch.Tensor | None = N
     call_kernel("entmax", _k.entmax_rows, a, a, alphas, stops, tau, special, _k.GROUPS_PER_THREAD * threads)
     shape = x.shape[:-1]
     return torch.from_numpy(tau).reshape(shape), torch.from_numpy(special != 0).reshape(shape)
+
+
+def entmax_attend(x: torch.Tensor, v: torch.Tensor, alpha: float, stop: torch.Tensor | None = None):
+    """``alpha-entmax(x) @ v`` from each row's support, without the weight matrix and without
+    autograd (the fused attention path). ``x``: ``(heads, rows, n)`` scores (CPU, C-contiguous,
+    float32 / float64; ``-inf`` hidden); ``v``: ``(heads, n, d)``, same dtype; ``stop``: int64
+    per row (``(heads, rows)``), the visible prefix. Returns ``(out, tau, todo)``: ``out``
+    ``(heads, rows, d)``, the thresholds as in :func:`entmax_in_place`, and the rows left to
+    the reference (a NaN or a ``+inf``), whose ``out`` is zero."""
+    threads = sync_threads()
+    heads, m, n = x.shape
+    rows = heads * m
+    stops = np.full(rows, n, dtype=np.int64) if stop is None else stop.reshape(rows).to(torch.int64).numpy()
+    alphas = np.full(rows, float(alpha), dtype=np.float64)
+    tau = np.zeros(rows, dtype=np.float64)
+    special = np.full(rows, FLAG_TODO, dtype=np.uint8)
+    out = x.new_zeros(heads, m, v.shape[-1])
+    call_kernel("entmax", _k.entmax_attend, x.detach().view(rows, n).numpy(), v.detach().numpy(), m, alphas, stops,
+                out.view(rows, -1).numpy(), tau, special, _k.GROUPS_PER_THREAD * threads)
+    shape = (heads, m)
+    return out, torch.from_numpy(tau).reshape(shape), torch.from_numpy(special != 0).reshape(shape)
