@@ -335,7 +335,7 @@ def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block,
     tau = tau.to(z.dtype).unsqueeze(-1)
     if bool(todo.any()):   # a NaN or a +inf: those rows (the kernel left z as it was) by the reference
         rows = z[todo]
-        visible = rows > float("-inf")
+        visible = rows != float("-inf")   # a NaN is visible (and makes its row NaN)
         if stop is not None:
             visible &= torch.arange(c) < stop[todo].unsqueeze(-1)
         rows = rows.masked_fill(~visible, float("-inf"))
