@@ -315,10 +315,8 @@ def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block,
     from ..normalizers.entmax import entmax_reference
 
     c = z.shape[-1]
-    stop = None
-    if blk.hidden is None and blk.tri is not None:   # causal only: each row's visible prefix
-        stop = (blk.d0 + (~blk.tri).sum(-1)).expand(z.shape[:-1])
-    else:
+    stop = _stop(blk, z.shape[:-1])   # causal only: each row's visible prefix
+    if stop is None:
         blk.fill(z, float("-inf"))
     attend = v is not None and v.dtype == z.dtype and z.dim() == 4 and z.shape[0] == 1
     # numba's OpenMP pool resets the OpenMP thread count torch reads (seen: 1 -> 2 after
@@ -350,6 +348,51 @@ def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block,
             out[todo] = torch.matmul(full, v)[todo]
     blk.stats["attended"] = attend
     return (out if attend else z), tau
+
+
+def _stop(blk: _Block, shape) -> torch.Tensor | None:
+    """Each row's visible prefix when only the causal triangle hides keys (else None)."""
+    if blk.hidden is None and blk.tri is not None:
+        return (blk.d0 + (~blk.tri).sum(-1)).expand(shape)
+    return None
+
+
+def _threshold_grad(z: torch.Tensor, dp: torch.Tensor, blk: _Block, alpha: float):
+    """``p = [u z - tau]_+^{1/u}`` of the tile (thresholds from the forward) and the gradient
+    of the scores ``s * (dp - sum(s dp) / sum(s))``, ``s = p^{2 - alpha}`` on the support;
+    overwrites ``z`` and ``dp``. One numba kernel (two passes over each row's visible prefix)
+    where the forward used one, else the same in PyTorch ops."""
+    from ..kernels import dispatch
+
+    tau = blk.stats["tau"]
+    if (not torch.compiler.is_compiling() and z.is_contiguous() and dp.is_contiguous() and dp.dtype == z.dtype
+            and dispatch.plan("entmax", z, -1, None, alpha=alpha) == "numba"):
+        from ..kernels.cpu.sparse_functions import entmax_tile_grad
+
+        stop = _stop(blk, z.shape[:-1])
+        if stop is None:
+            blk.fill(z, float("-inf"))
+        threads = torch.get_num_threads()
+        entmax_tile_grad(z, dp, alpha, tau, stop)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+        return z, dp
+    blk.fill(z, float("-inf"))
+    u = alpha - 1.0
+    base = z.mul_(u).sub_(tau).clamp_min_(0.0)
+    if u == 1.0:
+        p, sw = base, (base > 0).to(base.dtype)
+    elif u == 0.5:
+        p, sw = base * base, base
+    else:
+        p = base ** (1.0 / u)
+        sw = torch.where(base > 0, base, torch.ones_like(base)) ** (1.0 / u - 1.0)
+        sw.masked_fill_(base <= 0, 0.0)
+    total = sw.sum(-1, keepdim=True)
+    ds = dp.mul_(sw)
+    mean = ds.sum(-1, keepdim=True) / torch.where(total > 0, total, torch.ones_like(total))
+    ds.sub_(sw.mul_(mean))
+    return p, ds
 
 
 #: bisection steps of :func:`entmax_by_bisection`: the bracket (width below 1) shrinks to
@@ -454,22 +497,8 @@ class _FusedAttention(torch.autograd.Function):
                     raw = s.clone() if (linear and wanted) else s
                     if kind == "threshold":
                         z = s if linear else forms.call(form.g, s, params, blk.count)
-                        blk.fill(z, float("-inf"))
-                        u = plan.alpha - 1.0
-                        base = z.mul_(u).sub_(blk.stats["tau"]).clamp_min_(0.0)
-                        p = base if u == 1.0 else base ** (1.0 / u)
+                        p, ds = _threshold_grad(z, dp, blk, plan.alpha)
                         dv[sl[0], sl[1], :blk.c] += torch.matmul(p.transpose(-1, -2), d_o)
-                        if u == 1.0:
-                            sw = (base > 0).to(base.dtype)
-                        elif u == 0.5:
-                            sw = base
-                        else:
-                            sw = torch.where(base > 0, base, torch.ones_like(base)) ** (1.0 / u - 1.0)
-                            sw.masked_fill_(base <= 0, 0.0)
-                        total = sw.sum(-1, keepdim=True)
-                        ds = dp.mul_(sw)
-                        mean = ds.sum(-1, keepdim=True) / torch.where(total > 0, total, torch.ones_like(total))
-                        ds.sub_(sw.mul_(mean))
                     else:
                         p, den = _weights(plan, s, blk, params)
                         dv[sl[0], sl[1], :blk.c] += _dv_rows(p, den, d_o)

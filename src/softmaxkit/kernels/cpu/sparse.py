@@ -403,6 +403,89 @@ def entmax_attend(x, v, rows_per_head, alpha, stop, out, tau, special, groups):
                 o[e] = acc[e]
 
 
+@njit(fastmath={"reassoc", "nsz"}, cache=True, error_model="numpy")
+def _grad_sums(z, dp, u, t):
+    """``sum s`` and ``sum s dp`` over a row, ``s = w^{1/u - 1}`` on the support ``w = u z - t > 0``
+    (a NaN in ``w`` makes both NaN)."""
+    zero = cast_like(0.0, z[0])
+    s_sum = zero
+    sd = zero
+    if u == 1.0:
+        for j in range(z.shape[0]):
+            s = cast_like(1.0, z[0]) if not (u * z[j] - t <= zero) else zero
+            s_sum += s
+            sd += s * dp[j]
+    elif u == 0.5:
+        for j in range(z.shape[0]):
+            w = u * z[j] - t
+            s = w if not (w <= zero) else zero
+            s_sum += s
+            sd += s * dp[j]
+    else:
+        for j in range(z.shape[0]):
+            w = u * z[j] - t
+            if not (w <= zero):
+                s = cast_like(math.exp((1.0 / u - 1.0) * math.log(w)), zero)
+                s_sum += s
+                sd += s * dp[j]
+    return s_sum, sd
+
+
+@njit(fastmath={"reassoc", "nsz"}, cache=True, error_model="numpy")
+def _grad_write(z, dp, u, t, mean):
+    """``z <- p = w^{1/u}``, ``dp <- s (dp - mean)`` on the support, 0 elsewhere."""
+    zero = cast_like(0.0, z[0])
+    if u == 1.0:
+        for j in range(z.shape[0]):
+            w = u * z[j] - t
+            on = not (w <= zero)
+            z[j] = w if on else zero
+            dp[j] = (dp[j] - mean) if on else zero
+    elif u == 0.5:
+        for j in range(z.shape[0]):
+            w = u * z[j] - t
+            w = w if not (w <= zero) else zero
+            z[j] = w * w
+            dp[j] = w * (dp[j] - mean)
+    else:
+        for j in range(z.shape[0]):
+            w = u * z[j] - t
+            if not (w <= zero):
+                lw = math.log(w)
+                z[j] = cast_like(math.exp(lw / u), zero)
+                dp[j] = cast_like(math.exp((1.0 / u - 1.0) * lw), zero) * (dp[j] - mean)
+            else:
+                z[j] = zero
+                dp[j] = zero
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def entmax_tile_grad(z, dp, alpha, tau, stop, groups):
+    """The closed-form backward of alpha-entmax rows given their thresholds, in place.
+
+    Row ``r`` of ``z`` (scores, ``-inf`` hidden; entries ``>= stop[r]`` hidden whatever they
+    hold) becomes ``p = [u z - tau_r]_+^{1/u}`` and row ``r`` of ``dp`` (the incoming gradient
+    of ``p``) becomes the gradient of the scores, ``s (dp - sum(s dp) / sum(s))`` with
+    ``s = p^{2 - alpha}`` on the support (Peters, Niculae & Martins 2019, arXiv 1905.05702).
+    Two passes over each row's visible prefix, in the scores' precision like the forward."""
+    rows, n = z.shape
+    u = alpha - 1.0
+    groups = max(1, min(rows, groups))
+    for g in prange(groups):
+        for r in range(g, rows, groups):
+            stop_r = min(n, stop[r])
+            zr = z[r]
+            dr = dp[r]
+            if stop_r > 0:
+                t = cast_like(tau[r], zr[0])
+                uu = cast_like(u, zr[0])
+                s_sum, sd = _grad_sums(zr[:stop_r], dr[:stop_r], uu, t)
+                mean = sd / s_sum if s_sum > 0 else sd - sd
+                _grad_write(zr[:stop_r], dr[:stop_r], uu, t, mean)
+            zr[stop_r:] = 0
+            dr[stop_r:] = 0
+
+
 @njit(cache=True, error_model="numpy")
 def _g(p, u):
     """``p^{2 - alpha}`` for ``p > 0``."""

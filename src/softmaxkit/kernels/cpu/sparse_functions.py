@@ -139,3 +139,19 @@ def entmax_attend(x: torch.Tensor, v: torch.Tensor, alpha: float, stop: torch.Te
                 out.view(rows, -1).numpy(), tau, special, _k.GROUPS_PER_THREAD * threads)
     shape = (heads, m)
     return out, torch.from_numpy(tau).reshape(shape), torch.from_numpy(special != 0).reshape(shape)
+
+
+def entmax_tile_grad(z: torch.Tensor, dp: torch.Tensor, alpha: float, tau: torch.Tensor,
+                     stop: torch.Tensor | None = None) -> None:
+    """The closed-form alpha-entmax backward on a tile, in place (the fused attention path):
+    ``z`` (scores, C-contiguous, CPU, float32 / float64) becomes ``p = [u z - tau]_+^{1/u}`` and
+    ``dp`` (same shape and dtype, the gradient of ``p``) the gradient of the scores. ``tau``:
+    one threshold per row (``z.shape[:-1]``, trailing 1 allowed); ``stop``: int64 per row, the
+    visible prefix (entries after it are hidden). See :func:`.sparse.entmax_tile_grad`."""
+    threads = sync_threads()
+    n = z.shape[-1]
+    rows = z.numel() // max(n, 1)
+    stops = np.full(rows, n, dtype=np.int64) if stop is None else stop.reshape(rows).to(torch.int64).numpy()
+    taus = tau.reshape(rows).to(torch.float64).numpy()
+    _k.entmax_tile_grad(z.view(rows, n).numpy(), dp.view(rows, n).numpy(), float(alpha), taus, stops,
+                        _k.GROUPS_PER_THREAD * threads)
