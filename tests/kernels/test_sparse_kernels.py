@@ -210,3 +210,22 @@ def test_masked_rows_run_on_the_kernels_and_equal_the_reference(op):
     assert torch.equal(y[3], torch.zeros(400, dtype=torch.float64))
     assert (y[~mask] == 0).all()
     torch.testing.assert_close(gx[keep], rgx[keep], rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_tile_grad_equals_autograd_of_the_reference(alpha):
+    from softmaxkit.kernels.cpu.sparse_functions import entmax_in_place, entmax_tile_grad
+
+    x, stop = _prefix_rows(torch.float64, seed=3)
+    x = x[[0, 1, 2, 5, 7, 8, 9, 10, 11, 3, 4]].contiguous()   # finite-magnitude rows, then tiny prefixes
+    stop = stop[[0, 1, 2, 5, 7, 8, 9, 10, 11, 3, 4]]
+    visible = (torch.arange(300) < stop[:, None]) & (x != float("-inf"))
+    xr = x.masked_fill(~visible, 0.0).requires_grad_()
+    gy = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    want = _reference_rows(xr, alpha, visible)
+    (want_dx,) = torch.autograd.grad(want, xr, gy)
+    tau, _ = entmax_in_place(x.clone(), alpha, stop)
+    z, dp = x.clone(), gy.clone()
+    entmax_tile_grad(z, dp, alpha, tau, stop)
+    torch.testing.assert_close(z, want.detach(), rtol=0, atol=1e-9)
+    torch.testing.assert_close(dp, want_dx, rtol=0, atol=1e-9)
