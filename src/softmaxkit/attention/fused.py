@@ -353,7 +353,11 @@ def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block,
 def _stop(blk: _Block, shape) -> torch.Tensor | None:
     """Each row's visible prefix when only the causal triangle hides keys (else None)."""
     if blk.hidden is None and blk.tri is not None:
-        return (blk.d0 + (~blk.tri).sum(-1)).expand(shape)
+        if blk.d0 > 0:   # d0 = r0 + (Lk - Lq) + 1: row i sees keys below d0 + i
+            stop = torch.arange(blk.d0, blk.d0 + blk.tri.shape[0]).clamp_(max=blk.c)
+        else:
+            stop = blk.d0 + (~blk.tri).sum(-1)
+        return stop.expand(shape)
     return None
 
 
