@@ -229,3 +229,26 @@ def test_tile_grad_equals_autograd_of_the_reference(alpha):
     entmax_tile_grad(z, dp, alpha, tau, stop)
     torch.testing.assert_close(z, want.detach(), rtol=0, atol=1e-9)
     torch.testing.assert_close(dp, want_dx, rtol=0, atol=1e-9)
+
+
+def test_kernels_leave_torch_thread_count_alone():
+    """numba's OpenMP launches reset the thread count torch reads; the kernel wrappers put it back
+    (else a user's torch.set_num_threads(1) silently becomes an oversubscribed team)."""
+    from softmaxkit.kernels.cpu.sparse_functions import entmax_attend, entmax_tile_grad
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        x = torch.randn(64, 500, requires_grad=True)
+        with sk.use_backend("numba"):
+            y = sk.entmax15(x, mask=torch.rand(64, 500) > 0.2)
+            assert torch.get_num_threads() == 1
+            y.sum().backward()
+            assert torch.get_num_threads() == 1
+        z = torch.randn(2, 32, 100)
+        _, tau, _ = entmax_attend(z, torch.randn(2, 100, 8), 1.5)
+        assert torch.get_num_threads() == 1
+        entmax_tile_grad(z, torch.randn(2, 32, 100), 1.5, tau)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -319,17 +319,12 @@ def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block,
     if stop is None:
         blk.fill(z, float("-inf"))
     attend = v is not None and v.dtype == z.dtype and z.dim() == 4 and z.shape[0] == 1
-    # numba's OpenMP pool resets the OpenMP thread count torch reads (seen: 1 -> 2 after
-    # the first kernel), which then runs every elementwise op on an oversubscribed team
-    threads = torch.get_num_threads()
-    if attend:
+    if attend:   # (the kernel wrappers give torch back its thread count: kernels.cpu.keep_torch_threads)
         assert v is not None
         out, tau, todo = entmax_attend(z[0], v[0], alpha, None if stop is None else stop[0])
         out, tau, todo = out.unsqueeze(0), tau.unsqueeze(0), todo.unsqueeze(0)
     else:
         tau, todo = entmax_in_place(z, alpha, stop)
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
     tau = tau.to(z.dtype).unsqueeze(-1)
     if bool(todo.any()):   # a NaN or a +inf: those rows (the kernel left z as it was) by the reference
         rows = z[todo]
@@ -376,10 +371,7 @@ def _threshold_grad(z: torch.Tensor, dp: torch.Tensor, blk: _Block, alpha: float
         stop = _stop(blk, z.shape[:-1])
         if stop is None:
             blk.fill(z, float("-inf"))
-        threads = torch.get_num_threads()
         entmax_tile_grad(z, dp, alpha, tau, stop)
-        if torch.get_num_threads() != threads:
-            torch.set_num_threads(threads)
         return z, dp
     blk.fill(z, float("-inf"))
     u = alpha - 1.0

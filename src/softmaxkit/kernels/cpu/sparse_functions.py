@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import FLAG_TODO, call_kernel, sync_threads
+from . import FLAG_TODO, call_kernel, keep_torch_threads, sync_threads
 from . import sparse as _k
 
 
@@ -78,7 +78,8 @@ class _EntmaxFunction(torch.autograd.Function):
         g2 = grad.reshape(out.shape).contiguous()
         dx = torch.empty_like(out)
         dalpha = torch.empty(out.shape[0], dtype=torch.float64)
-        _k.entmax_backward_rows(out.numpy(), g2.numpy(), alpha.numpy(), dx.numpy(), dalpha.numpy())
+        keep_torch_threads(_k.entmax_backward_rows, out.numpy(), g2.numpy(), alpha.numpy(), dx.numpy(),
+                           dalpha.numpy())
         keep = special == 0
         if not bool(keep.all()):   # rows recomputed by the reference: their gradient comes from it
             dx[~keep] = 0
@@ -153,5 +154,5 @@ def entmax_tile_grad(z: torch.Tensor, dp: torch.Tensor, alpha: float, tau: torch
     rows = z.numel() // max(n, 1)
     stops = np.full(rows, n, dtype=np.int64) if stop is None else stop.reshape(rows).to(torch.int64).numpy()
     taus = tau.reshape(rows).to(torch.float64).numpy()
-    _k.entmax_tile_grad(z.view(rows, n).numpy(), dp.view(rows, n).numpy(), float(alpha), taus, stops,
-                        _k.GROUPS_PER_THREAD * threads)
+    keep_torch_threads(_k.entmax_tile_grad, z.view(rows, n).numpy(), dp.view(rows, n).numpy(), float(alpha), taus,
+                       stops, _k.GROUPS_PER_THREAD * threads)
