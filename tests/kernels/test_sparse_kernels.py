@@ -89,3 +89,166 @@ def test_double_backward_float64():
     with sk.use_backend("numba"):
         assert torch.autograd.gradgradcheck(lambda t, a: sk.entmax(t, alpha=a), (x, alpha))
         assert torch.autograd.gradgradcheck(sk.sparsemax, (x,))
+
+
+# ----------------------------------------------------------------------------------------
+# the row kernels of the fused path: visible prefix, in place, thresholds, p v from the support
+# ----------------------------------------------------------------------------------------
+
+ALPHAS = [2.0, 1.5, 1.3, 2.5]
+
+
+def _reference_rows(x, alpha, visible):
+    with sk.use_backend("reference"):
+        return sk.entmax(x, mask=visible, alpha=alpha)
+
+
+def _prefix_rows(dtype, seed=0):
+    """Rows of 300 with a visible prefix each (0 to 300), -inf entries inside it, hostile rows."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(12, 300, generator=g, dtype=torch.float64) * 3).to(dtype)
+    x[1, ::4] = float("-inf")
+    x[2] = 7.0                               # ties: the support is the whole prefix
+    x[3, 10] = 1e4
+    x[4] = -1e9
+    x[4, 5] = 0.0                            # one entry among -1e9 fills
+    x[5] *= 1e-30                            # nearly equal (and denormal in float32)
+    x[6, :50] = torch.finfo(dtype).max / 4
+    x[6, 50:] = -torch.finfo(dtype).max / 4
+    stop = torch.tensor([300, 290, 280, 1, 0, 300, 299, 64, 65, 31, 33, 150])
+    # entries past the prefix hold anything (the kernel must not read them)
+    x[torch.arange(300) >= stop[:, None]] = float("nan")
+    return x, stop
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_in_place_rows_with_a_visible_prefix(alpha, dtype):
+    from softmaxkit.kernels.cpu.sparse_functions import entmax_in_place
+
+    x, stop = _prefix_rows(dtype)
+    visible = (torch.arange(300) < stop[:, None]) & (x != float("-inf"))
+    want = _reference_rows(x.double().masked_fill(~visible, 0.0), alpha, visible)
+    z = x.clone()
+    tau, todo = entmax_in_place(z, alpha, stop)
+    assert not todo.any()
+    torch.testing.assert_close(z.double(), want, rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-10)
+    # the threshold rebuilds the weights: p = [u x - tau]_+^(1/u) on visible entries
+    u = alpha - 1.0
+    rebuilt = (u * x.double().masked_fill(~visible, float("-inf")) - tau.unsqueeze(-1)).clamp_min(0) ** (1 / u)
+    keep = visible.any(-1) & (x.double().abs().amax(-1) < 1e30)   # tau of huge rows loses digits
+    torch.testing.assert_close(rebuilt[keep], want[keep], rtol=0, atol=1e-5 if dtype == torch.float32 else 1e-9)
+    assert (tau[~visible.any(-1)] == 0).all()
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_in_place_rows_flag_nan_and_plus_inf_and_leave_them(alpha):
+    from softmaxkit.kernels.cpu.sparse_functions import entmax_in_place
+
+    x = torch.randn(4, 100, dtype=torch.float64)
+    x[1, 7] = float("nan")
+    x[2, 9] = float("inf")
+    x[3, 60] = float("nan")                  # past the prefix of row 3: ignored
+    stop = torch.tensor([100, 100, 100, 50])
+    z = x.clone()
+    _, todo = entmax_in_place(z, alpha, stop)
+    assert todo.tolist() == [False, True, True, False]
+    assert torch.equal(z[1:3].isnan(), x[1:3].isnan()) and torch.equal(z[2], x[2])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_attend_equals_weights_times_values(alpha, dtype):
+    from softmaxkit.kernels.cpu.sparse_functions import entmax_attend
+
+    x, stop = _prefix_rows(dtype, seed=1)
+    heads, rows = 3, 4
+    x = x.reshape(heads, rows, 300).contiguous()
+    stop = stop.reshape(heads, rows)
+    v = torch.randn(heads, 300, 16, dtype=dtype, generator=torch.Generator().manual_seed(2))
+    visible = (torch.arange(300) < stop.unsqueeze(-1)) & (x != float("-inf"))
+    p = _reference_rows(x.double().masked_fill(~visible, 0.0), alpha, visible)
+    want = torch.matmul(p, v.double())
+    out, tau, todo = entmax_attend(x, v, alpha, stop)
+    assert not todo.any() and out.dtype == dtype
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-5 if dtype == torch.float32 else 1e-10)
+    vs = v[:, :, :0].contiguous()   # d = 0: nothing to write
+    assert entmax_attend(x, vs, alpha, stop)[0].shape == (heads, rows, 0)
+
+
+@pytest.mark.parametrize("op", ["sparsemax", "entmax15", "entmax"])
+def test_masked_rows_run_on_the_kernels_and_equal_the_reference(op):
+    """A bool mask no longer sends sparsemax / entmax to the sort-based reference: masked
+    entries become -inf scores of the kernel; NaN and +inf under the mask are ignored, rows
+    with nothing visible give zeros, a visible +inf row is spliced from the reference."""
+    from softmaxkit.kernels import dispatch
+
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(64, 400, generator=g, dtype=torch.float64) * 2).requires_grad_()
+    mask = torch.rand(64, 400, generator=g) > 0.4
+    mask[3] = False
+    mask[5, :] = True
+    with torch.no_grad():
+        x[4, ~mask[4]] = float("nan")
+        x[6, ~mask[6]] = float("inf")
+        x[5, 17] = float("inf")              # visible +inf: the reference's row
+    fn = {"sparsemax": sk.sparsemax, "entmax15": sk.entmax15,
+          "entmax": lambda t, mask: sk.entmax(t, mask=mask, alpha=1.7)}[op]
+    params = {"alpha": 1.7} if op == "entmax" else {}
+    assert dispatch.plan(op, x, -1, mask, **params) == "numba"
+    gy = torch.randn(64, 400, generator=g, dtype=torch.float64)
+    res = []
+    for backend in ("auto", "reference"):
+        with sk.use_backend(backend):
+            y = fn(x, mask=mask)
+            res.append((y, torch.autograd.grad(y, x, gy)[0]))
+    (y, gx), (ry, rgx) = res
+    keep = torch.ones(64, dtype=torch.bool)
+    keep[5] = False                          # +inf row: compared with NaN allowed
+    torch.testing.assert_close(y[keep], ry[keep], rtol=0, atol=1e-10)
+    torch.testing.assert_close(y[5], ry[5], rtol=0, atol=1e-10, equal_nan=True)
+    assert torch.equal(y[3], torch.zeros(400, dtype=torch.float64))
+    assert (y[~mask] == 0).all()
+    torch.testing.assert_close(gx[keep], rgx[keep], rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("alpha", ALPHAS)
+def test_tile_grad_equals_autograd_of_the_reference(alpha):
+    from softmaxkit.kernels.cpu.sparse_functions import entmax_in_place, entmax_tile_grad
+
+    x, stop = _prefix_rows(torch.float64, seed=3)
+    x = x[[0, 1, 2, 5, 7, 8, 9, 10, 11, 3, 4]].contiguous()   # finite-magnitude rows, then tiny prefixes
+    stop = stop[[0, 1, 2, 5, 7, 8, 9, 10, 11, 3, 4]]
+    visible = (torch.arange(300) < stop[:, None]) & (x != float("-inf"))
+    xr = x.masked_fill(~visible, 0.0).requires_grad_()
+    gy = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    want = _reference_rows(xr, alpha, visible)
+    (want_dx,) = torch.autograd.grad(want, xr, gy)
+    tau, _ = entmax_in_place(x.clone(), alpha, stop)
+    z, dp = x.clone(), gy.clone()
+    entmax_tile_grad(z, dp, alpha, tau, stop)
+    torch.testing.assert_close(z, want.detach(), rtol=0, atol=1e-9)
+    torch.testing.assert_close(dp, want_dx, rtol=0, atol=1e-9)
+
+
+def test_kernels_leave_torch_thread_count_alone():
+    """numba's OpenMP launches reset the thread count torch reads; the kernel wrappers put it back
+    (else a user's torch.set_num_threads(1) silently becomes an oversubscribed team)."""
+    from softmaxkit.kernels.cpu.sparse_functions import entmax_attend, entmax_tile_grad
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        x = torch.randn(64, 500, requires_grad=True)
+        with sk.use_backend("numba"):
+            y = sk.entmax15(x, mask=torch.rand(64, 500) > 0.2)
+            assert torch.get_num_threads() == 1
+            y.sum().backward()
+            assert torch.get_num_threads() == 1
+        z = torch.randn(2, 32, 100)
+        _, tau, _ = entmax_attend(z, torch.randn(2, 100, 8), 1.5)
+        assert torch.get_num_threads() == 1
+        entmax_tile_grad(z, torch.randn(2, 32, 100), 1.5, tau)
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -245,9 +245,11 @@ def _visible(blk: _Block, like: torch.Tensor) -> torch.Tensor:
     return vis
 
 
-def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
+def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict, v: torch.Tensor | None = None):
     """The attention weights of the tile (``p`` or the unnormalised ``h``), and the row
-    divisor the output needs (None: none). Overwrites ``s`` when it can."""
+    divisor the output needs (None: none). Overwrites ``s`` when it can. Given the block's
+    values ``v``, the threshold family may return the block's output ``p v`` instead, from each
+    row's support (then ``blk.stats["attended"]`` is True)."""
     form, kind = plan.spec.form, plan.kind
     if kind == "softmax_of":
         assert isinstance(form, SoftmaxOf)  # the kind is the form's family
@@ -267,34 +269,126 @@ def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
     if kind == "threshold":
         assert isinstance(form, forms.Threshold)
         z = s if form.g is forms.identity else forms.call(form.g, s, params, blk.count)
-        blk.fill(z, float("-inf"))
-        p = _entmax(z, plan.alpha)
-        u = plan.alpha - 1.0
-        top = z.amax(-1, keepdim=True)
-        top_p = p.amax(-1, keepdim=True)
-        tau = u * top - (top_p if u == 1.0 else top_p ** u)
-        if blk.empty is not None:
-            tau = torch.where(blk.empty, torch.zeros_like(tau), tau)
+        p, tau = _entmax(z, plan.alpha, blk, v)
         blk.stats["tau"] = tau
         return p, None
     vis = _visible(blk, s)
     return plan.spec.fn(s, dim=-1, mask=vis, **params), None
 
 
-def _entmax(z: torch.Tensor, alpha: float) -> torch.Tensor:
-    """alpha-entmax of rows with ``-inf`` at hidden entries: the row kernels when they
-    cover the input (CPU, float32/float64), else the reference solver."""
-    from ..normalizers.entmax import entmax
+def _entmax(z: torch.Tensor, alpha: float, blk: _Block,
+            v: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """alpha-entmax of the tile's rows and their thresholds ``tau`` (``p = [u z - tau]_+^{1/u}``,
+    ``u = alpha - 1``; 0 for a row with nothing visible). On the CPU (float32/float64) the numba
+    row kernel: block maxima bound the threshold, only the blocks above the bound are read
+    entry by entry, and a causal row is read only up to its last visible key; given ``v`` it
+    returns ``p v`` computed from the support (a few entries per row) instead of ``p``, else it
+    overwrites ``z`` with ``p``. Elsewhere (or under the reference backend) the reference
+    solver on the filled tile, and ``tau`` from each row's largest weight."""
+    from ..kernels import dispatch
 
     if torch.compiler.is_compiling():
-        return entmax_by_bisection(z, alpha)
-    # numba's OpenMP pool resets the OpenMP thread count torch reads (seen: 1 -> 2 after
-    # the first kernel), which then runs every elementwise op on an oversubscribed team
-    threads = torch.get_num_threads()
-    p = entmax(z, alpha=alpha)   # the dispatcher: row kernels where they cover the input, else the reference
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
-    return p
+        p = entmax_by_bisection(blk.fill(z, float("-inf")), alpha)
+    elif dispatch.plan("entmax", z, -1, None, alpha=alpha) == "numba" and z.is_contiguous():
+        return _entmax_kernel(z, alpha, blk, v)
+    else:
+        from ..normalizers.entmax import entmax
+
+        p = entmax(blk.fill(z, float("-inf")), alpha=alpha)
+    return p, _tau_of(z, p, alpha, blk.empty)
+
+
+def _tau_of(z: torch.Tensor, p: torch.Tensor, alpha: float, empty: torch.Tensor | None) -> torch.Tensor:
+    """``tau = u max(z) - max(p)^u`` per row (``-inf`` at hidden entries of ``z``; 0 where
+    ``empty``)."""
+    u = alpha - 1.0
+    top_p = p.amax(-1, keepdim=True)
+    tau = u * z.amax(-1, keepdim=True) - (top_p if u == 1.0 else top_p ** u)
+    if empty is not None:
+        tau = torch.where(empty, torch.zeros_like(tau), tau)
+    return tau
+
+
+def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block,
+                   v: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    from ..kernels.cpu.sparse_functions import entmax_attend, entmax_in_place
+    from ..normalizers.entmax import entmax_reference
+
+    c = z.shape[-1]
+    stop = _stop(blk, z.shape[:-1])   # causal only: each row's visible prefix
+    if stop is None:
+        blk.fill(z, float("-inf"))
+    attend = v is not None and v.dtype == z.dtype and z.dim() == 4 and z.shape[0] == 1
+    if attend:   # (the kernel wrappers give torch back its thread count: kernels.cpu.keep_torch_threads)
+        assert v is not None
+        out, tau, todo = entmax_attend(z[0], v[0], alpha, None if stop is None else stop[0])
+        out, tau, todo = out.unsqueeze(0), tau.unsqueeze(0), todo.unsqueeze(0)
+    else:
+        tau, todo = entmax_in_place(z, alpha, stop)
+    tau = tau.to(z.dtype).unsqueeze(-1)
+    if bool(todo.any()):   # a NaN or a +inf: those rows (the kernel left z as it was) by the reference
+        rows = z[todo]
+        visible = rows != float("-inf")   # a NaN is visible (and makes its row NaN)
+        if stop is not None:
+            visible &= torch.arange(c) < stop[todo].unsqueeze(-1)
+        rows = rows.masked_fill(~visible, float("-inf"))
+        p = entmax_reference(rows, mask=visible, alpha=alpha)
+        tau[todo] = _tau_of(rows, p, alpha, ~visible.any(-1, keepdim=True))
+        if not attend:
+            z[todo] = p
+        else:
+            assert v is not None
+            full = torch.zeros_like(z)
+            full[todo] = p
+            out[todo] = torch.matmul(full, v)[todo]
+    blk.stats["attended"] = attend
+    return (out if attend else z), tau
+
+
+def _stop(blk: _Block, shape) -> torch.Tensor | None:
+    """Each row's visible prefix when only the causal triangle hides keys (else None)."""
+    if blk.hidden is None and blk.tri is not None:
+        if blk.d0 > 0:   # d0 = r0 + (Lk - Lq) + 1: row i sees keys below d0 + i
+            stop = torch.arange(blk.d0, blk.d0 + blk.tri.shape[0]).clamp_(max=blk.c)
+        else:
+            stop = blk.d0 + (~blk.tri).sum(-1)
+        return stop.expand(shape)
+    return None
+
+
+def _threshold_grad(z: torch.Tensor, dp: torch.Tensor, blk: _Block, alpha: float):
+    """``p = [u z - tau]_+^{1/u}`` of the tile (thresholds from the forward) and the gradient
+    of the scores ``s * (dp - sum(s dp) / sum(s))``, ``s = p^{2 - alpha}`` on the support;
+    overwrites ``z`` and ``dp``. One numba kernel (two passes over each row's visible prefix)
+    where the forward used one, else the same in PyTorch ops."""
+    from ..kernels import dispatch
+
+    tau = blk.stats["tau"]
+    if (not torch.compiler.is_compiling() and z.is_contiguous() and dp.is_contiguous() and dp.dtype == z.dtype
+            and dispatch.plan("entmax", z, -1, None, alpha=alpha) == "numba"):
+        from ..kernels.cpu.sparse_functions import entmax_tile_grad
+
+        stop = _stop(blk, z.shape[:-1])
+        if stop is None:
+            blk.fill(z, float("-inf"))
+        entmax_tile_grad(z, dp, alpha, tau, stop)
+        return z, dp
+    blk.fill(z, float("-inf"))
+    u = alpha - 1.0
+    base = z.mul_(u).sub_(tau).clamp_min_(0.0)
+    if u == 1.0:
+        p, sw = base, (base > 0).to(base.dtype)
+    elif u == 0.5:
+        p, sw = base * base, base
+    else:
+        p = base ** (1.0 / u)
+        sw = torch.where(base > 0, base, torch.ones_like(base)) ** (1.0 / u - 1.0)
+        sw.masked_fill_(base <= 0, 0.0)
+    total = sw.sum(-1, keepdim=True)
+    ds = dp.mul_(sw)
+    mean = ds.sum(-1, keepdim=True) / torch.where(total > 0, total, torch.ones_like(total))
+    ds.sub_(sw.mul_(mean))
+    return p, ds
 
 
 #: bisection steps of :func:`entmax_by_bisection`: the bracket (width below 1) shrinks to
@@ -350,8 +444,8 @@ class _FusedAttention(torch.autograd.Function):
             for blk in plan.blocks():
                 params = _block_params(plan, params_full, blk)
                 s = _scores(plan, bufs, qs, blk)
-                p, den = _weights(plan, s, blk, params)
-                o = torch.matmul(p, v[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c])
+                p, den = _weights(plan, s, blk, params, v[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c])
+                o = p if blk.stats.get("attended") else torch.matmul(p, v[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c])
                 if den is not None:
                     o = o / den
                 out[blk.b:blk.b + 1, blk.h0:blk.h1, blk.r0:blk.r1] = o
@@ -399,22 +493,8 @@ class _FusedAttention(torch.autograd.Function):
                     raw = s.clone() if (linear and wanted) else s
                     if kind == "threshold":
                         z = s if linear else forms.call(form.g, s, params, blk.count)
-                        blk.fill(z, float("-inf"))
-                        u = plan.alpha - 1.0
-                        base = z.mul_(u).sub_(blk.stats["tau"]).clamp_min_(0.0)
-                        p = base if u == 1.0 else base ** (1.0 / u)
+                        p, ds = _threshold_grad(z, dp, blk, plan.alpha)
                         dv[sl[0], sl[1], :blk.c] += torch.matmul(p.transpose(-1, -2), d_o)
-                        if u == 1.0:
-                            sw = (base > 0).to(base.dtype)
-                        elif u == 0.5:
-                            sw = base
-                        else:
-                            sw = torch.where(base > 0, base, torch.ones_like(base)) ** (1.0 / u - 1.0)
-                            sw.masked_fill_(base <= 0, 0.0)
-                        total = sw.sum(-1, keepdim=True)
-                        ds = dp.mul_(sw)
-                        mean = ds.sum(-1, keepdim=True) / torch.where(total > 0, total, torch.ones_like(total))
-                        ds.sub_(sw.mul_(mean))
                     else:
                         p, den = _weights(plan, s, blk, params)
                         dv[sl[0], sl[1], :blk.c] += _dv_rows(p, den, d_o)

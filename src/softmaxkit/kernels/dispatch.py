@@ -16,8 +16,9 @@ Backends (:func:`use_backend`):
 
 * ``"reference"``: always the plain-PyTorch definition.
 * ``"numba"``: the CPU kernels for every input they cover (CPU tensor, float32 or
-  float64, C-contiguous, normalised along the last axis, no ``mask``; op-specific
-  parameters such as a float temperature, see :func:`plan`), whatever its size.
+  float64, C-contiguous, normalised along the last axis, no ``mask`` except for sparsemax
+  and entmax, whose kernels take a bool mask as ``-inf`` scores; op-specific parameters
+  such as a float temperature, see :func:`plan`), whatever its size.
 * ``"triton"``: the GPU kernels (softmax forward and backward) for CUDA inputs when
   Triton is importable.
 * ``"auto"`` (default): for ``softmax`` / ``log_softmax`` / ``logsumexp``, the numba
@@ -257,6 +258,9 @@ def plan(op: str, x, dim=-1, mask=None, **params) -> str:
     # here backend is "numba" or "triton", or "auto" for an op without an aten equivalent
     if backend in ("numba", "auto") and _numba_covers(x, dim, mask, backend) and _numba_params(op, x, params):
         return "numba"
+    if (backend in ("numba", "auto") and op in _SPARSE_OPS and mask is not None and _mask_broadcasts(mask, x)
+            and _numba_covers(x, dim, None, backend) and _numba_params(op, x, params)):
+        return "numba"   # the mask as -inf scores: hidden entries of the kernel
     if (backend in ("triton", "auto") and op == "softmax" and _triton_covers(x, dim, mask)
             and _float_temperature(params)):
         return "triton"
@@ -283,7 +287,7 @@ def run(op: str, reference: Callable, x, dim=-1, mask=None, **params):
     if how == "aten":
         return _run_aten(op, reference, x, dim, mask, params)
     if how == "numba":
-        return _run_numba(op, reference, x, params)
+        return _run_numba(op, reference, x, params, mask)
     if how == "triton":
         from .gpu import softmax as gpu_softmax
         return gpu_softmax.softmax(x, temperature=float(params.get("temperature", 1.0)))
@@ -319,7 +323,7 @@ def _numba_params(op, x, params) -> bool:
     return True
 
 
-def _run_numba(op, reference, x, params):
+def _run_numba(op, reference, x, params, mask=None):
     algorithm = _current.get().algorithm
     if op in ("softmax", "log_softmax"):
         from .cpu import functions
@@ -339,8 +343,9 @@ def _run_numba(op, reference, x, params):
     else:
         alpha = {"sparsemax": 2.0, "entmax15": 1.5}.get(op, params.get("alpha", 1.5))
         from .cpu import sparse_functions
-        out, todo = sparse_functions.entmax(x, _entmax_alpha(x, alpha))
-        out = _splice(out, todo, reference, x, params)
+        z = x if mask is None else x.masked_fill(~mask, float("-inf"))
+        out, todo = sparse_functions.entmax(z, _entmax_alpha(x, alpha))
+        out = _splice(out, todo, reference, x, params, mask)
     return out
 
 
@@ -356,15 +361,16 @@ def _row_params(params, x, rows):
     return out
 
 
-def _splice(out, todo, reference, x, params):
+def _splice(out, todo, reference, x, params, mask=None):
     """``out`` (a tensor, or a tuple of tensors, with rows first) with the rows marked in
-    ``todo`` recomputed by ``reference`` on the last axis."""
+    ``todo`` recomputed by ``reference`` on the last axis (with their rows of ``mask``)."""
     if not bool(todo.any()):
         return out
     rows = todo.reshape(-1).nonzero().flatten()
     n = x.shape[-1]
     sub = x.reshape(-1, n)[rows]
-    ref = reference(sub, dim=-1, mask=None, **_row_params(params, x, rows))
+    sub_mask = None if mask is None else mask.expand(x.shape).reshape(-1, n)[rows]
+    ref = reference(sub, dim=-1, mask=sub_mask, **_row_params(params, x, rows))
     if isinstance(out, tuple):
         return tuple(_put_rows(o, r, rows, todo.numel()) for o, r in zip(out, ref))
     return _put_rows(out, ref, rows, todo.numel())
@@ -381,6 +387,18 @@ def _put_rows(out, ref, rows, count):
 # ----------------------------------------------------------------------------------------
 
 _ATEN_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+_SPARSE_OPS = ("sparsemax", "entmax15", "entmax")
+
+
+def _mask_broadcasts(mask, x) -> bool:
+    """``mask`` is a bool tensor on ``x``'s device that broadcasts to ``x``'s shape."""
+    if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.device != x.device
+            or mask.dim() > x.dim()):
+        return False
+    try:
+        return torch.broadcast_shapes(mask.shape, x.shape) == x.shape
+    except RuntimeError:
+        return False
 
 
 def _aten_covers(op, x, dim, mask, params) -> bool:
@@ -394,16 +412,7 @@ def _aten_covers(op, x, dim, mask, params) -> bool:
             return False
     elif params and not _float_temperature(params):   # a tensor temperature: the reference
         return False
-    if mask is not None:
-        if (not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or mask.device != x.device
-                or mask.dim() > x.dim()):
-            return False
-        try:
-            if torch.broadcast_shapes(mask.shape, x.shape) != x.shape:
-                return False
-        except RuntimeError:
-            return False
-    return True
+    return mask is None or _mask_broadcasts(mask, x)
 
 
 _CTYPES = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}

@@ -24,11 +24,25 @@ import torch
 FLAG_TODO = 2
 
 
-def call_kernel(op: str, kernel, *args) -> None:
-    """Run ``kernel(*args)``; an exception is reported as a warning naming ``op`` (the rows
-    it did not finish keep :data:`FLAG_TODO` and are recomputed by the reference)."""
+def keep_torch_threads(kernel, *args) -> None:
+    """Run ``kernel(*args)`` and give torch back its thread count: numba's OpenMP layer shares
+    torch's OpenMP runtime and sets the count torch reads to its pool size on every parallel
+    launch (seen: ``torch.set_num_threads(1)`` read back as 2 after one kernel), which would
+    then run every later torch op on an oversubscribed team."""
+    threads = torch.get_num_threads()
     try:
         kernel(*args)
+    finally:
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
+
+
+def call_kernel(op: str, kernel, *args) -> None:
+    """Run ``kernel(*args)`` (torch's thread count kept, see :func:`keep_torch_threads`); an
+    exception is reported as a warning naming ``op`` (the rows it did not finish keep
+    :data:`FLAG_TODO` and are recomputed by the reference)."""
+    try:
+        keep_torch_threads(kernel, *args)
     except Exception as exc:
         warnings.warn(f"the numba kernel for {op} raised {type(exc).__name__}: {exc}; the rows it did "
                       "not finish are recomputed by the reference", RuntimeWarning, stacklevel=3)
@@ -36,7 +50,10 @@ def call_kernel(op: str, kernel, *args) -> None:
 
 def sync_threads() -> int:
     """Make numba use ``torch.get_num_threads()`` threads (at most numba's pool size)."""
-    n = max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # numba sets it at import
-    if numba.get_num_threads() != n:
+    threads = torch.get_num_threads()
+    n = max(1, min(threads, numba.config.NUMBA_NUM_THREADS))  # type: ignore[attr-defined]  # numba sets it at import
+    if numba.get_num_threads() != n:   # the first call starts numba's pool, which resets torch's count
         numba.set_num_threads(n)
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
     return n

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from . import FLAG_TODO, call_kernel, sync_threads
+from . import FLAG_TODO, call_kernel, keep_torch_threads, sync_threads
 from . import softmax as _k
 
 #: The algorithm used when none is asked for: the fastest in the kernel benchmark.
@@ -62,7 +62,7 @@ def _run_backward(y2: torch.Tensor, grad: torch.Tensor, special: torch.Tensor, s
     dtype = y2.numpy().dtype.type
     with np.errstate(over="ignore"):
         scale_x = dtype(scale)
-    _k.backward_rows(y2.numpy(), g2.numpy(), dx.numpy(), special.numpy(), scale_x, mode)
+    keep_torch_threads(_k.backward_rows, y2.numpy(), g2.numpy(), dx.numpy(), special.numpy(), scale_x, mode)
     return dx
 
 

@@ -8,27 +8,40 @@ With ``u = alpha - 1 > 0`` and scores shifted so that the row maximum is 0
 
 sparsemax (Martins & Astudillo 2016, arXiv 1602.02068) being ``u = 1``.
 
-Threshold search: safeguarded Newton on ``theta``, on a shrinking candidate set.
-``f`` is continuous and decreasing, with ``f(-1/u) >= 0`` (the maximum alone gives 1)
-and ``f(-n^{-u}/u) <= 0`` (every entry at most ``1/n``), so the root is bracketed from
-the start. Only entries with ``s_i > -1/u`` can ever be in the support; they are copied
-once into a scratch list (one pass over the row), and after every step the entries at
-or below the lower bracket end are dropped, so later steps touch fewer entries. Each
-step takes the Newton point ``theta + F / D`` (``F = f(theta)``,
-``D = -f'(theta) = sum w_i^{1/u - 1}``) when it lies inside the bracket and bisects
-otherwise.
+Threshold search, in two levels over a row's visible prefix (``x[:stop]``; entries past it
+are hidden whatever they hold, ``-inf`` entries are hidden too):
 
-Why this choice: for ``u <= 1`` (alpha <= 2) ``f`` is convex, so Newton started at the
-left end increases monotonically and never leaves the bracket; for sparsemax the steps
-are exactly Michelot's (1986) projection iterations, and for sparsemax and 1.5-entmax
-``f`` is piecewise linear / quadratic, so once the support is found one closed-form
-step on it gives the exact threshold (computed at the end, as the sort-based
-reference does). Newton converges quadratically, and in practice in a handful of
-steps, each an O(candidates) vectorisable pass, after one O(n) pass over the row:
-expected linear time, with no sort and no random access, against ``O(n log n)`` for the
-sort-based algorithms and ~50 full passes for bisection. The safeguard (bisection
-inside the bracket) bounds the worst case by the bisection rate for any alpha, including
-``alpha > 2`` where ``f`` is concave.
+1. One vectorised pass takes the maximum of each block of :data:`BLOCK` entries. ``f``
+   only grows when entries are added, so the threshold of any subset of the row is a
+   lower bound on the row's: the threshold of the block maxima is one, and a tight one
+   (the support's entries are mostly block maxima). Measured on causal attention tiles
+   (L = 4096, D = 64): it leaves ~4 candidates for sparsemax and ~20 for 1.5-entmax,
+   against ~17 and ~160 above the classic bound ``max - 1/u``.
+2. Only the blocks whose maximum exceeds that bound are read entry by entry; their entries
+   above it are the candidates (float64, shifted by the row maximum), and the threshold is
+   solved on them from the bound.
+
+Solvers, each started from a lower bound and never stepping past the root, so the
+candidate set always contains the support and shrinks as they go:
+
+* sparsemax (``u = 1``): Michelot's (1986) iteration ``theta <- (sum_S v - 1) / |S|`` on
+  ``S = {v > theta}`` (each iterate is the threshold of a subset); exact when ``S`` stops
+  shrinking.
+* 1.5-entmax (``u = 1/2``): Newton steps (``f`` is convex, so Newton from the left stays
+  left). Each pass also gives the root of the quadratic ``f`` restricted to ``S`` from the
+  moments ``sum w``, ``sum w^2``; once every entry of ``S`` lies above it, it is the exact
+  threshold (recomputed by the stable two-pass closed form).
+* other alpha: Newton safeguarded by bisection inside the bracket
+  ``[lower, -count^{-u}/u]`` (the bisection covers ``alpha > 2``, where ``f`` is concave).
+
+This is the approach of AdaSplash (Gonçalves, Treviso & Martins 2025, arXiv 2502.12082:
+Halley/Newton steps safeguarded by bisection, per row) with a tight starting bound in the
+spirit of AdaSplash-2's coarse histogram initialisation (arXiv 2604.15180), here the block
+maxima, which cost nothing beyond the row's maximum. Expected linear time with one pass
+over the row plus a few passes over tens of candidates, no sort and no full-row
+iteration. :func:`entmax_attend` multiplies the support by ``v`` directly (a few rows of
+``v`` per query instead of a GEMM over the tile); :func:`entmax_tile_grad` is the fused
+attention's backward on a tile, given each row's threshold.
 
 Backward (closed form, Peters et al. 2019, Prop. 1): ``g_i = p_i^{2-alpha}`` on the
 support, ``dx = g * dy - g <g, dy> / sum g``. Gradient with respect to alpha
@@ -60,6 +73,14 @@ from .softmax import _max
 MAX_STEPS = 200
 #: Entries per chunk: a chunk is scanned entry by entry only if its maximum can matter.
 CHUNK = 64
+#: Entries per block of the forward row solver: the block maxima give a lower bound on the
+#: threshold, and only blocks whose maximum exceeds it are read entry by entry.
+BLOCK = 32
+#: Slack under the block-level bound (shifted units, where the threshold lies in [-1/u, 0]):
+#: covers the solver's rounding and tolerance, costs no candidate in practice.
+MARGIN = 1e-6
+#: Row groups per thread in :func:`entmax_rows` (rows are dealt round-robin to the groups).
+GROUPS_PER_THREAD = 8
 
 
 @njit(cache=True, error_model="numpy")
@@ -126,10 +147,11 @@ def _compact(vals, idx, count, lower):
 
 
 @njit(cache=True, error_model="numpy")
-def _threshold(vals, idx, count, n, u):
-    """Root ``theta`` of ``f`` by safeguarded Newton; returns (theta, candidate count)."""
-    lo = -1.0 / u
-    hi = -math.exp(-u * math.log(n)) / u
+def _threshold(vals, idx, count, u, lo):
+    """Root ``theta`` of ``f`` over the candidates, from the lower bound ``lo``, by safeguarded
+    Newton (any alpha); returns (theta, candidate count). ``-count^{-u} / u`` bounds the root
+    from above (each of the ``count`` terms is at most ``1 / count`` there)."""
+    hi = max(-math.exp(-u * math.log(max(count, 1))) / u, lo)
     theta = lo
     tol = 4e-16 * max(1.0, count)
     best, best_f = theta, math.inf
@@ -155,15 +177,7 @@ def _threshold(vals, idx, count, n, u):
             step = mid
         prev_f = abs(F)
         theta = step
-    theta = best
-    if u == 1.0 or u == 0.5:
-        # exact on the support found; repeat while the support it implies differs
-        for _ in range(8):
-            exact = _closed_form(vals, count, theta, u)
-            if exact == theta:
-                break
-            theta = exact
-    return theta, count
+    return best, count
 
 
 @njit(fastmath={"reassoc", "nsz"}, cache=True, error_model="numpy")
@@ -196,61 +210,293 @@ def _gather_above(x, reach, top, vals, idx):
     return count
 
 
-@njit(cache=True, error_model="numpy")
-def _reach(top, u):
-    """A value of ``top``'s type ``< top`` and ``<= top - 1/u`` (exactly): entries above it
-    are the candidates. ``top - 1/u`` rounded in the input type can equal ``top`` (|x| about
-    1e8 in float32, a -1e9 mask fill), which would leave no candidate at all."""
-    exact = np.float64(top) - 1.0 / u
-    reach = cast_like(exact, top)
-    if np.float64(reach) > exact or reach >= top:
-        reach = np.nextafter(reach, cast_like(-np.inf, top))
-    return reach
+@njit(fastmath={"reassoc", "nsz"}, cache=True, error_model="numpy")
+def _count_nan(x):
+    """NaN entries of ``x`` (vectorised count)."""
+    bad = 0
+    for i in range(x.shape[0]):
+        bad += x[i] != x[i]
+    return bad
 
 
 @njit(cache=True, error_model="numpy")
-def _row(x, out, u):
-    """alpha-entmax of one row into ``out``; False for a row it leaves to the reference
-    (a NaN or a ``+inf``, or a result that is not a finite distribution)."""
-    n = x.shape[0]
+def _sparsemax_threshold(vals, idx, count, theta):
+    """Michelot's (1986) iteration from a lower bound ``theta``: ``theta <- (sum_S v - 1) / |S|``
+    over ``S = {v > theta}`` until ``S`` stops shrinking. Every iterate is a lower bound (the
+    threshold of a subset), so ``S`` always contains the support and the last iterate is exact.
+    Returns (theta, support size); the support is compacted to the front of ``vals`` / ``idx``."""
+    first = True
+    for _ in range(count + 2):
+        kept = 0
+        total = 0.0
+        for i in range(count):
+            v = vals[i]
+            if v > theta:
+                vals[kept] = v
+                idx[kept] = idx[i]
+                kept += 1
+                total += v
+        if kept == 0 or (kept == count and not first):
+            return theta, kept
+        first = False
+        count = kept
+        theta = (total - 1.0) / kept
+    return theta, count
+
+
+@njit(cache=True, error_model="numpy")
+def _entmax15_threshold(vals, idx, count, theta):
+    """1.5-entmax threshold from a lower bound ``theta``: Newton steps (``f`` is convex, so they
+    stay below the root and ``S = {v > theta}`` keeps the support), each pass also giving the
+    closed-form root of ``f`` restricted to ``S``; that root is exact as soon as every entry of
+    ``S`` lies above it. Returns (theta, support size) like :func:`_sparsemax_threshold`."""
+    for _ in range(MAX_STEPS):
+        kept = 0
+        s1 = 0.0
+        s2 = 0.0
+        low = math.inf
+        for i in range(count):
+            v = vals[i]
+            if v > theta:
+                vals[kept] = v
+                idx[kept] = idx[i]
+                kept += 1
+                w = 0.5 * (v - theta)
+                s1 += w
+                s2 += w * w
+                low = min(low, v)
+        count = kept
+        if kept == 0:
+            return theta, 0
+        excess = s2 - 1.0       # f(theta) = sum_S w^2 - 1, -f'(theta) = sum_S w
+        if excess <= 0.0:
+            break               # theta is the root to rounding
+        disc = s1 * s1 - kept * excess
+        if disc >= 0.0 and low > theta + 2.0 * (s1 - math.sqrt(disc)) / kept:
+            return _closed_form(vals, count, theta, 0.5), count   # the same root, computed stably
+        step = theta + excess / s1
+        if not step > theta:
+            break
+        theta = step
+    return theta, count
+
+
+@njit(cache=True, error_model="numpy")
+def _solve(vals, idx, count, u, lower):
+    """The threshold of the candidates ``vals[:count]`` (shifted scores, maximum 0, all above
+    the lower bound ``lower``) for ``u = alpha - 1``; returns (theta, candidates left)."""
+    if u == 1.0:
+        return _sparsemax_threshold(vals, idx, count, lower)
+    if u == 0.5:
+        return _entmax15_threshold(vals, idx, count, lower)
+    return _threshold(vals, idx, count, u, lower)
+
+
+@njit(cache=True, error_model="numpy")
+def _support(x, u, stop, peaks, vals, idx):
+    """Solve alpha-entmax on ``x[:stop]`` (entries past ``stop`` are hidden, as are ``-inf``).
+
+    Returns ``(status, tau, count)``: status 0 with the weights of the support in
+    ``vals[:count]`` at the positions ``idx[:count]`` and the threshold ``tau``
+    (``p = [u x - tau]_+^{1/u}``); status 2 for a row with nothing visible (``tau = 0``);
+    status 1 for a row left to the reference (a NaN or a ``+inf``, or no finite distribution
+    found). ``peaks``, ``vals``, ``idx``: scratch of at least ``ceil(stop / BLOCK)``,
+    ``stop``, ``stop`` entries. ``x`` is only read.
+    """
+    if stop <= 0:
+        return 2, 0.0, 0
+    xs = x[:stop]
+    if _count_nan(xs):
+        return 1, 0.0, 0
     neg_inf = cast_like(-np.inf, x[0])
-    top = _max(x, neg_inf)
-    out[:] = 0
+    nb = (stop + BLOCK - 1) // BLOCK
+    top = neg_inf
+    for b in range(nb):
+        m = _max(xs[b * BLOCK:min(stop, b * BLOCK + BLOCK)], neg_inf)
+        peaks[b] = m
+        if m > top:
+            top = m
     if top == -neg_inf:
-        return False
+        return 1, 0.0, 0
     if top == neg_inf:
-        return True
-    reach = _reach(top, u)
-    count, nans = _count_above(x, reach)
-    if nans or count == 0:
-        return False
-    vals = np.empty(count, np.float64)
-    idx = np.empty(count, np.int64)
-    count = _gather_above(x, reach, top, vals, idx)
-    theta, count = _threshold(vals, idx, count, n, u)
+        return 2, 0.0, 0
+    top64 = np.float64(top)
+    # level 1: the block maxima are a subset of the row, and the threshold of a subset is a
+    # lower bound on the row's (f only grows with more entries)
+    count = 0
+    for b in range(nb):
+        v = peaks[b] - top64
+        if v > -1.0 / u:
+            vals[count] = v
+            idx[count] = b
+            count += 1
+    theta, _ = _solve(vals, idx, count, u, -1.0 / u)
+    lower = max(theta - MARGIN, -1.0 / u)
+    # level 2: the entries above the bound, from the blocks that have any
+    count = 0
+    for b in range(nb):
+        if peaks[b] - top64 > lower:
+            for i in range(b * BLOCK, min(stop, b * BLOCK + BLOCK)):
+                v = np.float64(xs[i]) - top64
+                if v > lower:
+                    vals[count] = v
+                    idx[count] = i
+                    count += 1
+    theta, count = _solve(vals, idx, count, u, lower)
     total = 0.0
     for i in range(count):
         w = u * (vals[i] - theta)
         vals[i] = _power(w, u) if w > 0 else 0.0
         total += vals[i]
     if not (total > 0.5 and total < 2.0):
-        return False
-    scale = 1.0 / total if u != 1.0 and u != 0.5 else 1.0
-    for i in range(count):
-        out[idx[i]] = vals[i] * scale
-    return True
+        return 1, 0.0, 0
+    if u != 1.0 and u != 0.5:   # closed forms are exact; elsewhere the tolerance of the solver
+        for i in range(count):
+            vals[i] /= total
+    return 0, u * (top64 + theta), count
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def entmax_rows(x, out, alpha, special):
-    """alpha-entmax of each row of ``x`` (C-contiguous 2-d); ``alpha`` float64, one per row."""
+def entmax_rows(x, out, alpha, stop, tau, special, groups):
+    """alpha-entmax of each row of ``x`` (C-contiguous 2-d) into ``out`` (which may be ``x``:
+    a row is written after it is solved; a row flagged in ``special`` is not written).
+
+    ``alpha`` float64 and ``stop`` int64 (entries ``>= stop`` are hidden), one per row;
+    ``tau`` (float64) receives each row's threshold, ``p = [(alpha - 1) x - tau]_+^{1/(alpha-1)}``.
+    Rows are dealt round-robin to ``groups`` groups (causal rows differ in length; a few per
+    thread balance them), each with its own scratch."""
     rows, n = x.shape
-    for r in prange(rows):
-        if n == 0:
-            special[r] = 0
-            continue
-        ok = _row(x[r], out[r], alpha[r] - 1.0)
-        special[r] = 0 if ok else 1
+    groups = max(1, min(rows, groups))
+    for g in prange(groups):
+        peaks = np.empty((n + BLOCK - 1) // BLOCK + 1, np.float64)
+        vals = np.empty(n + 1, np.float64)
+        idx = np.empty(n + 1, np.int64)
+        for r in range(g, rows, groups):
+            status, t, count = _support(x[r], alpha[r] - 1.0, min(n, stop[r]), peaks, vals, idx)
+            tau[r] = t
+            special[r] = 1 if status == 1 else 0
+            if status != 1:
+                o = out[r]
+                o[:] = 0
+                for i in range(count):
+                    o[idx[i]] = vals[i]
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def entmax_attend(x, v, rows_per_head, alpha, stop, out, tau, special, groups):
+    """``out = alpha-entmax(x) v`` row by row, from the support only (no weight matrix).
+
+    ``x`` ``(rows, n)`` C-contiguous scores (``-inf`` hidden), row ``r`` belonging to head
+    ``r // rows_per_head`` of ``v`` ``(heads, n, d)``; ``out`` ``(rows, d)``; ``alpha``, ``stop``,
+    ``tau``, ``special`` as in :func:`entmax_rows` (a flagged row of ``out`` is not written).
+    The products accumulate in float64."""
+    rows, n = x.shape
+    d = v.shape[2]
+    groups = max(1, min(rows, groups))
+    for g in prange(groups):
+        peaks = np.empty((n + BLOCK - 1) // BLOCK + 1, np.float64)
+        vals = np.empty(n + 1, np.float64)
+        idx = np.empty(n + 1, np.int64)
+        acc = np.empty(d, np.float64)
+        for r in range(g, rows, groups):
+            status, t, count = _support(x[r], alpha[r] - 1.0, min(n, stop[r]), peaks, vals, idx)
+            tau[r] = t
+            special[r] = 1 if status == 1 else 0
+            if status == 1:
+                continue
+            vh = v[r // rows_per_head]
+            acc[:] = 0
+            for i in range(count):
+                p = vals[i]
+                vj = vh[idx[i]]
+                for e in range(d):
+                    acc[e] += p * vj[e]
+            o = out[r]
+            for e in range(d):
+                o[e] = acc[e]
+
+
+@njit(fastmath={"reassoc", "nsz"}, cache=True, error_model="numpy")
+def _grad_sums(z, dp, u, t):
+    """``sum s`` and ``sum s dp`` over a row, ``s = w^{1/u - 1}`` on the support ``w = u z - t > 0``
+    (a NaN in ``w`` makes both NaN)."""
+    zero = cast_like(0.0, z[0])
+    s_sum = zero
+    sd = zero
+    if u == 1.0:
+        for j in range(z.shape[0]):
+            s = cast_like(1.0, z[0]) if not (u * z[j] - t <= zero) else zero
+            s_sum += s
+            sd += s * dp[j]
+    elif u == 0.5:
+        for j in range(z.shape[0]):
+            w = u * z[j] - t
+            s = w if not (w <= zero) else zero
+            s_sum += s
+            sd += s * dp[j]
+    else:
+        for j in range(z.shape[0]):
+            w = u * z[j] - t
+            if not (w <= zero):
+                s = cast_like(math.exp((1.0 / u - 1.0) * math.log(w)), zero)
+                s_sum += s
+                sd += s * dp[j]
+    return s_sum, sd
+
+
+@njit(fastmath={"reassoc", "nsz"}, cache=True, error_model="numpy")
+def _grad_write(z, dp, u, t, mean):
+    """``z <- p = w^{1/u}``, ``dp <- s (dp - mean)`` on the support, 0 elsewhere."""
+    zero = cast_like(0.0, z[0])
+    if u == 1.0:
+        for j in range(z.shape[0]):
+            w = u * z[j] - t
+            on = not (w <= zero)
+            z[j] = w if on else zero
+            dp[j] = (dp[j] - mean) if on else zero
+    elif u == 0.5:
+        for j in range(z.shape[0]):
+            w = u * z[j] - t
+            w = w if not (w <= zero) else zero
+            z[j] = w * w
+            dp[j] = w * (dp[j] - mean)
+    else:
+        for j in range(z.shape[0]):
+            w = u * z[j] - t
+            if not (w <= zero):
+                lw = math.log(w)
+                z[j] = cast_like(math.exp(lw / u), zero)
+                dp[j] = cast_like(math.exp((1.0 / u - 1.0) * lw), zero) * (dp[j] - mean)
+            else:
+                z[j] = zero
+                dp[j] = zero
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def entmax_tile_grad(z, dp, alpha, tau, stop, groups):
+    """The closed-form backward of alpha-entmax rows given their thresholds, in place.
+
+    Row ``r`` of ``z`` (scores, ``-inf`` hidden; entries ``>= stop[r]`` hidden whatever they
+    hold) becomes ``p = [u z - tau_r]_+^{1/u}`` and row ``r`` of ``dp`` (the incoming gradient
+    of ``p``) becomes the gradient of the scores, ``s (dp - sum(s dp) / sum(s))`` with
+    ``s = p^{2 - alpha}`` on the support (Peters, Niculae & Martins 2019, arXiv 1905.05702).
+    Two passes over each row's visible prefix, in the scores' precision like the forward."""
+    rows, n = z.shape
+    u = alpha - 1.0
+    groups = max(1, min(rows, groups))
+    for g in prange(groups):
+        for r in range(g, rows, groups):
+            stop_r = min(n, stop[r])
+            zr = z[r]
+            dr = dp[r]
+            if stop_r > 0:
+                t = cast_like(tau[r], zr[0])
+                uu = cast_like(u, zr[0])
+                s_sum, sd = _grad_sums(zr[:stop_r], dr[:stop_r], uu, t)
+                mean = sd / s_sum if s_sum > 0 else sd - sd
+                _grad_write(zr[:stop_r], dr[:stop_r], uu, t, mean)
+            zr[stop_r:] = 0
+            dr[stop_r:] = 0
 
 
 @njit(cache=True, error_model="numpy")
