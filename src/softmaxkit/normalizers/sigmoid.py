@@ -6,6 +6,7 @@ Self-Attention" (FlashSigmoid), arXiv 2409.04431.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -99,9 +100,43 @@ def _triton_pieces():
     return TritonPieces(fn=h, dfn=dh, dpar=dpar, values=values, uses_n=True)
 
 
+@functools.cache
+def _numba_pieces():
+    """``h = sigmoid(x + a)``, ``a = b + delta`` per row, for the CPU fused attention's row kernels
+    (packed: ``[bias given], bias, delta``)."""
+    import numpy as np
+    from numba import njit
+
+    from ..kernels.cpu._exp import exp
+    from ..kernels.cpu._intrinsics import cast_like
+    from ..kernels.cpu.pieces import NumbaPieces
+
+    @njit(cache=True, inline="always")
+    def row(n, par):
+        return (par[1] if par[0] != 0 else -np.log(n)) + par[2]
+
+    @njit(cache=True, inline="always")
+    def h(x, a, par):
+        one = cast_like(1.0, x)
+        return one / (one + exp(-(x + a)))
+
+    @njit(cache=True, inline="always")
+    def dh(x, a, par):
+        one = cast_like(1.0, x)
+        s = one / (one + exp(-(x + a)))
+        return s * (one - s)
+
+    def values(params):
+        bias = params["bias"]
+        return (0.0 if bias is None else 1.0, 0.0 if bias is None else bias, params["bias_offset"])
+
+    return NumbaPieces(fn=h, dfn=dh, row=row, values=values)
+
+
 SPEC = builtin(
     sigmoid, form=FORM, formula="sigmoid(x + b), b = -log n by default",
     triton=_triton_pieces,
+    numba=_numba_pieces,
     reference="Ramapuram et al. 2024, arXiv 2409.04431",
     sums_to_one=False, can_be_sparse=False, shift_invariant=False,
     learnable={"bias_offset": Learnable(0.0)},

@@ -3,6 +3,7 @@ linearly, not exponentially, in the score."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -63,9 +64,33 @@ def _triton_pieces():
     return TritonPieces(fn=h, dfn=dh)
 
 
+@functools.cache
+def _numba_pieces():
+    """``h = softplus(x)``, ``dh = sigmoid(x)`` for the CPU fused attention's row kernels."""
+    import math
+
+    from numba import njit
+
+    from ..kernels.cpu._exp import exp
+    from ..kernels.cpu._intrinsics import cast_like
+    from ..kernels.cpu.pieces import NumbaPieces
+
+    @njit(cache=True, inline="always")
+    def h(x, n, par):
+        return max(x, cast_like(0.0, x)) + math.log1p(exp(-abs(x)))
+
+    @njit(cache=True, inline="always")
+    def dh(x, n, par):
+        one = cast_like(1.0, x)
+        return one / (one + exp(-x))
+
+    return NumbaPieces(fn=h, dfn=dh)
+
+
 SPEC = builtin(
     softplus_l1, form=FORM, formula="softplus(x) / (sum softplus(x) + eps)",
     triton=_triton_pieces,
+    numba=_numba_pieces,
     reference="l1-normalised softplus (rectifier family of Wortsman et al. 2023, arXiv 2309.08586)",
     sums_to_one=False, can_be_sparse=False, shift_invariant=False,
     examples=(Example(x=(0.0, 0.0), expected=(0.5, 0.5), params={"eps": 1e-300}),),
