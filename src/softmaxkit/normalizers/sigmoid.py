@@ -107,7 +107,7 @@ def _numba_pieces():
     import numpy as np
     from numba import njit
 
-    from ..kernels.cpu._exp import exp
+    from ..kernels.cpu._exp import exp_nonpositive_fast
     from ..kernels.cpu._intrinsics import cast_like
     from ..kernels.cpu.pieces import NumbaPieces
 
@@ -115,16 +115,18 @@ def _numba_pieces():
     def row(n, par):
         return (par[1] if par[0] != 0 else -np.log(n)) + par[2]
 
+    # e = exp(-|z|) <= 1: sigmoid(z) = 1 / (1 + e) for z >= 0, e / (1 + e) below, never overflowing
     @njit(cache=True, inline="always")
     def h(x, a, par):
-        one = cast_like(1.0, x)
-        return one / (one + exp(-(x + a)))
+        z = x + a
+        e = exp_nonpositive_fast(-abs(z))
+        return (cast_like(1.0, x) if z >= 0 else e) / (cast_like(1.0, x) + e)
 
     @njit(cache=True, inline="always")
     def dh(x, a, par):
-        one = cast_like(1.0, x)
-        s = one / (one + exp(-(x + a)))
-        return s * (one - s)
+        e = exp_nonpositive_fast(-abs(x + a))
+        d = cast_like(1.0, x) + e
+        return e / (d * d)
 
     def values(params):
         bias = params["bias"]

@@ -71,18 +71,18 @@ def _numba_pieces():
 
     from numba import njit
 
-    from ..kernels.cpu._exp import exp
+    from ..kernels.cpu._exp import exp_nonpositive_fast
     from ..kernels.cpu._intrinsics import cast_like
     from ..kernels.cpu.pieces import NumbaPieces
 
     @njit(cache=True, inline="always")
     def h(x, n, par):
-        return max(x, cast_like(0.0, x)) + math.log1p(exp(-abs(x)))
+        return max(x, cast_like(0.0, x)) + math.log1p(exp_nonpositive_fast(-abs(x)))
 
     @njit(cache=True, inline="always")
     def dh(x, n, par):
-        one = cast_like(1.0, x)
-        return one / (one + exp(-x))
+        e = exp_nonpositive_fast(-abs(x))
+        return (cast_like(1.0, x) if x >= 0 else e) / (cast_like(1.0, x) + e)
 
     return NumbaPieces(fn=h, dfn=dh)
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._exp import exp_nonpositive
+from ._exp import exp_nonpositive_fast
 from ._intrinsics import cast_like, fmax
 
 #: nnan lets LLVM vectorise the max reductions; a NaN score still makes its row NaN through
@@ -88,7 +88,7 @@ def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g):
             continue
         total = cast_like(0.0, m)
         for j in range(row.shape[0]):
-            e = exp_nonpositive(row[j] - m)
+            e = exp_nonpositive_fast(row[j] - m)
             row[j] = e
             total += e
         den[r] = total
@@ -126,7 +126,7 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of,
             continue
         total = cast_like(0.0, m)
         for j in range(row.shape[0]):
-            e = exp_nonpositive(row[j] - m)
+            e = exp_nonpositive_fast(row[j] - m)
             row[j] = e
             total += e
         inv = cast_like(1.0, m) / total
