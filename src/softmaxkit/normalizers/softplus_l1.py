@@ -66,9 +66,11 @@ def _triton_pieces():
 
 @functools.cache
 def _numba_pieces():
-    """``h = softplus(x)``, ``dh = sigmoid(x)`` for the CPU fused attention's row kernels."""
-    import math
+    """``h = softplus(x)``, ``dh = sigmoid(x)`` for the CPU fused attention's row kernels.
 
+    ``softplus(x) = max(x, 0) + log(1 + e)``, ``e = e^{-|x|} <= 1``, with
+    ``log(1 + e) = 2 atanh(s) = 2 sum_k s^{2k+1} / (2k + 1)``, ``s = e / (2 + e) <= 1/3``:
+    19 terms put the truncation below 2e-20, and the series vectorises (no libm call)."""
     from numba import njit
 
     from ..kernels.cpu._exp import exp_nonpositive_fast
@@ -76,8 +78,17 @@ def _numba_pieces():
     from ..kernels.cpu.pieces import NumbaPieces
 
     @njit(cache=True, inline="always")
+    def log1p_unit(e):
+        s = e / (cast_like(2.0, e) + e)
+        s2 = s * s
+        q = cast_like(1.0 / 37.0, e)
+        for k in range(17, -1, -1):
+            q = q * s2 + cast_like(1.0 / (2 * k + 1), e)
+        return cast_like(2.0, e) * s * q
+
+    @njit(cache=True, inline="always")
     def h(x, n, par):
-        return max(x, cast_like(0.0, x)) + math.log1p(exp_nonpositive_fast(-abs(x)))
+        return max(x, cast_like(0.0, x)) + log1p_unit(exp_nonpositive_fast(-abs(x)))
 
     @njit(cache=True, inline="always")
     def dh(x, n, par):
@@ -85,7 +96,6 @@ def _numba_pieces():
         return (cast_like(1.0, x) if x >= 0 else e) / (cast_like(1.0, x) + e)
 
     return NumbaPieces(fn=h, dfn=dh)
-
 
 SPEC = builtin(
     softplus_l1, form=FORM, formula="softplus(x) / (sum softplus(x) + eps)",
