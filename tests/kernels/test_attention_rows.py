@@ -182,3 +182,14 @@ def test_softmax_with_a_per_head_temperature_uses_its_pieces(grad, monkeypatch):
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     for gs, gw in zip(got_grads, want_grads):
         torch.testing.assert_close(gs, gw, rtol=1e-12, atol=1e-12)
+
+
+def test_ssmax_with_a_given_n_uses_it_per_row(monkeypatch):
+    gen = torch.Generator().manual_seed(12)
+    q, k, v, causal, mask = _inputs("causal", torch.float64, gen)
+    got, got_grads = _run(q, k, v, "ssmax", causal, mask, {"n": 50})
+    monkeypatch.setattr(fused, "_tile_pieces", lambda *a: None)
+    want, want_grads = _run(q, k, v, "ssmax", causal, mask, {"n": 50})
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for gs, gw in zip(got_grads, want_grads):
+        torch.testing.assert_close(gs, gw, rtol=1e-12, atol=1e-12)

@@ -7,6 +7,7 @@ Self-Attention" (FlashSigmoid), arXiv 2409.04431.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import torch
@@ -18,7 +19,7 @@ from ._generic import from_form
 
 
 def _bias(bias: Any, bias_offset: Any, n: Any) -> Any:
-    b = -(torch.log(n) if isinstance(n, torch.Tensor) else torch.log(torch.tensor(float(n)))) \
+    b = -(torch.log(n) if isinstance(n, torch.Tensor) else math.log(float(n))) \
         if bias is None else bias
     return b + bias_offset
 

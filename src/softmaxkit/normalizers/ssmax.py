@@ -6,6 +6,7 @@ Nakanishi (2025), "Scalable-Softmax Is Superior for Attention", arXiv 2501.19399
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import torch
@@ -20,7 +21,7 @@ S_INIT = 0.43
 
 
 def _log_n(n: Any) -> Any:
-    return torch.log(n) if isinstance(n, torch.Tensor) else torch.log(torch.tensor(float(n)))
+    return torch.log(n) if isinstance(n, torch.Tensor) else math.log(float(n))
 
 
 def length_scaled(x: torch.Tensor, s: Any, n: Any) -> torch.Tensor:
