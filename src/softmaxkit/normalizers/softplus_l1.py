@@ -70,21 +70,30 @@ def _numba_pieces():
 
     ``softplus(x) = max(x, 0) + log(1 + e)``, ``e = e^{-|x|} <= 1``, with
     ``log(1 + e) = 2 atanh(s) = 2 sum_k s^{2k+1} / (2k + 1)``, ``s = e / (2 + e) <= 1/3``:
-    19 terms put the truncation below 2e-20, and the series vectorises (no libm call)."""
-    from numba import njit
+    19 terms (float64) or 8 (float32) put the truncation below the type's resolution
+    (``9^{-k} / (2k + 1)``), and the series vectorises (no libm call)."""
+    from numba import njit, types
+    from numba.extending import overload
 
     from ..kernels.cpu._exp import exp_nonpositive_fast
     from ..kernels.cpu._intrinsics import cast_like
     from ..kernels.cpu.pieces import NumbaPieces
 
-    @njit(cache=True, inline="always")
     def log1p_unit(e):
-        s = e / (cast_like(2.0, e) + e)
-        s2 = s * s
-        q = cast_like(1.0 / 37.0, e)
-        for k in range(17, -1, -1):
-            q = q * s2 + cast_like(1.0 / (2 * k + 1), e)
-        return cast_like(2.0, e) * s * q
+        raise NotImplementedError("numba only")
+
+    @overload(log1p_unit, inline="always")
+    def _log1p_unit(e):
+        terms = 8 if e == types.float32 else 19
+
+        def impl(e):
+            s = e / (cast_like(2.0, e) + e)
+            s2 = s * s
+            q = cast_like(1.0 / (2 * terms - 1), e)
+            for k in range(terms - 2, -1, -1):
+                q = q * s2 + cast_like(1.0 / (2 * k + 1), e)
+            return cast_like(2.0, e) * s * q
+        return impl
 
     @njit(cache=True, inline="always")
     def h(x, n, par):
