@@ -36,6 +36,11 @@ The backward kernels recompute ``p`` into ``s`` (for ``dv = p^T dO``) and overwr
 rational map) skips the maximum and the exponential: ``p = w / sum w``.
 
 A row with nothing visible gives ``p = 0`` and ``dS = 0``.
+
+The family kernels are not cached on disk (``cache=False``): numba keys a specialisation on
+its function arguments by their identity in the process, so a cached entry is never found
+again and every process would append a new one. Each process compiles a family kernel once
+per piece set and dtype (about a second; the pieces themselves are cached), before any timing.
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ def _zero_tail(row, start):
 
 # ---- softmax_of ------------------------------------------------------------------------
 
-@njit(parallel=True, fastmath=_FAST, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g):
     masked = hidden.shape[0] > 0
     ninf = cast_like(-np.inf, s[0, 0])
@@ -95,7 +100,7 @@ def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g):
         _zero_tail(full, end)
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, g, dg, apply_d):
     masked = hidden.shape[0] > 0
     ninf = cast_like(-np.inf, s[0, 0])
@@ -138,7 +143,7 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of,
         _zero_tail(dfull, end)
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def weighted_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, w):
     """``softmax_of`` through ``w = e^g``: ``p = w / sum w`` (no maximum, no exponential)."""
     masked = hidden.shape[0] > 0
@@ -160,7 +165,7 @@ def weighted_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, w):
         _zero_tail(full, end)
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, w, dg, apply_d):
     masked = hidden.shape[0] > 0
     for r in prange(s.shape[0]):
@@ -196,7 +201,7 @@ def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, w
 
 # ---- sum_normalized --------------------------------------------------------------------
 
-@njit(parallel=True, fastmath=_FAST, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def sum_normalized_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, h, eps):
     masked = hidden.shape[0] > 0
     for r in prange(s.shape[0]):
@@ -218,7 +223,7 @@ def sum_normalized_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of,
         _zero_tail(full, end)
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def sum_normalized_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, h, dh, eps, apply_d):
     masked = hidden.shape[0] > 0
     for r in prange(s.shape[0]):
@@ -255,7 +260,7 @@ def sum_normalized_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row
 
 # ---- elementwise -----------------------------------------------------------------------
 
-@njit(parallel=True, fastmath=_FAST, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def elementwise_forward(s, lim, hidden, cnt, par, rows_per_head, row_of, h):
     masked = hidden.shape[0] > 0
     for r in prange(s.shape[0]):
@@ -273,7 +278,7 @@ def elementwise_forward(s, lim, hidden, cnt, par, rows_per_head, row_of, h):
         _zero_tail(full, end)
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True, error_model="numpy")
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def elementwise_backward(s, dp, lim, hidden, cnt, par, rows_per_head, row_of, h, dh, apply_d):
     masked = hidden.shape[0] > 0
     for r in prange(s.shape[0]):
