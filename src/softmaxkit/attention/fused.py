@@ -15,8 +15,8 @@ On the CPU, in eager mode, for float32/float64 and a one-pass family (``softmax_
 (``NormalizerSpec.numba``), the elementwise work of forward and backward is one call per tile
 to a numba row kernel of the family (:mod:`softmaxkit.kernels.cpu.attention`): each row is
 mapped, reduced and rewritten while it stays in L1, instead of one pass over the tile per
-torch operation (L=4096, H=4, D=64, causal, 2 threads: ssmax forward 1.85x -> ~1.4x SDPA,
-forward+backward 1.78x -> ~1.4x). Tiles are then :data:`ROW_KERNEL_TILE_ELEMENTS` large (all
+torch operation (L=4096, H=4, D=64, causal, 2 threads, loaded machine: ssmax forward 1.85x
+-> 1.32x SDPA, forward+backward 1.78x -> 1.27x; stablemax 5.6x -> 1.1x). Tiles are then :data:`ROW_KERNEL_TILE_ELEMENTS` large (all
 heads of a query block in one GEMM). Other normalizers, devices, dtypes and traced calls keep
 the torch operations below.
 
