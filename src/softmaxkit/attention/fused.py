@@ -16,9 +16,9 @@ On the CPU, in eager mode, for float32/float64 and a one-pass family (``softmax_
 to a numba row kernel of the family (:mod:`softmaxkit.kernels.cpu.attention`): each row is
 mapped, reduced and rewritten while it stays in L1, instead of one pass over the tile per
 torch operation (L=4096, H=4, D=64, causal, 2 threads, loaded machine: ssmax forward 1.85x
--> 1.32x SDPA, forward+backward 1.78x -> 1.27x; stablemax 5.6x -> 1.1x). Tiles are then :data:`ROW_KERNEL_TILE_ELEMENTS` large (all
-heads of a query block in one GEMM). Other normalizers, devices, dtypes and traced calls keep
-the torch operations below.
+-> 1.32x SDPA, forward+backward 1.78x -> 1.27x; stablemax 5.6x -> 1.1x). Tiles are then
+:data:`ROW_KERNEL_TILE_ELEMENTS` large (all heads of a query block in one GEMM). Other
+normalizers, devices, dtypes and traced calls keep the torch operations below.
 
 The backward pass recomputes the tile (FlashAttention, Dao et al. 2022, arXiv
 2205.14135) and applies the closed-form gradient of the normalizer's family, read from its
