@@ -137,6 +137,8 @@ class NormalizerSpec:
         triton: a factory (no arguments, imports triton lazily) returning the form's pieces as
             Triton functions (:class:`softmaxkit.kernels.gpu.pieces.TritonPieces`) for the
             fused GPU attention kernels; ``None``: those kernels fall back to the other paths.
+        numba: the same for the CPU fused attention's row kernels: a factory returning
+            :class:`softmaxkit.kernels.cpu.pieces.NumbaPieces`; ``None``: torch operations.
     """
 
     name: str
@@ -155,6 +157,7 @@ class NormalizerSpec:
     tsallis_alpha: Callable[[Mapping[str, Any]], Any] | None = None
     user: bool = False
     triton: Callable[[], Any] | None = None
+    numba: Callable[[], Any] | None = None
 
     @property
     def family(self) -> str | None:
@@ -256,7 +259,8 @@ def builtin(fn: Callable[..., torch.Tensor], *, form: Form | None, formula: str,
             stream: Callable[[Mapping[str, Any]], StreamRule | None] | None = None,
             stream_passes: int | None = None, examples: tuple[Example, ...] = (),
             tsallis_alpha: Callable[[Mapping[str, Any]], Any] | None = None,
-            triton: Callable[[], Any] | None = None) -> NormalizerSpec:
+            triton: Callable[[], Any] | None = None,
+            numba: Callable[[], Any] | None = None) -> NormalizerSpec:
     """Register a built-in normalizer from its reference function ``fn`` (its name is the
     registered name and its signature the parameter list) and return the spec."""
     learnable, sizes, for_length = learnable or {}, sizes or {}, for_length or {}
@@ -270,7 +274,7 @@ def builtin(fn: Callable[..., torch.Tensor], *, form: Form | None, formula: str,
                           sums_to_one=sums_to_one, can_be_sparse=can_be_sparse, shift_invariant=shift_invariant,
                           can_be_negative=can_be_negative, param_specs=specs, stream=stream,
                           stream_passes=stream_passes, examples=examples,
-                          tsallis_alpha=tsallis_alpha, triton=triton)
+                          tsallis_alpha=tsallis_alpha, triton=triton, numba=numba)
     _add(spec)
     return spec
 

@@ -6,6 +6,7 @@ Zhou, Fritz & Keuper (2024), "MultiMax: Sparse and Multi-Modal Attention Learnin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -127,9 +128,43 @@ def _triton_pieces():
     return TritonPieces(fn=g, dfn=dg, dpar=dpar, values=values)
 
 
+@functools.cache
+def _numba_pieces():
+    """The modulator and its derivative for the CPU fused attention's row kernels
+    (packed: ``r1..r4, t1..t4``)."""
+    from numba import njit
+
+    from ..kernels.cpu._intrinsics import cast_like
+    from ..kernels.cpu.pieces import NumbaPieces
+
+    @njit(cache=True, inline="always")
+    def g(x, n, par):
+        zero = cast_like(0.0, x)
+        a = max(par[0] - x, zero)
+        b = max(x - par[1], zero)
+        c = max(par[2] - x, zero)
+        d = max(x - par[3], zero)
+        return x + par[4] * a + par[5] * b + (par[6] * c) * c + (par[7] * d) * d
+
+    @njit(cache=True, inline="always")
+    def dg(x, n, par):
+        zero, one, two = cast_like(0.0, x), cast_like(1.0, x), cast_like(2.0, x)
+        below = par[4] if par[0] - x > zero else zero
+        above = par[5] if x - par[1] > zero else zero
+        return (one - below + above - two * (par[6] * max(par[2] - x, zero))
+                + two * (par[7] * max(x - par[3], zero)))
+
+    def values(params):
+        r, t = params["r"], params["t"]
+        return tuple(r[i] for i in range(4)) + tuple(t[i] for i in range(4))
+
+    return NumbaPieces(fn=g, dfn=dg, values=values)
+
+
 SPEC = builtin(
     multimax, form=FORM, formula="softmax(sigma(x)), piecewise-quadratic modulator sigma",
     triton=_triton_pieces,
+    numba=_numba_pieces,
     reference="Zhou, Fritz & Keuper, ICML 2024, arXiv 2406.01189",
     sums_to_one=True, can_be_sparse=False, shift_invariant=False,
     sizes={"r": 4, "t": 4},

@@ -6,6 +6,7 @@ Transformers", arXiv 2309.08586.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -63,9 +64,33 @@ def _triton_pieces():
     return TritonPieces(fn=h, dfn=dh, uses_n=True)
 
 
+@functools.cache
+def _numba_pieces():
+    """``h = relu(x) a``, ``a = 1 / n`` per row, for the CPU fused attention's row kernels."""
+    from numba import njit
+
+    from ..kernels.cpu._intrinsics import cast_like
+    from ..kernels.cpu.pieces import NumbaPieces
+
+    @njit(cache=True, inline="always")
+    def row(n, par):
+        return cast_like(1.0, n) / n
+
+    @njit(cache=True, inline="always")
+    def h(x, a, par):
+        return max(x, cast_like(0.0, x)) * a
+
+    @njit(cache=True, inline="always")
+    def dh(x, a, par):
+        return a if x > 0 else cast_like(0.0, x)
+
+    return NumbaPieces(fn=h, dfn=dh, row=row)
+
+
 SPEC = builtin(
     relu, form=FORM, formula="relu(x) / n", reference="Wortsman et al. 2023, arXiv 2309.08586",
     triton=_triton_pieces,
+    numba=_numba_pieces,
     sums_to_one=False, can_be_sparse=True, shift_invariant=False,
     examples=(Example(x=(2.0, -1.0), expected=(1.0, 0.0)),),
 )

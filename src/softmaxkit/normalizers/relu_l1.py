@@ -5,6 +5,7 @@ ReLU in place of softmax: Wortsman, Lee, Gilmer & Kornblith (2023), arXiv 2309.0
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -64,9 +65,29 @@ def _triton_pieces():
     return TritonPieces(fn=h, dfn=dh)
 
 
+@functools.cache
+def _numba_pieces():
+    """``h = relu(x)`` for the CPU fused attention's row kernels."""
+    from numba import njit
+
+    from ..kernels.cpu._intrinsics import cast_like
+    from ..kernels.cpu.pieces import NumbaPieces
+
+    @njit(cache=True, inline="always")
+    def h(x, n, par):
+        return max(x, cast_like(0.0, x))
+
+    @njit(cache=True, inline="always")
+    def dh(x, n, par):
+        return cast_like(1.0, x) if x > 0 else cast_like(0.0, x)
+
+    return NumbaPieces(fn=h, dfn=dh)
+
+
 SPEC = builtin(
     relu_l1, form=FORM, formula="relu(x) / (sum relu(x) + eps)",
     triton=_triton_pieces,
+    numba=_numba_pieces,
     reference="l1-normalised ReLU (Wortsman et al. 2023, arXiv 2309.08586)",
     sums_to_one=False, can_be_sparse=True, shift_invariant=False,
     examples=(

@@ -6,6 +6,8 @@ Self-Attention" (FlashSigmoid), arXiv 2409.04431.
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import torch
@@ -17,7 +19,7 @@ from ._generic import from_form
 
 
 def _bias(bias: Any, bias_offset: Any, n: Any) -> Any:
-    b = -(torch.log(n) if isinstance(n, torch.Tensor) else torch.log(torch.tensor(float(n)))) \
+    b = -(torch.log(n) if isinstance(n, torch.Tensor) else math.log(float(n))) \
         if bias is None else bias
     return b + bias_offset
 
@@ -99,9 +101,45 @@ def _triton_pieces():
     return TritonPieces(fn=h, dfn=dh, dpar=dpar, values=values, uses_n=True)
 
 
+@functools.cache
+def _numba_pieces():
+    """``h = sigmoid(x + a)``, ``a = b + delta`` per row, for the CPU fused attention's row kernels
+    (packed: ``[bias given], bias, delta``)."""
+    import numpy as np
+    from numba import njit
+
+    from ..kernels.cpu._exp import exp_nonpositive_fast
+    from ..kernels.cpu._intrinsics import cast_like
+    from ..kernels.cpu.pieces import NumbaPieces
+
+    @njit(cache=True, inline="always")
+    def row(n, par):
+        return (par[1] if par[0] != 0 else -np.log(n)) + par[2]
+
+    # e = exp(-|z|) <= 1: sigmoid(z) = 1 / (1 + e) for z >= 0, e / (1 + e) below, never overflowing
+    @njit(cache=True, inline="always")
+    def h(x, a, par):
+        z = x + a
+        e = exp_nonpositive_fast(-abs(z))
+        return (cast_like(1.0, x) if z >= 0 else e) / (cast_like(1.0, x) + e)
+
+    @njit(cache=True, inline="always")
+    def dh(x, a, par):
+        e = exp_nonpositive_fast(-abs(x + a))
+        d = cast_like(1.0, x) + e
+        return e / (d * d)
+
+    def values(params):
+        bias = params["bias"]
+        return (0.0 if bias is None else 1.0, 0.0 if bias is None else bias, params["bias_offset"])
+
+    return NumbaPieces(fn=h, dfn=dh, row=row, values=values)
+
+
 SPEC = builtin(
     sigmoid, form=FORM, formula="sigmoid(x + b), b = -log n by default",
     triton=_triton_pieces,
+    numba=_numba_pieces,
     reference="Ramapuram et al. 2024, arXiv 2409.04431",
     sums_to_one=False, can_be_sparse=False, shift_invariant=False,
     learnable={"bias_offset": Learnable(0.0)},

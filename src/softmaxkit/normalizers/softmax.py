@@ -9,6 +9,7 @@ are the building block of every ``softmax_of`` normalizer.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -204,9 +205,29 @@ def _triton_pieces():
     return TritonPieces(fn=g, dfn=dg, dpar=dpar, values=lambda params: (params["temperature"],))
 
 
+@functools.cache
+def _numba_pieces():
+    """``g(x) = x / T``, ``dg = 1 / T`` for the CPU fused attention's row kernels (packed: ``T``)."""
+    from numba import njit
+
+    from ..kernels.cpu._intrinsics import cast_like
+    from ..kernels.cpu.pieces import NumbaPieces
+
+    @njit(cache=True, inline="always")
+    def g(x, n, par):
+        return x / par[0]
+
+    @njit(cache=True, inline="always")
+    def dg(x, n, par):
+        return cast_like(1.0, x) / par[0]
+
+    return NumbaPieces(fn=g, dfn=dg, values=lambda params: (params["temperature"],))
+
+
 SPEC = builtin(
     softmax, form=SoftmaxOf(g=scale_by_temperature, dg=d_scale_by_temperature, linear_factor=_inverse_temperature),
     triton=_triton_pieces,
+    numba=_numba_pieces,
     formula="exp(x/T - m) / sum exp(x/T - m)",
     reference="Bridle 1990; temperature: Hinton et al. 2015, arXiv 1503.02531",
     sums_to_one=True, can_be_sparse=False, shift_invariant=True, tsallis_alpha=_is_plain_softmax,

@@ -5,6 +5,8 @@ Nakanishi (2025), "Scalable-Softmax Is Superior for Attention", arXiv 2501.19399
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import torch
@@ -19,7 +21,7 @@ S_INIT = 0.43
 
 
 def _log_n(n: Any) -> Any:
-    return torch.log(n) if isinstance(n, torch.Tensor) else torch.log(torch.tensor(float(n)))
+    return torch.log(n) if isinstance(n, torch.Tensor) else math.log(float(n))
 
 
 def length_scaled(x: torch.Tensor, s: Any, n: Any) -> torch.Tensor:
@@ -80,9 +82,33 @@ def _triton_pieces():
     return TritonPieces(fn=g, dfn=dg, dpar=dpar, values=lambda params: (params["s"],), uses_n=True)
 
 
+@functools.cache
+def _numba_pieces():
+    """``g(x) = a x`` with ``a = s log(n)`` per row, for the CPU fused attention's row kernels (packed: ``s``)."""
+    import numpy as np
+    from numba import njit
+
+    from ..kernels.cpu.pieces import NumbaPieces
+
+    @njit(cache=True, inline="always")
+    def row(n, par):
+        return np.log(n) * par[0]
+
+    @njit(cache=True, inline="always")
+    def g(x, a, par):
+        return x * a
+
+    @njit(cache=True, inline="always")
+    def dg(x, a, par):
+        return a
+
+    return NumbaPieces(fn=g, dfn=dg, row=row, values=lambda params: (params["s"],))
+
+
 SPEC = builtin(
     ssmax, form=FORM, formula="softmax(s log(n) x)", reference="Nakanishi 2025, arXiv 2501.19399",
     triton=_triton_pieces,
+    numba=_numba_pieces,
     sums_to_one=True, can_be_sparse=False, shift_invariant=True,
     learnable={"s": Learnable(S_INIT)},
     examples=(

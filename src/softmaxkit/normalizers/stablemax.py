@@ -6,6 +6,7 @@ arXiv 2501.04697.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -77,9 +78,39 @@ def _triton_pieces():
     return TritonPieces(fn=g, dfn=dg)
 
 
+@functools.cache
+def _numba_pieces():
+    """``g = sign(x) log(1 + |x|)``, ``dg = 1 / (1 + |x|)`` and ``e^g = s(x)`` (the rational map,
+    which never overflows: the kernels skip the maximum) for the CPU fused attention."""
+    import math
+
+    from numba import njit
+
+    from ..kernels.cpu._intrinsics import cast_like
+    from ..kernels.cpu.pieces import NumbaPieces
+
+    @njit(cache=True, inline="always")
+    def g(x, n, par):
+        a = math.log1p(abs(x))
+        return a if x >= 0 else -a
+
+    @njit(cache=True, inline="always")
+    def dg(x, n, par):
+        one = cast_like(1.0, x)
+        return one / (one + abs(x))
+
+    @njit(cache=True, inline="always")
+    def w(x, n, par):
+        one = cast_like(1.0, x)
+        return x + one if x >= 0 else one / (one - x)
+
+    return NumbaPieces(fn=g, dfn=dg, weight=w)
+
+
 SPEC = builtin(
     stablemax, form=SoftmaxOf(g=log_s, dg=d_log_s),
     triton=_triton_pieces,
+    numba=_numba_pieces,
     formula="s(x) / sum s(x), s(x) = x+1 (x>=0), 1/(1-x) (x<0)",
     reference="Prieto et al. 2025, arXiv 2501.04697",
     sums_to_one=True, can_be_sparse=False, shift_invariant=False,

@@ -1,0 +1,305 @@
+r"""numba row kernels for the one-pass families of fused attention, generic over the pieces.
+
+The CPU fused attention (:mod:`softmaxkit.attention.fused`) computes each score tile with a
+torch GEMM; these kernels then do all of the normalizer's elementwise work on the tile in
+one call, row by row, so that each row (a few thousand floats) stays in L1 while it is
+read, reduced and rewritten, instead of one pass over the whole tile per torch operation.
+They are parallel over rows (``prange``) and take the normalizer's scalar pieces as
+arguments: numba compiles one specialisation per piece set and inlines the pieces, so
+there is one kernel per family, never one per normalizer.
+
+Arguments shared by every kernel (``R`` rows of ``C`` keys; float32 or float64):
+
+* ``s``: the score tile ``(R, C)``, overwritten with the attention weights, 0 at hidden
+  entries: forward, before the division by the row's normaliser, which the kernels write
+  to ``den`` (``(R,)``: ``sum e^{g - m}``, ``sum h + eps``, or 1 for an empty row), so that
+  the caller divides ``P v`` (``R x D``) instead of ``P``; backward, ``p`` itself;
+* ``lim``: ``(R,)`` int64, entries ``j >= lim[r]`` are hidden (the causal triangle);
+* ``hidden``: ``(R, C)`` bool, True = hidden, or an array with 0 rows when nothing else
+  is hidden;
+* ``cnt``: ``(R,)`` the ``n`` the pieces see (visible keys, at least 1, or the parameter);
+* ``par``: ``(heads, P)`` each head's packed parameters (same dtype as ``s``); row ``r``
+  belongs to head ``r // rows_per_head``;
+* ``row_of(n, par)``: what the pieces receive as their second argument, computed once per
+  row (``n`` itself, or e.g. ``s log n``, so that no logarithm runs per score);
+* the pieces: ``fn(x, a, par)``, ``dfn(x, a, par)`` (njit functions of one score, ``a`` =
+  ``row_of(n, par)``).
+
+The backward kernels recompute ``p`` into ``s`` (for ``dv = p^T dO``) and overwrite ``dp``
+(``dO v^T``) with ``dS``, the gradient at the scores, by the closed forms of
+:mod:`softmaxkit.attention.fused` (``dd`` = ``rowsum(dO * O)``): ``softmax_of``
+``dg * p * (dp - dd)``; ``sum_normalized`` ``dh * (dp - dd) / (sum h + eps)``;
+``elementwise`` ``dh * dp``. With ``apply_d=False`` they leave out the factor ``dg``/``dh``
+(the gradient at ``g``/``h``, which the caller needs for parameter gradients).
+
+``softmax_of`` with a ``weight`` piece ``w(x) = e^{g(x)}`` that cannot overflow (StableMax's
+rational map) skips the maximum and the exponential: ``p = w / sum w``.
+
+A row with nothing visible gives ``p = 0`` and ``dS = 0``.
+
+The family kernels are not cached on disk (``cache=False``): numba keys a specialisation on
+its function arguments by their identity in the process, so a cached entry is never found
+again and every process would append a new one. Each process compiles a family kernel once
+per piece set and dtype (about a second; the pieces themselves are cached), before any timing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from ._exp import exp_nonpositive_fast
+from ._intrinsics import cast_like, fmax
+
+#: nnan lets LLVM vectorise the max reductions; a NaN score still makes its row NaN through
+#: the sum of exponentials.
+_FAST = {"nsz", "contract", "arcp", "reassoc", "nnan"}
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def _zero_tail(row, start):
+    for j in range(start, row.shape[0]):
+        row[j] = 0.0
+
+
+# ---- softmax_of ------------------------------------------------------------------------
+
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g):
+    masked = hidden.shape[0] > 0
+    ninf = cast_like(-np.inf, s[0, 0])
+    for r in prange(s.shape[0]):
+        end = lim[r]
+        row = s[r, :end]
+        full = s[r]
+        hp = par[r // rows_per_head]
+        n = row_of(cnt[r], hp)
+        m = ninf
+        if masked:
+            hid = hidden[r, :end]
+            for j in range(row.shape[0]):
+                z = g(row[j], n, hp)
+                z = ninf if hid[j] else z
+                row[j] = z
+                m = fmax(m, z)
+        else:
+            for j in range(row.shape[0]):
+                z = g(row[j], n, hp)
+                row[j] = z
+                m = fmax(m, z)
+        if m == ninf:
+            _zero_tail(full, 0)
+            den[r] = 1.0
+            continue
+        total = cast_like(0.0, m)
+        for j in range(row.shape[0]):
+            e = exp_nonpositive_fast(row[j] - m)
+            row[j] = e
+            total += e
+        den[r] = total
+        _zero_tail(full, end)
+
+
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, g, dg, apply_d):
+    masked = hidden.shape[0] > 0
+    ninf = cast_like(-np.inf, s[0, 0])
+    for r in prange(s.shape[0]):
+        end = lim[r]
+        row = s[r, :end]
+        full = s[r]
+        drow = dp[r, :end]
+        dfull = dp[r]
+        hp = par[r // rows_per_head]
+        n = row_of(cnt[r], hp)
+        d0 = dd[r]
+        m = ninf
+        for j in range(row.shape[0]):
+            x = row[j]
+            z = g(x, n, hp)
+            if masked:
+                z = ninf if hidden[r, j] else z
+            row[j] = z
+            m = fmax(m, z)
+            if apply_d:
+                drow[j] = dg(x, n, hp) * (drow[j] - d0)
+            else:
+                drow[j] = drow[j] - d0
+        if m == ninf:
+            _zero_tail(full, 0)
+            _zero_tail(dfull, 0)
+            continue
+        total = cast_like(0.0, m)
+        for j in range(row.shape[0]):
+            e = exp_nonpositive_fast(row[j] - m)
+            row[j] = e
+            total += e
+        inv = cast_like(1.0, m) / total
+        for j in range(row.shape[0]):
+            p = row[j] * inv
+            row[j] = p
+            drow[j] *= p
+        _zero_tail(full, end)
+        _zero_tail(dfull, end)
+
+
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+def weighted_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, w):
+    """``softmax_of`` through ``w = e^g``: ``p = w / sum w`` (no maximum, no exponential)."""
+    masked = hidden.shape[0] > 0
+    for r in prange(s.shape[0]):
+        end = lim[r]
+        row = s[r, :end]
+        full = s[r]
+        hp = par[r // rows_per_head]
+        n = row_of(cnt[r], hp)
+        total = cast_like(0.0, n)
+        zero = cast_like(0.0, n)
+        for j in range(row.shape[0]):
+            e = w(row[j], n, hp)
+            if masked:
+                e = zero if hidden[r, j] else e
+            row[j] = e
+            total += e
+        den[r] = total if total > 0 else cast_like(1.0, n)
+        _zero_tail(full, end)
+
+
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, w, dg, apply_d):
+    masked = hidden.shape[0] > 0
+    for r in prange(s.shape[0]):
+        end = lim[r]
+        row = s[r, :end]
+        full = s[r]
+        drow = dp[r, :end]
+        dfull = dp[r]
+        hp = par[r // rows_per_head]
+        n = row_of(cnt[r], hp)
+        d0 = dd[r]
+        total = cast_like(0.0, n)
+        zero = cast_like(0.0, n)
+        for j in range(row.shape[0]):
+            x = row[j]
+            e = w(x, n, hp)
+            if masked:
+                e = zero if hidden[r, j] else e
+            row[j] = e
+            total += e
+            if apply_d:
+                drow[j] = dg(x, n, hp) * (drow[j] - d0)
+            else:
+                drow[j] = drow[j] - d0
+        inv = cast_like(1.0, n) / total if total > 0 else zero
+        for j in range(row.shape[0]):
+            p = row[j] * inv
+            row[j] = p
+            drow[j] *= p
+        _zero_tail(full, end)
+        _zero_tail(dfull, end)
+
+
+# ---- sum_normalized --------------------------------------------------------------------
+
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+def sum_normalized_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, h, eps):
+    masked = hidden.shape[0] > 0
+    for r in prange(s.shape[0]):
+        end = lim[r]
+        row = s[r, :end]
+        full = s[r]
+        hp = par[r // rows_per_head]
+        n = row_of(cnt[r], hp)
+        zero = cast_like(0.0, n)
+        total = zero
+        for j in range(row.shape[0]):
+            f = h(row[j], n, hp)
+            if masked:
+                f = zero if hidden[r, j] else f
+            row[j] = f
+            total += f
+        d = total + eps
+        den[r] = d if d != 0 else cast_like(1.0, n)
+        _zero_tail(full, end)
+
+
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+def sum_normalized_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, h, dh, eps, apply_d):
+    masked = hidden.shape[0] > 0
+    for r in prange(s.shape[0]):
+        end = lim[r]
+        row = s[r, :end]
+        full = s[r]
+        drow = dp[r, :end]
+        dfull = dp[r]
+        hp = par[r // rows_per_head]
+        n = row_of(cnt[r], hp)
+        d0 = dd[r]
+        zero = cast_like(0.0, n)
+        total = zero
+        for j in range(row.shape[0]):
+            x = row[j]
+            f = h(x, n, hp)
+            d = drow[j] - d0
+            if apply_d:
+                d = dh(x, n, hp) * d
+            if masked:
+                f = zero if hidden[r, j] else f
+                d = zero if hidden[r, j] else d
+            row[j] = f
+            drow[j] = d
+            total += f
+        den = total + eps
+        inv = cast_like(1.0, n) / den if den != 0 else cast_like(1.0, n)
+        for j in range(row.shape[0]):
+            row[j] *= inv
+            drow[j] *= inv
+        _zero_tail(full, end)
+        _zero_tail(dfull, end)
+
+
+# ---- elementwise -----------------------------------------------------------------------
+
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+def elementwise_forward(s, lim, hidden, cnt, par, rows_per_head, row_of, h):
+    masked = hidden.shape[0] > 0
+    for r in prange(s.shape[0]):
+        end = lim[r]
+        row = s[r, :end]
+        full = s[r]
+        hp = par[r // rows_per_head]
+        n = row_of(cnt[r], hp)
+        zero = cast_like(0.0, n)
+        for j in range(row.shape[0]):
+            f = h(row[j], n, hp)
+            if masked:
+                f = zero if hidden[r, j] else f
+            row[j] = f
+        _zero_tail(full, end)
+
+
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+def elementwise_backward(s, dp, lim, hidden, cnt, par, rows_per_head, row_of, h, dh, apply_d):
+    masked = hidden.shape[0] > 0
+    for r in prange(s.shape[0]):
+        end = lim[r]
+        row = s[r, :end]
+        full = s[r]
+        drow = dp[r, :end]
+        dfull = dp[r]
+        hp = par[r // rows_per_head]
+        n = row_of(cnt[r], hp)
+        zero = cast_like(0.0, n)
+        for j in range(row.shape[0]):
+            x = row[j]
+            f = h(x, n, hp)
+            d = drow[j]
+            if apply_d:
+                d = dh(x, n, hp) * d
+            if masked:
+                f = zero if hidden[r, j] else f
+                d = zero if hidden[r, j] else d
+            row[j] = f
+            drow[j] = d
+        _zero_tail(full, end)
+        _zero_tail(dfull, end)
