@@ -46,3 +46,33 @@ def test_shape_classes():
     assert dispatch.shape_class(8, 50257) == "small"
     assert dispatch.shape_class(32, 128256) == "large"
     assert set(dispatch.SHAPE_CLASSES) >= {key[3] for key in dispatch.NUMBA_WINS}
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_vmap_and_func_grad_take_the_reference(op):
+    """Under torch.func transforms there is no data pointer and no data-dependent branch:
+    the dispatcher runs the reference (rows with nothing visible included)."""
+    fn = getattr(sk, op)
+    x = torch.randn(3, 4, 6, dtype=torch.float64)
+    x[0, 1] = float("-inf")
+    torch.testing.assert_close(torch.vmap(fn)(x), fn(x), equal_nan=True)
+    weights = torch.arange(6.0, dtype=torch.float64)
+
+    def loss(r):
+        y = fn(r)
+        y = y if op == "logsumexp" else torch.where(torch.isfinite(y), y, torch.zeros_like(y)) * weights
+        return y.sum()
+
+    xr = x[1:].clone().requires_grad_()
+    loss(xr).backward()
+    torch.testing.assert_close(torch.func.grad(loss)(x[1:]), xr.grad)
+
+
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15", "entmax"])
+def test_func_grad_through_the_entmax_family(name):
+    fn = getattr(sk, name)
+    x = torch.randn(3, 7, dtype=torch.float64)
+    weights = torch.arange(7.0, dtype=torch.float64)
+    xr = x.clone().requires_grad_()
+    (fn(xr) * weights).sum().backward()
+    torch.testing.assert_close(torch.func.grad(lambda r: (fn(r) * weights).sum())(x), xr.grad)

@@ -115,16 +115,23 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+_is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+
+
+def _traced(x) -> bool:
+    """Whether ``x`` is seen through a transform (``torch.func.vmap`` / ``grad``, or
+    ``torch.compile``): no data pointer to read and no data-dependent branch, so only the
+    reference (plain PyTorch ops) applies."""
+    return torch.compiler.is_compiling() or (isinstance(x, torch.Tensor) and _is_functorch_wrapped(x))
+
+
 def _plain_last_axis(x, dim) -> bool:
     """A plain strided tensor, normalised along its (contiguous) last axis."""
     if not isinstance(x, torch.Tensor) or x.layout != torch.strided or x.is_nested or x.dim() == 0:
         return False
     if type(x) not in (torch.Tensor, torch.nn.Parameter):
         return False
-    wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
-    if wrapped is not None and wrapped(x):
-        return False
-    if torch.compiler.is_compiling() or torch.jit.is_scripting():
+    if _traced(x) or torch.jit.is_scripting():
         return False
     if isinstance(dim, bool) or not isinstance(dim, int) or dim not in (-1, x.dim() - 1):
         return False
@@ -233,7 +240,7 @@ def plan(op: str, x, dim=-1, mask=None, **params) -> str:
     the reference, which then raises the proper error."""
     if op not in OPS:
         raise ValueError(f"op must be one of {', '.join(OPS)}; got {op!r}")
-    if torch.compiler.is_compiling():  # traced code runs the reference (dynamo cannot read a ContextVar)
+    if _traced(x):  # traced code runs the reference (dynamo cannot read a ContextVar)
         return "reference"
     backend = _current.get().backend
     if backend == "reference":
@@ -484,7 +491,7 @@ def _scans() -> dict:
 def _lane_scan(x, dim):
     """The first-column NaN scan for ``x`` when ``x`` is a plain contiguous CPU float32 /
     float64 tensor normalised along its last, non-empty axis; else None."""
-    if type(dim) is not int or x.is_nested or x.layout is not torch.strided or not x.is_cpu:
+    if type(dim) is not int or x.is_nested or x.layout is not torch.strided or not x.is_cpu or _is_functorch_wrapped(x):
         return None
     shape = x.shape
     nd = len(shape)

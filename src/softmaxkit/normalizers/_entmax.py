@@ -235,7 +235,7 @@ class _EntmaxFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, z, visible, u, method):
+    def forward(z, visible, u, method):
         # Entmax is shift invariant: solve with the visible row maximum at 0.
         filled = z.masked_fill(~visible, float("-inf"))
         top = filled.amax(-1, keepdim=True) if z.shape[-1] else z.new_zeros(z.shape[:-1] + (1,))
@@ -249,8 +249,11 @@ class _EntmaxFunction(torch.autograd.Function):
             p = _solve_on_candidates(lambda w, vis: _entmax_bisect(w, vis, u), shifted, visible, 1 / u)
         else:
             p = _entmax_bisect(shifted, visible, u)
-        ctx.save_for_backward(p, u)
         return p
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):   # separate from forward: torch.func transforms need it
+        ctx.save_for_backward(output, inputs[2])
 
     @staticmethod
     def backward(ctx, grad_p):
