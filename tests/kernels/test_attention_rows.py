@@ -83,6 +83,11 @@ def test_row_kernels_equal_the_torch_tiles(name, scenario, dtype, monkeypatch):
     tol = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 2e-5, "atol": 2e-5}
     if scenario == "hostile" and dtype == torch.float32:
         tol = {"rtol": 1e-4, "atol": 1e-3}  # scores ~1e4: a float32 ulp of a score is ~1e-3
+    spec = sk.registry.get(name)
+    if scenario == "hostile" and dtype == torch.float64 and fused.kind_for(spec, spec.with_defaults({})) == "rows":
+        # off the kernels these run their reference with autograd, not the same closed form: the
+        # two round the products of scores ~1e4 and q ~3e3 differently (dP - D cancels at p ~ 1)
+        tol = {"rtol": 1e-10, "atol": 1e-10}
     torch.testing.assert_close(got, want, **tol)
     for gs, gw in zip(got_grads, want_grads):
         scale = max(1.0, float(gw.abs().max()))

@@ -38,11 +38,21 @@ per head, broadcastable to ``(B, H, 1, 1)``; a parameter of ``size`` values carr
 on a leading axis) get their gradient from autograd on the piece (``g`` or ``h``) of each
 tile, weighted by the gradient of its output.
 
-A normalizer that is not exactly one of those forms (its own stream rule: adaptive
-softmax, SA-softmax, softpick, clipped softmax; or no form: sparse_softmax; or a tensor
-alpha) runs in ``rows`` mode: its reference function on the block's rows (whole rows, so
-exact, top-k included) and, backward, autograd through that reference on the recomputed
-tile. Still ``O(block_q * Lk)`` memory.
+A normalizer with its own stream rule whose numba pieces still compute it exactly
+(:func:`kernel_form`) takes the row kernels of a family with an extra, where they run
+(:func:`row_kernels_apply`): SA-Softmax ``x softmax(x)`` (``softmax_of`` with a numerator
+factor, ``dS = q (dg (w dP - D) + dw dP)``, ``q = softmax(g)``), softmax with a sink
+(``softmax_of`` of ``g = x - s`` with one more logit ``0`` in the denominator; ``dS = p (dP -
+D)``, the sink's gradient by autograd on ``g``: ``-sum dS``), softpick (signed
+``sum_normalized`` ``relu(a) / (sum |a| + eps e^{m-c})``, ``a = e^{x-c} - e^{-c}``,
+``c = max(m, 0)``: ``dS = e^{x-c} ([a > 0] dP - sign(a) D) / den``, and ``- eps e^{m-c} D /
+den`` at the row maximum, shared between ties).
+
+A normalizer that is not exactly one of those forms otherwise (its own stream rule: adaptive
+softmax, clipped softmax, SA-Softmax's normalized variant, and the three above off the
+kernels; or no form: sparse_softmax; or a tensor alpha) runs in ``rows`` mode: its reference
+function on the block's rows (whole rows, so exact, top-k included) and, backward, autograd
+through that reference on the recomputed tile. Still ``O(block_q * Lk)`` memory.
 """
 
 from __future__ import annotations

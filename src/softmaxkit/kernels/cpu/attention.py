@@ -35,6 +35,13 @@ The backward kernels recompute ``p`` into ``s`` (for ``dv = p^T dO``) and overwr
 ``softmax_of`` with a ``weight`` piece ``w(x) = e^{g(x)}`` that cannot overflow (StableMax's
 rational map) skips the maximum and the exponential: ``p = w / sum w``.
 
+Extras (:mod:`.pieces`), for normalizers that stream through their own rule: ``softmax_of``
+takes a ``sink`` logit per row (``-inf``: none) that joins the maximum and the denominator;
+:func:`factor_forward` / :func:`factor_backward` multiply the softmax weights by a factor
+``w(x)`` (``dS = q (dg (w dp - dd) + dw dp)``, ``q`` the softmax weights);
+:func:`signed_forward` / :func:`signed_backward` are the signed ``sum_normalized`` variant
+with the row shift ``c = max(m, 0)``, ``p = relu(h) / (sum |h| + eps e^{m - c})``.
+
 A row with nothing visible gives ``p = 0`` and ``dS = 0``.
 
 The family kernels are not cached on disk (``cache=False``): numba keys a specialisation on
