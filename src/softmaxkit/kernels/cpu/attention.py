@@ -412,10 +412,14 @@ def signed_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, h, 
             _zero_tail(full, 0)
             _zero_tail(dfull, 0)
             continue
-        ties = 0
-        for j in range(row.shape[0]):
-            if row[j] == m and not (masked and hidden[r, j]):
-                ties += 1
+        ties = zero
+        one = cast_like(1.0, m)
+        if masked:
+            for j in range(row.shape[0]):
+                ties += zero if hidden[r, j] else (one if row[j] == m else zero)
+        else:
+            for j in range(row.shape[0]):
+                ties += one if row[j] == m else zero
         c = fmax(m, zero)
         top = eps * exp_nonpositive_fast(m - c)
         share = top * d0 / ties
