@@ -310,3 +310,122 @@ def test_traceable_threshold_solver_matches_the_reference(alpha):
     got = fused.entmax_by_bisection(z, alpha)
     want = sk.entmax(z, mask=z > float("-inf"), alpha=alpha)
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+RULES = ["sa_softmax", "softmax_sink", "softpick"]
+
+
+def _spy_tiles(monkeypatch):
+    used = []
+    real = fused._tile_pieces
+    monkeypatch.setattr(fused, "_tile_pieces", lambda *a: used.append(real(*a)) or used[-1])
+    return used
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+@pytest.mark.parametrize("name,learnable", [(n, False) for n in RULES] + [("softmax_sink", True)])
+def test_rule_normalizers_take_the_row_kernels_and_equal_dense(name, learnable, scenario, monkeypatch):
+    """The normalizers with their own stream rule whose numba pieces compute them (SA-Softmax,
+    softmax with a sink, softpick) run the row kernels on the fused path, in every masking
+    situation, and equal the dense reference in float64 (outputs, q/k/v and sink gradients)."""
+    gen = torch.Generator().manual_seed(len(name) * 13 + SCENARIOS.index(scenario) + learnable)
+    q, k, v, causal, mask = _scenario(scenario, gen)
+    params = _params(name, learnable, q.shape[1], gen)
+    dense, dense_grads = _run(q, k, v, name, causal, mask, params, "dense")
+    used = _spy_tiles(monkeypatch)
+    got, got_grads = _run(q, k, v, name, causal, mask, params, "fused")
+    assert used and all(u is not None for u in used)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, dense, rtol=0, atol=1e-10)
+    assert len(got_grads) == len(dense_grads) == 3 + learnable
+    for gs, gd in zip(got_grads, dense_grads):
+        assert torch.isfinite(gs).all()
+        torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", RULES)
+def test_rule_normalizers_under_hostile_scores(name):
+    """Scores of +-1e4 (and a sink of -1e4): no overflow, the dense values to float64 rounding of
+    scores that large (an ulp of 1e4 is 2e-12, which e^x turns into a relative error; the scores
+    are rounded in a different order than the dense path's), relative to the largest value."""
+    gen = torch.Generator().manual_seed(8)
+    q, k, v, causal, mask = _scenario("causal_padding_gqa", gen)
+    with torch.no_grad():
+        q.mul_(4e3)
+    params = {"sink": torch.tensor([-1e4, 0.0, 1e4, 5.0], dtype=torch.float64).view(4, 1, 1).requires_grad_()} \
+        if name == "softmax_sink" else {}
+    scores = (q @ k.repeat_interleave(4, 1).transpose(-1, -2)) / D ** 0.5
+    assert scores.abs().max() > 1e4
+    dense, dense_grads = _run(q, k, v, name, causal, mask, params, "dense")
+    got, got_grads = _run(q, k, v, name, causal, mask, params, "fused")
+    for a, b in zip((got,) + got_grads, (dense,) + dense_grads):
+        assert torch.isfinite(a).all()
+        scale = max(1.0, float(b.detach().abs().max()))
+        torch.testing.assert_close(a / scale, b / scale, rtol=0, atol=1e-10)
+
+
+def test_softpick_tied_maxima_share_the_gradient():
+    """Equal keys give tied row maxima: the gradient of the eps e^m term is shared between them
+    as the reference's torch.amax shares it."""
+    gen = torch.Generator().manual_seed(9)
+    q = torch.randn(1, 2, 6, D, generator=gen, dtype=torch.float64).requires_grad_()
+    k = torch.randn(1, 2, 8, D, generator=gen, dtype=torch.float64)
+    k[..., 5, :] = k[..., 2, :] = 3 * q[..., 0:1, :].detach().mean(-2)
+    k[..., 1, :] = -k[..., 2, :]  # a row with no positive score but a tie at its maximum
+    k = k.requires_grad_()
+    v = torch.randn(1, 2, 8, D, generator=gen, dtype=torch.float64).requires_grad_()
+    params = {"eps": 0.5}  # a large eps makes the maximum's term visible in the gradient
+    dense, dense_grads = _run(q, k, v, "softpick", False, None, params, "dense")
+    got, got_grads = _run(q, k, v, "softpick", False, None, params, "fused")
+    torch.testing.assert_close(got, dense, rtol=0, atol=1e-12)
+    for gs, gd in zip(got_grads, dense_grads):
+        torch.testing.assert_close(gs, gd, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", RULES)
+def test_rule_normalizers_float32_and_below(name, dtype, monkeypatch):
+    """float32 and bfloat16 (computed in float32) run the row kernels, near dense."""
+    gen = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=gen).to(dtype).requires_grad_() for _ in range(3))
+    mask = torch.rand(1, 1, 40, 40, generator=gen) > 0.2
+    used = _spy_tiles(monkeypatch)
+    outs = []
+    for method in ("dense", "fused"):
+        out = sk.attention(q, k, v, name, is_causal=True, attn_mask=mask, method=method)
+        outs.append((out.float(),) + tuple(g.float() for g in torch.autograd.grad(out.float().sum(), (q, k, v))))
+    assert used and all(u is not None for u in used)
+    tol = 2e-5 if dtype == torch.float32 else 3e-2
+    for a, b in zip(*outs):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def test_rule_normalizers_auto_route():
+    """method="auto" on the CPU sends them to the fused path in float32/float64; SA-Softmax's
+    normalized variant (no numba pieces for it) keeps the streaming path."""
+    from softmaxkit.attention.api import auto_method
+
+    q = k = v = torch.randn(1, 2, 200, 8)
+    for name in RULES:
+        assert auto_method(q, k, v, name, is_causal=True) == "fused", name
+        assert auto_method(q.double(), k.double(), v.double(), name) == "fused", name
+        assert auto_method(q.bfloat16(), k.bfloat16(), v.bfloat16(), name) == "fused", name  # float32 inside
+    assert auto_method(q, k, v, "sa_softmax", normalized=True) == "streaming"
+    spec = sk.registry.get("sa_softmax")
+    assert fused.kind_for(spec, spec.with_defaults({}), kernels=True) == "softmax_of"
+    assert fused.kind_for(spec, spec.with_defaults({"normalized": True}), kernels=True) == "rows"
+    assert fused.kind_for(spec, spec.with_defaults({})) == "rows"
+
+
+def test_sa_softmax_normalized_keeps_the_reference_rows(monkeypatch):
+    gen = torch.Generator().manual_seed(11)
+    q, k, v, causal, mask = _scenario("causal_padding_gqa", gen)
+    params = {"normalized": True}
+    dense, dense_grads = _run(q, k, v, "sa_softmax", causal, mask, params, "dense")
+    used = _spy_tiles(monkeypatch)
+    got, got_grads = _run(q, k, v, "sa_softmax", causal, mask, params, "fused")
+    assert used and all(u is None for u in used)
+    torch.testing.assert_close(got, dense, rtol=0, atol=1e-10)
+    for gs, gd in zip(got_grads, dense_grads):
+        torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)

@@ -10,7 +10,7 @@ from .._checks import check_choice
 from ..forms import COUNT, SoftmaxOf
 from ..registry import NormalizerSpec
 from .dense import dense_attention
-from .fused import auto_prefers, fused_attention
+from .fused import auto_prefers, fused_attention, row_kernels_apply
 from .inputs import AttentionInputs, prepare
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
@@ -181,7 +181,7 @@ def _auto(spec: NormalizerSpec, params: dict, merged: dict, inp: AttentionInputs
     if lq * lk <= SMALL_SCORES or not _params_per_head(spec, merged, inp):
         return "dense"
     streams = spec.stream_rule(merged) is not None
-    if inp.q.device.type == "cpu" and auto_prefers(spec, merged, streams):
+    if inp.q.device.type == "cpu" and auto_prefers(spec, merged, streams, row_kernels_apply(inp)):
         return "fused"
     return "streaming" if streams else "dense"
 

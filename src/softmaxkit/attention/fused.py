@@ -38,11 +38,21 @@ per head, broadcastable to ``(B, H, 1, 1)``; a parameter of ``size`` values carr
 on a leading axis) get their gradient from autograd on the piece (``g`` or ``h``) of each
 tile, weighted by the gradient of its output.
 
-A normalizer that is not exactly one of those forms (its own stream rule: adaptive
-softmax, SA-softmax, softpick, clipped softmax; or no form: sparse_softmax; or a tensor
-alpha) runs in ``rows`` mode: its reference function on the block's rows (whole rows, so
-exact, top-k included) and, backward, autograd through that reference on the recomputed
-tile. Still ``O(block_q * Lk)`` memory.
+A normalizer with its own stream rule whose numba pieces still compute it exactly
+(:func:`kernel_form`) takes the row kernels of a family with an extra, where they run
+(:func:`row_kernels_apply`): SA-Softmax ``x softmax(x)`` (``softmax_of`` with a numerator
+factor, ``dS = q (dg (w dP - D) + dw dP)``, ``q = softmax(g)``), softmax with a sink
+(``softmax_of`` of ``g = x - s`` with one more logit ``0`` in the denominator; ``dS = p (dP -
+D)``, the sink's gradient by autograd on ``g``: ``-sum dS``), softpick (signed
+``sum_normalized`` ``relu(a) / (sum |a| + eps e^{m-c})``, ``a = e^{x-c} - e^{-c}``,
+``c = max(m, 0)``: ``dS = e^{x-c} ([a > 0] dP - sign(a) D) / den``, and ``- eps e^{m-c} D /
+den`` at the row maximum, shared between ties).
+
+A normalizer that is not exactly one of those forms otherwise (its own stream rule: adaptive
+softmax, clipped softmax, SA-Softmax's normalized variant, and the three above off the
+kernels; or no form: sparse_softmax; or a tensor alpha) runs in ``rows`` mode: its reference
+function on the block's rows (whole rows, so exact, top-k included) and, backward, autograd
+through that reference on the recomputed tile. Still ``O(block_q * Lk)`` memory.
 """
 
 from __future__ import annotations
@@ -77,10 +87,47 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def kind_for(spec: NormalizerSpec, params: dict) -> str:
+def numba_pieces(spec: NormalizerSpec, params: dict) -> Any:
+    """The normalizer's :class:`~softmaxkit.kernels.cpu.pieces.NumbaPieces` when they compute it
+    with ``params`` (defaults filled in), else None."""
+    if spec.numba is None:
+        return None
+    pieces = spec.numba()
+    return pieces if pieces.accepts(params) else None
+
+
+def kernel_form(spec: NormalizerSpec, params: dict) -> Any:
+    """The form the numba row kernels compute for ``spec`` with ``params`` when the normalizer
+    has its own stream rule or no form but declares numba pieces that compute it exactly
+    (SA-Softmax, softmax with a sink, softpick); None otherwise. Extras the torch form lacks
+    (a sink logit, a factor, the signed variant) take no learnable tensor parameter there
+    except through the form's own piece."""
+    if spec.stream is None and spec.form is not None:
+        return None
+    pieces = numba_pieces(spec, params)
+    if pieces is None:
+        return None
+    form = pieces.form if pieces.form is not None else spec.form
+    if not isinstance(form, (SoftmaxOf, SumNormalized, Elementwise)):
+        return None
+    extras = pieces.factor is not None or (isinstance(form, SumNormalized) and form.signed)
+    if extras and any(isinstance(val, torch.Tensor) for val in params.values()):
+        return None
+    return form
+
+
+def kind_for(spec: NormalizerSpec, params: dict, kernels: bool = False) -> str:
     """How the fused path computes ``spec`` with ``params`` (defaults filled in): its family's
-    closed form, or ``"rows"`` (reference per block, autograd backward)."""
+    closed form, or ``"rows"`` (reference per block, autograd backward). ``kernels``: the numba
+    row kernels can run (:func:`row_kernels_apply`); then a normalizer with its own stream rule
+    whose numba pieces compute it exactly (:func:`kernel_form`) takes their family."""
     form = spec.form
+    if kernels:
+        own = kernel_form(spec, params)
+        if own is not None:
+            if isinstance(own, SumNormalized):
+                return "sum_normalized" if _number(own.epsilon(params)) else "rows"
+            return own.family
     if spec.stream is not None or form is None:
         return "rows"
     if isinstance(form, SoftmaxOf):
@@ -93,16 +140,26 @@ def kind_for(spec: NormalizerSpec, params: dict) -> str:
     return "threshold" if _number(alpha) and alpha > 1.0 else "rows"
 
 
-def auto_prefers(spec: NormalizerSpec, params: dict, streams: bool) -> bool:
+def auto_prefers(spec: NormalizerSpec, params: dict, streams: bool, kernels: bool = False) -> bool:
     """Whether ``method="auto"`` should take the fused path on the CPU (above the dense size).
 
     Yes for the four forms (closed-form backward: 1.5-4x faster than streaming, measured by
-    ``softmaxkit bench attention``); for ``rows`` mode only when the normalizer cannot
-    stream (sparse_softmax, a tensor alpha), where it replaces the dense ``Lq x Lk``
-    matrix: a normalizer's own stream rule (softpick, SA-softmax, adaptive and clipped
-    softmax) was 2-5x faster than the reference on row blocks with autograd.
+    ``softmaxkit bench attention``), and, where the row kernels run (``kernels``,
+    :func:`row_kernels_apply`), for the normalizers with their own stream rule whose numba pieces
+    compute them (SA-Softmax, softmax with a sink, softpick: 2-3x faster than their stream
+    rule); for ``rows`` mode only when the normalizer cannot stream (sparse_softmax, a tensor
+    alpha), where it replaces the dense ``Lq x Lk`` matrix: a normalizer's own stream rule
+    (adaptive and clipped softmax, and the others without the kernels) was 2-5x faster than
+    the reference on row blocks with autograd.
     """
-    return kind_for(spec, params) != "rows" or not streams
+    return kind_for(spec, params, kernels) != "rows" or not streams
+
+
+def row_kernels_apply(inp: AttentionInputs) -> bool:
+    """Whether the numba row kernels can do the tiles' elementwise work: CPU, float32/float64,
+    eager (not traced)."""
+    return (not torch.compiler.is_compiling() and inp.q.device.type == "cpu"
+            and inp.q.dtype in (torch.float32, torch.float64))
 
 
 # ----------------------------------------------------------------------------------------
@@ -145,6 +202,8 @@ class _Block:
 class _Plan:
     kind: str
     spec: NormalizerSpec
+    #: the form computed (the spec's, or the one its numba pieces compute: :func:`kernel_form`)
+    form: Any
     inp: AttentionInputs
     fixed: dict
     names: list[str]
@@ -269,7 +328,7 @@ def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict, v: torch.T
     divisor the output needs (None: none). Overwrites ``s`` when it can. Given the block's
     values ``v``, the threshold family may return the block's output ``p v`` instead, from each
     row's support (then ``blk.stats["attended"]`` is True)."""
-    form, kind = plan.spec.form, plan.kind
+    form, kind = plan.form, plan.kind
     if kind == "softmax_of":
         assert isinstance(form, SoftmaxOf)  # the kind is the form's family
         z = s if plan.linear is not None else forms.call(form.g, s, params, blk.count)
@@ -487,7 +546,7 @@ class _FusedAttention(torch.autograd.Function):
         q, k, v, out, *tensors = ctx.saved_tensors
         needs = ctx.needs_input_grad
         dout = dout.contiguous()
-        form, kind = plan.spec.form, plan.kind
+        form, kind = plan.form, plan.kind
         leaves = {name: t.detach().requires_grad_(needs[4 + i]) for i, (name, t) in enumerate(zip(plan.names, tensors))}
         wanted = [name for name in plan.names if leaves[name].requires_grad]
         dparams = dict.fromkeys(wanted)
@@ -563,18 +622,17 @@ class _FusedAttention(torch.autograd.Function):
 _NOTHING_HIDDEN = np.zeros((0, 0), dtype=np.bool_)
 
 
-def _tile_pieces(spec: NormalizerSpec, kind: str, inp: AttentionInputs, linear: float | None):
+def _tile_pieces(spec: NormalizerSpec, kind: str, inp: AttentionInputs, linear: float | None, params: dict):
     """The row kernels' pieces for this call, or None (torch operations on the tile): CPU,
-    float32/float64, eager, a one-pass family whose normalizer declares numba pieces."""
-    if kind not in ("softmax_of", "sum_normalized", "elementwise") or torch.compiler.is_compiling():
-        return None
-    if inp.q.device.type != "cpu" or inp.q.dtype not in (torch.float32, torch.float64):
+    float32/float64, eager, a one-pass family whose normalizer declares numba pieces that
+    compute it with ``params``."""
+    if kind not in ("softmax_of", "sum_normalized", "elementwise") or not row_kernels_apply(inp):
         return None
     from ..kernels.cpu.pieces import IDENTITY
 
     if kind == "softmax_of" and linear is not None:
         return IDENTITY
-    return None if spec.numba is None else spec.numba()
+    return numba_pieces(spec, params)
 
 
 def _pack(values, inp: AttentionInputs) -> torch.Tensor:
@@ -637,6 +695,7 @@ def _tile_forward(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
     """The attention weights of the tile, written over ``s`` by a row kernel, and the row
     divisor of the output (None: none)."""
     from ..kernels.cpu import attention as rows
+    from ..kernels.cpu.pieces import no_sink
 
     pieces, args = plan.tiles, _tile_args(plan, s, blk, params)
     if plan.kind == "elementwise":
@@ -645,11 +704,14 @@ def _tile_forward(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
     den = s.new_empty(s.shape[:-1] + (1,))
     args = (args[0], den.view(-1).numpy()) + args[1:]
     if plan.kind == "sum_normalized":
-        _run_kernel(rows.sum_normalized_forward, *args, pieces.row, pieces.fn, _scalar(plan.eps, s))
-    elif pieces.weight is not None:
+        kernel = rows.signed_forward if plan.form.signed else rows.sum_normalized_forward
+        _run_kernel(kernel, *args, pieces.row, pieces.fn, _scalar(plan.eps, s))
+    elif pieces.factor is not None:
+        _run_kernel(rows.factor_forward, *args, pieces.row, pieces.fn, pieces.sink, pieces.factor)
+    elif pieces.weight is not None and pieces.sink is no_sink:
         _run_kernel(rows.weighted_forward, *args, pieces.row, pieces.weight)
     else:
-        _run_kernel(rows.softmax_of_forward, *args, pieces.row, pieces.fn)
+        _run_kernel(rows.softmax_of_forward, *args, pieces.row, pieces.fn, pieces.sink)
     return s, den
 
 
@@ -662,8 +724,9 @@ def _tile_backward(plan: _Plan, s: torch.Tensor, dp: torch.Tensor, blk: _Block, 
     """``dS`` of the tile (written over ``dp``; ``p`` over ``s``) by a row kernel, and the
     parameter gradients (autograd on the torch piece, weighted by the gradient at it)."""
     from ..kernels.cpu import attention as rows
+    from ..kernels.cpu.pieces import no_sink
 
-    form, pieces = plan.spec.form, plan.tiles
+    form, pieces = plan.form, plan.tiles
     raw = s.clone() if wanted else None
     args = _tile_args(plan, s, blk, params)
     arr, rest = args[0], args[1:]
@@ -674,13 +737,22 @@ def _tile_backward(plan: _Plan, s: torch.Tensor, dp: torch.Tensor, blk: _Block, 
     else:
         dd = (d_o * o).sum(-1).reshape(-1).contiguous().numpy()
         dpa = dp.view(arr.shape).numpy()
-        if plan.kind == "sum_normalized":
+        if plan.kind == "sum_normalized" and plan.form.signed:
+            assert apply_d  # kernel_form: no learnable parameter
+            _run_kernel(rows.signed_backward, arr, dpa, dd, *rest, pieces.row, pieces.fn, pieces.dfn,
+                        _scalar(plan.eps, s))
+        elif plan.kind == "sum_normalized":
             _run_kernel(rows.sum_normalized_backward, arr, dpa, dd, *rest, pieces.row, pieces.fn, pieces.dfn,
                         _scalar(plan.eps, s), apply_d)
-        elif pieces.weight is not None:
+        elif pieces.factor is not None:
+            assert apply_d  # kernel_form: no learnable parameter
+            _run_kernel(rows.factor_backward, arr, dpa, dd, *rest, pieces.row, pieces.fn, pieces.dfn, pieces.sink,
+                        pieces.factor, pieces.dfactor)
+        elif pieces.weight is not None and pieces.sink is no_sink:
             _run_kernel(rows.weighted_backward, arr, dpa, dd, *rest, pieces.row, pieces.weight, pieces.dfn, apply_d)
         else:
-            _run_kernel(rows.softmax_of_backward, arr, dpa, dd, *rest, pieces.row, pieces.fn, pieces.dfn, apply_d)
+            _run_kernel(rows.softmax_of_backward, arr, dpa, dd, *rest, pieces.row, pieces.fn, pieces.dfn,
+                        pieces.sink, apply_d)
     dpar = None
     if wanted:
         assert raw is not None and form is not None
@@ -704,9 +776,8 @@ def _rows_backward(plan: _Plan, s: torch.Tensor, blk: _Block, leaves: dict, want
     return ds, (grads[1:] if wanted else None), p.detach()
 
 
-def _linear_factor(spec: NormalizerSpec, kind: str, params: dict, names: list) -> Any:
-    """``a`` when the normalizer is ``softmax(a x)`` for a number ``a`` (folded into the query scale)."""
-    form = spec.form
+def _linear_factor(form: Any, kind: str, params: dict, names: list) -> Any:
+    """``a`` when the form is ``softmax(a x)`` for a number ``a`` (folded into the query scale)."""
     if isinstance(form, SoftmaxOf) and kind == "softmax_of" and form.linear_factor is not None and not names:
         return form.linear_factor(params)
     return None
@@ -718,19 +789,23 @@ def fused_attention(spec: NormalizerSpec, inp: AttentionInputs, params: dict,
     v and tensor (per-head) parameters. ``params``: the normalizer's parameters, defaults
     filled in. ``block_q``: rows per block (default: as many as fit :data:`TILE_ELEMENTS`,
     between :data:`MIN_BLOCK_Q` and :data:`MAX_BLOCK_Q`)."""
-    kind = kind_for(spec, params)
     names = [n for n, val in params.items() if isinstance(val, torch.Tensor)]
     fixed = {n: val for n, val in params.items() if n not in names}
     tensors = [params[n].to(dtype=inp.q.dtype, device=inp.q.device) for n in names]
     b, h, lq, lk = inp.shape
-    tiles = _tile_pieces(spec, kind, inp, _linear_factor(spec, kind, params, names))
+    kind, form, tiles = kind_for(spec, params), spec.form, None
+    if row_kernels_apply(inp):
+        fast = kind_for(spec, params, kernels=True)
+        fast_form = kernel_form(spec, params) or spec.form
+        tiles = _tile_pieces(spec, fast, inp, _linear_factor(fast_form, fast, params, names), params)
+        if tiles is not None:
+            kind, form = fast, fast_form
     per_head_rows = max((TILE_ELEMENTS if tiles is None else ROW_KERNEL_TILE_ELEMENTS) // max(lk, 1), 1)
     if block_q is None:
         block_q = max(MIN_BLOCK_Q, min(MAX_BLOCK_Q, per_head_rows, max(lq, 1)))
     heads = max(1, min(h, per_head_rows // block_q))
-    form = spec.form
-    linear = _linear_factor(spec, kind, params, names)
-    plan = _Plan(kind, spec, inp, fixed, names, {p.name: p.size for p in spec.param_specs}, block_q, heads,
+    linear = _linear_factor(form, kind, params, names)
+    plan = _Plan(kind, spec, form, inp, fixed, names, {p.name: p.size for p in spec.param_specs}, block_q, heads,
                  needs_count=kind != "rows" and form is not None and forms.form_uses_count(form))
     plan.linear = None if linear is None else float(linear)
     if kind == "threshold":

@@ -8,11 +8,14 @@ and, when normalized, of the row's range): it streams through its own rule.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .._checks import check_bool, check_positive
 from .._rows import prepare_rows
-from ..forms import StreamRule, safe_div, shifted_exp
+from ..forms import SoftmaxOf, StreamRule, identity, safe_div, shifted_exp
+from ..forms import one as forms_one
 from ..registry import Example, builtin
 from ._generic import finish
 from .softmax import softmax_rows
@@ -68,8 +71,29 @@ class SASoftmaxRule(StreamRule):
         return (plain - low * safe_div(sums["num0"], sums["den"])) / (high - low + st["params"]["eps"])
 
 
+@functools.cache
+def _numba_pieces():
+    """Plain SA-Softmax for the CPU fused attention's row kernels: ``softmax_of`` with ``g(x) = x``
+    and the numerator factor ``w(x) = x`` (the normalized variant keeps its stream rule)."""
+    from numba import njit
+
+    from ..kernels.cpu._intrinsics import cast_like
+    from ..kernels.cpu.pieces import NumbaPieces
+
+    @njit(cache=True, inline="always")
+    def same(x, a, par):
+        return x
+
+    @njit(cache=True, inline="always")
+    def one(x, a, par):
+        return cast_like(1.0, x)
+
+    return NumbaPieces(fn=same, dfn=one, factor=same, dfactor=one, form=SoftmaxOf(g=identity, dg=forms_one),
+                       accepts=lambda params: not params["normalized"])
+
+
 SPEC = builtin(
-    sa_softmax, form=None,
+    sa_softmax, form=None, numba=_numba_pieces,
     formula="x * softmax(x)  (normalized: rescaled x * softmax(x))",
     reference="Self-Adjust Softmax, Zheng et al. 2025, arXiv 2502.18277",
     sums_to_one=False, can_be_sparse=False, shift_invariant=False, can_be_negative=True,

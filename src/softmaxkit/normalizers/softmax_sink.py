@@ -10,13 +10,14 @@ Streaming Language Models with Attention Sinks", arXiv 2309.17453.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 
 from .._checks import check_finite
 from .._rows import prepare_rows
-from ..forms import StreamRule, SumNormalized, shifted_exp
+from ..forms import SoftmaxOf, StreamRule, SumNormalized, one, shifted_exp
 from ..registry import Example, Learnable, builtin
 from ._generic import finish
 from .softmax import infinite_limit
@@ -75,8 +76,39 @@ class SoftmaxSinkRule(StreamRule):
         return sums["num"] / (sums["den"] + torch.exp(-st["c0"]))
 
 
+def minus_sink(x: torch.Tensor, sink: Any) -> torch.Tensor:
+    """``g(x) = x - s``: softmax with a sink is ``softmax_of(g)`` plus one more logit ``0`` in the denominator."""
+    return x - sink
+
+
+@functools.cache
+def _numba_pieces():
+    """``g(x) = x - s`` (packed: ``s``) with the sink logit ``0`` for the CPU fused attention's row
+    kernels: ``p_i = e^{g_i - c} / (e^{-c} + sum_j e^{g_j - c})``, ``c = max(max g, 0)``; the
+    gradient of ``s`` is that of ``g``, ``-sum dS``."""
+    from numba import njit
+
+    from ..kernels.cpu._intrinsics import cast_like
+    from ..kernels.cpu.pieces import NumbaPieces
+
+    @njit(cache=True, inline="always")
+    def g(x, a, par):
+        return x - par[0]
+
+    @njit(cache=True, inline="always")
+    def dg(x, a, par):
+        return cast_like(1.0, x)
+
+    @njit(cache=True, inline="always")
+    def zero_logit(a, par):
+        return cast_like(0.0, a)
+
+    return NumbaPieces(fn=g, dfn=dg, sink=zero_logit, values=lambda params: (params["sink"],),
+                       form=SoftmaxOf(g=minus_sink, dg=one))
+
+
 SPEC = builtin(
-    softmax_sink, form=SumNormalized(h=exp_over_sink, dh=exp_over_sink, eps=1.0),
+    softmax_sink, form=SumNormalized(h=exp_over_sink, dh=exp_over_sink, eps=1.0), numba=_numba_pieces,
     formula="e^x / (e^s + sum e^x)",
     reference="Miller 2023 (softmax_1); gpt-oss sinks, OpenAI 2025, arXiv 2508.10925",
     sums_to_one=False, can_be_sparse=False, shift_invariant=False,

@@ -6,6 +6,7 @@ Rectified Softmax", arXiv 2504.20966.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -100,9 +101,29 @@ def _triton_pieces():
     return TritonPieces(fn=h, dfn=dh)
 
 
+@functools.cache
+def _numba_pieces():
+    """``a = e^{x-c} - e^{-c}``, ``da/dx = e^{x-c}`` (row shift ``c = max(m, 0)``) for the CPU fused
+    attention's row kernels (the signed ``sum_normalized`` kernels, ``den = sum |a| + eps e^{m-c}``)."""
+    from numba import njit
+
+    from ..kernels.cpu._exp import exp_nonpositive_fast
+    from ..kernels.cpu.pieces import NumbaPieces
+
+    @njit(cache=True, inline="always")
+    def h(x, c, a, par):
+        return exp_nonpositive_fast(x - c) - exp_nonpositive_fast(-c)
+
+    @njit(cache=True, inline="always")
+    def dh(x, c, a, par):
+        return exp_nonpositive_fast(x - c)
+
+    return NumbaPieces(fn=h, dfn=dh)
+
+
 SPEC = builtin(
     softpick, form=SumNormalized(h=shifted_gain, dh=d_shifted_gain, signed=True),
-    triton=_triton_pieces,
+    triton=_triton_pieces, numba=_numba_pieces,
     formula="relu(e^x - 1) / (sum |e^x - 1| + eps)", reference="Zuhri et al. 2025, arXiv 2504.20966",
     sums_to_one=False, can_be_sparse=True, shift_invariant=False,
     stream=lambda params: SoftpickRule(), stream_passes=1,

@@ -35,6 +35,13 @@ The backward kernels recompute ``p`` into ``s`` (for ``dv = p^T dO``) and overwr
 ``softmax_of`` with a ``weight`` piece ``w(x) = e^{g(x)}`` that cannot overflow (StableMax's
 rational map) skips the maximum and the exponential: ``p = w / sum w``.
 
+Extras (:mod:`.pieces`), for normalizers that stream through their own rule: ``softmax_of``
+takes a ``sink`` logit per row (``-inf``: none) that joins the maximum and the denominator;
+:func:`factor_forward` / :func:`factor_backward` multiply the softmax weights by a factor
+``w(x)`` (``dS = q (dg (w dp - dd) + dw dp)``, ``q`` the softmax weights);
+:func:`signed_forward` / :func:`signed_backward` are the signed ``sum_normalized`` variant
+with the row shift ``c = max(m, 0)``, ``p = relu(h) / (sum |h| + eps e^{m - c})``.
+
 A row with nothing visible gives ``p = 0`` and ``dS = 0``.
 
 The family kernels are not cached on disk (``cache=False``): numba keys a specialisation on
@@ -65,7 +72,7 @@ def _zero_tail(row, start):
 # ---- softmax_of ------------------------------------------------------------------------
 
 @njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
-def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g):
+def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g, sink):
     masked = hidden.shape[0] > 0
     ninf = cast_like(-np.inf, s[0, 0])
     for r in prange(s.shape[0]):
@@ -74,7 +81,8 @@ def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g):
         full = s[r]
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
-        m = ninf
+        extra = sink(n, hp)
+        m = extra
         if masked:
             hid = hidden[r, :end]
             for j in range(row.shape[0]):
@@ -91,7 +99,7 @@ def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g):
             _zero_tail(full, 0)
             den[r] = 1.0
             continue
-        total = cast_like(0.0, m)
+        total = exp_nonpositive_fast(extra - m) if extra > ninf else cast_like(0.0, m)
         for j in range(row.shape[0]):
             e = exp_nonpositive_fast(row[j] - m)
             row[j] = e
@@ -101,7 +109,7 @@ def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g):
 
 
 @njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
-def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, g, dg, apply_d):
+def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, g, dg, sink, apply_d):
     masked = hidden.shape[0] > 0
     ninf = cast_like(-np.inf, s[0, 0])
     for r in prange(s.shape[0]):
@@ -113,7 +121,8 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of,
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
         d0 = dd[r]
-        m = ninf
+        extra = sink(n, hp)
+        m = extra
         for j in range(row.shape[0]):
             x = row[j]
             z = g(x, n, hp)
@@ -129,7 +138,7 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of,
             _zero_tail(full, 0)
             _zero_tail(dfull, 0)
             continue
-        total = cast_like(0.0, m)
+        total = exp_nonpositive_fast(extra - m) if extra > ninf else cast_like(0.0, m)
         for j in range(row.shape[0]):
             e = exp_nonpositive_fast(row[j] - m)
             row[j] = e
@@ -141,6 +150,95 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of,
             drow[j] *= p
         _zero_tail(full, end)
         _zero_tail(dfull, end)
+
+
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+def factor_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g, sink, w):
+    """``softmax_of`` times a factor: ``p = w(x) e^{g(x) - m} / (sum e^{g - m} (+ e^{sink - m}))``."""
+    masked = hidden.shape[0] > 0
+    ninf = cast_like(-np.inf, s[0, 0])
+    zero = cast_like(0.0, s[0, 0])
+    for r in prange(s.shape[0]):
+        end = lim[r]
+        row = s[r, :end]
+        full = s[r]
+        hp = par[r // rows_per_head]
+        n = row_of(cnt[r], hp)
+        extra = sink(n, hp)
+        m = _max_of(row, hidden, r, masked, g, n, hp, extra)
+        if m == ninf:
+            _zero_tail(full, 0)
+            den[r] = 1.0
+            continue
+        total = exp_nonpositive_fast(extra - m) if extra > ninf else zero
+        for j in range(row.shape[0]):
+            x = row[j]
+            e = exp_nonpositive_fast(g(x, n, hp) - m)
+            if masked:
+                e = zero if hidden[r, j] else e
+            row[j] = zero if e == zero else w(x, n, hp) * e
+            total += e
+        den[r] = total
+        _zero_tail(full, end)
+
+
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, g, dg, sink, w, dw):
+    """``dS = q (dg (w dp - dd) + dw dp)``, ``q = e^{g - m} / sum``, ``p = w q``."""
+    masked = hidden.shape[0] > 0
+    ninf = cast_like(-np.inf, s[0, 0])
+    zero = cast_like(0.0, s[0, 0])
+    for r in prange(s.shape[0]):
+        end = lim[r]
+        row = s[r, :end]
+        full = s[r]
+        drow = dp[r, :end]
+        dfull = dp[r]
+        hp = par[r // rows_per_head]
+        n = row_of(cnt[r], hp)
+        d0 = dd[r]
+        extra = sink(n, hp)
+        m = _max_of(row, hidden, r, masked, g, n, hp, extra)
+        if m == ninf:
+            _zero_tail(full, 0)
+            _zero_tail(dfull, 0)
+            continue
+        total = exp_nonpositive_fast(extra - m) if extra > ninf else zero
+        for j in range(row.shape[0]):
+            x = row[j]
+            e = exp_nonpositive_fast(g(x, n, hp) - m)
+            if masked:
+                e = zero if hidden[r, j] else e
+            total += e
+            if e == zero:
+                row[j] = zero
+                drow[j] = zero
+            else:
+                wx = w(x, n, hp)
+                d = drow[j]
+                row[j] = wx * e
+                drow[j] = e * (dg(x, n, hp) * (wx * d - d0) + dw(x, n, hp) * d)
+        inv = cast_like(1.0, m) / total
+        for j in range(row.shape[0]):
+            row[j] *= inv
+            drow[j] *= inv
+        _zero_tail(full, end)
+        _zero_tail(dfull, end)
+
+
+@njit(cache=False, error_model="numpy", inline="always")
+def _max_of(row, hidden, r, masked, g, n, hp, start):
+    """The largest ``g(x)`` over the visible entries of ``row`` and ``start``."""
+    m = start
+    ninf = cast_like(-np.inf, start)
+    if masked:
+        for j in range(row.shape[0]):
+            z = g(row[j], n, hp)
+            m = fmax(m, ninf if hidden[r, j] else z)
+    else:
+        for j in range(row.shape[0]):
+            m = fmax(m, g(row[j], n, hp))
+    return m
 
 
 @njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
@@ -251,6 +349,95 @@ def sum_normalized_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row
             total += f
         den = total + eps
         inv = cast_like(1.0, n) / den if den != 0 else cast_like(1.0, n)
+        for j in range(row.shape[0]):
+            row[j] *= inv
+            drow[j] *= inv
+        _zero_tail(full, end)
+        _zero_tail(dfull, end)
+
+
+@njit(cache=False, error_model="numpy", inline="always")
+def _identity_map(x, n, hp):
+    return x
+
+
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+def signed_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, h, eps):
+    """Signed ``sum_normalized`` with the row shift ``c = max(m, 0)`` (``m`` the row maximum):
+    ``p = relu(h(x; c)) / (sum |h(x; c)| + eps e^{m - c})``."""
+    masked = hidden.shape[0] > 0
+    ninf = cast_like(-np.inf, s[0, 0])
+    zero = cast_like(0.0, s[0, 0])
+    for r in prange(s.shape[0]):
+        end = lim[r]
+        row = s[r, :end]
+        full = s[r]
+        hp = par[r // rows_per_head]
+        n = row_of(cnt[r], hp)
+        m = _max_of(row, hidden, r, masked, _identity_map, n, hp, ninf)
+        if m == ninf:
+            _zero_tail(full, 0)
+            den[r] = 1.0
+            continue
+        c = fmax(m, zero)
+        total = eps * exp_nonpositive_fast(m - c)
+        for j in range(row.shape[0]):
+            a = h(row[j], c, n, hp)
+            if masked:
+                a = zero if hidden[r, j] else a
+            row[j] = fmax(a, zero)
+            total += abs(a)
+        den[r] = total if total != zero else cast_like(1.0, m)
+        _zero_tail(full, end)
+
+
+@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+def signed_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, h, dh, eps):
+    """``dS = dh ([h > 0] dp - sign(h) dd) / den``, and at the row maximum (shared between ties, as
+    ``torch.amax`` does) ``- eps e^{m - c} dd / den``."""
+    masked = hidden.shape[0] > 0
+    ninf = cast_like(-np.inf, s[0, 0])
+    zero = cast_like(0.0, s[0, 0])
+    for r in prange(s.shape[0]):
+        end = lim[r]
+        row = s[r, :end]
+        full = s[r]
+        drow = dp[r, :end]
+        dfull = dp[r]
+        hp = par[r // rows_per_head]
+        n = row_of(cnt[r], hp)
+        d0 = dd[r]
+        m = _max_of(row, hidden, r, masked, _identity_map, n, hp, ninf)
+        if m == ninf:
+            _zero_tail(full, 0)
+            _zero_tail(dfull, 0)
+            continue
+        ties = zero
+        one = cast_like(1.0, m)
+        if masked:
+            for j in range(row.shape[0]):
+                ties += zero if hidden[r, j] else (one if row[j] == m else zero)
+        else:
+            for j in range(row.shape[0]):
+                ties += one if row[j] == m else zero
+        c = fmax(m, zero)
+        top = eps * exp_nonpositive_fast(m - c)
+        share = top * d0 / ties
+        total = top
+        for j in range(row.shape[0]):
+            x = row[j]
+            a = h(x, c, n, hp)
+            d = drow[j]
+            g = (d - d0) if a > zero else (d0 if a < zero else zero)
+            g = dh(x, c, n, hp) * g
+            g = (g - share) if x == m else g
+            if masked and hidden[r, j]:
+                a = zero
+                g = zero
+            row[j] = fmax(a, zero)
+            drow[j] = g
+            total += abs(a)
+        inv = cast_like(1.0, m) / total if total != zero else cast_like(1.0, m)
         for j in range(row.shape[0]):
             row[j] *= inv
             drow[j] *= inv

@@ -16,6 +16,28 @@ float32. ``weight(x, a, par)`` (``softmax_of`` only, optional) is
 ``e^{g(x)}`` where it is cheaper than ``g`` and cannot overflow for finite scores; the kernels
 then compute ``p = w / sum w`` without a maximum.
 
+Optional extras, for normalizers that are not exactly one of the four forms and stream through
+their own rule (``NormalizerSpec.stream``) but whose rows the kernels can still compute exactly:
+
+* ``sink(a, par)`` (``softmax_of``): one more logit per row, in the space of ``g``, that joins the
+  maximum and the denominator and carries no value, ``p_i = e^{g_i} / (e^{sink} + sum_j e^{g_j})``
+  (softmax with a sink, Miller 2023; gpt-oss, arXiv 2508.10925); default :func:`no_sink` (none).
+  The gradient at the scores keeps the softmax form ``dg p (dp - dd)``.
+* ``factor(x, a, par)``, ``dfactor`` (``softmax_of``): a factor of the numerator,
+  ``p = w(x) softmax(g(x))`` (SA-Softmax's ``x softmax(x)``, arXiv 2502.18277), with gradient
+  ``dS = q (dg (w dp - dd) + dw dp)``, ``q = softmax(g)``. No parameter gradients through it.
+* the signed ``sum_normalized`` variant (a form with ``signed=True``, softpick, arXiv
+  2504.20966): ``fn(x, c, a, par)``, ``dfn(x, c, a, par)`` take the row shift ``c = max(m, 0)``
+  (``m`` the row maximum) and satisfy ``fn(x, c) = e^{-c} fn(x, 0)``; the kernels compute
+  ``relu(fn) / (sum |fn| + eps e^{m - c})``, the stable form of
+  ``relu(h) / (sum |h| + eps e^m)``, as the Triton template does. No parameter gradients.
+
+``form``: the :mod:`softmaxkit.forms` form (torch pieces) the kernels compute when it is not the
+normalizer's own (``None``: ``NormalizerSpec.form``); the fused path reads its family and takes
+parameter gradients by autograd on its torch piece ``g``/``h``. ``accepts(params)``: whether the
+pieces compute the normalizer with these parameters (e.g. not SA-Softmax's ``normalized``
+variant); when not, the fused path keeps its reference rows.
+
 ``values(params)`` packs the parameters (defaults filled in) as a flat sequence of numbers
 or tensors broadcastable to ``(B, H, 1, 1)``, in the order ``par`` reads them. Parameter
 gradients do not go through these pieces: the fused path takes them by autograd on the
@@ -28,6 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from numba import njit
 
 from ._intrinsics import cast_like
@@ -44,6 +67,17 @@ def count(n, par):
     return n
 
 
+def always(params: Mapping[str, Any]) -> bool:
+    """``accepts`` for pieces that compute the normalizer with any parameters."""
+    return True
+
+
+@njit(cache=True, inline="always")
+def no_sink(a, par):
+    """The default ``sink``: no extra logit (``-inf``)."""
+    return cast_like(-np.inf, a)
+
+
 @dataclass(frozen=True)
 class NumbaPieces:
     """A normalizer's pieces as numba functions (see the module docstring)."""
@@ -53,6 +87,11 @@ class NumbaPieces:
     values: Callable[[Mapping[str, Any]], Sequence[Any]] = no_params
     weight: Any = None
     row: Any = count
+    sink: Any = no_sink
+    factor: Any = None
+    dfactor: Any = None
+    form: Any = None
+    accepts: Callable[[Mapping[str, Any]], bool] = always
 
 
 @njit(cache=True, inline="always")
