@@ -76,3 +76,33 @@ def test_func_grad_through_the_entmax_family(name):
     xr = x.clone().requires_grad_()
     (fn(xr) * weights).sum().backward()
     torch.testing.assert_close(torch.func.grad(lambda r: (fn(r) * weights).sum())(x), xr.grad)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_default_path_on_masking_fills_and_one_bad_row(threads, dtype, op):
+    """-1e9 and finfo.min fills, +-inf, denormals, and one bad row among good rows (the
+    good rows exact), on the lane's serial and parallel scans, under 1 and 2 threads."""
+    from softmaxkit.kernels.cpu.scan import PARALLEL_ROWS
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows in (7, PARALLEL_ROWS + 3):
+            torch.manual_seed(rows)
+            x = torch.randn(rows, 33, dtype=dtype) * 3
+            info = torch.finfo(dtype)
+            x[1, ::2] = -1e9
+            x[2, 1:] = info.min
+            x[3, 4] = info.max
+            x[4, :5] = info.tiny / 4
+            x[5, 7] = float("-inf")
+            x[rows // 2] = float("-inf")            # the bad row: aten gives NaN
+            got = getattr(sk, op)(x)
+            with sk.use_backend("reference"):
+                ref = getattr(sk, op)(x)
+            torch.testing.assert_close(got, ref, equal_nan=True, rtol=1e-5, atol=1e-6)
+            assert not torch.isnan(got).any()
+    finally:
+        torch.set_num_threads(before)

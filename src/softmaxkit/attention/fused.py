@@ -709,7 +709,8 @@ def _tile_forward(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
     elif pieces.factor is not None:
         _run_kernel(rows.factor_forward, *args, pieces.row, pieces.fn, pieces.sink, pieces.factor)
     elif pieces.weight is not None and pieces.sink is no_sink:
-        _run_kernel(rows.weighted_forward, *args, pieces.row, pieces.weight)
+        # softmax through w = e^g is w / sum w: the sum-normalized kernel with eps = 0
+        _run_kernel(rows.sum_normalized_forward, *args, pieces.row, pieces.weight, _scalar(0.0, s))
     else:
         _run_kernel(rows.softmax_of_forward, *args, pieces.row, pieces.fn, pieces.sink)
     return s, den

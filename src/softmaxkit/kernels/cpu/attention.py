@@ -242,28 +242,6 @@ def _max_of(row, hidden, r, masked, g, n, hp, start):
 
 
 @njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
-def weighted_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, w):
-    """``softmax_of`` through ``w = e^g``: ``p = w / sum w`` (no maximum, no exponential)."""
-    masked = hidden.shape[0] > 0
-    for r in prange(s.shape[0]):
-        end = lim[r]
-        row = s[r, :end]
-        full = s[r]
-        hp = par[r // rows_per_head]
-        n = row_of(cnt[r], hp)
-        total = cast_like(0.0, n)
-        zero = cast_like(0.0, n)
-        for j in range(row.shape[0]):
-            e = w(row[j], n, hp)
-            if masked:
-                e = zero if hidden[r, j] else e
-            row[j] = e
-            total += e
-        den[r] = total if total > 0 else cast_like(1.0, n)
-        _zero_tail(full, end)
-
-
-@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, w, dg, apply_d):
     masked = hidden.shape[0] > 0
     for r in prange(s.shape[0]):
