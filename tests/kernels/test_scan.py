@@ -5,7 +5,7 @@ import torch
 
 import softmaxkit as sk
 from softmaxkit.kernels import dispatch
-from softmaxkit.kernels.cpu.scan import first_entries_have_nan
+from softmaxkit.kernels.cpu.scan import PARALLEL_ENTRIES, first_entries_have_nan, has_negative_infinity
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -106,3 +106,37 @@ def test_default_path_on_masking_fills_and_one_bad_row(threads, dtype, op):
             assert not torch.isnan(got).any()
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("count", [1, 5, 4095, 4096, 4097, 10_000, PARALLEL_ENTRIES + 7])
+def test_negative_infinity_check_finds_exactly_minus_inf(dtype, count):
+    x = torch.zeros(count, dtype=dtype)
+    assert not has_negative_infinity(x)
+    for pos in sorted({0, count // 2, 4096 % count, count - 1}):
+        x[pos] = float("-inf")
+        assert has_negative_infinity(x), pos
+        for other in (float("inf"), float("nan"), torch.finfo(dtype).min):
+            x[pos] = other
+            assert not has_negative_infinity(x), (pos, other)
+        x[pos] = 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [1, 3, 5, 300, 5000])
+def test_log_softmax_gradient_at_minus_inf_is_the_references(dtype, rows):
+    """The default path runs aten's backward; a -inf score (anywhere, in any row count the
+    lane reads differently) still gets the reference's zero gradient, and its incoming
+    gradient does not leak into the other entries."""
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 9, dtype=dtype)
+    x[rows - 1, 4] = float("-inf")
+    x[rows // 2, 0] = float("-inf")
+    g = torch.randn(rows, 9, dtype=dtype)
+    got = x.clone().requires_grad_()
+    sk.log_softmax(got).backward(g)
+    ref = x.clone().requires_grad_()
+    with sk.use_backend("reference"):
+        sk.log_softmax(ref).backward(g)
+    torch.testing.assert_close(got.grad, ref.grad)
+    assert got.grad[rows - 1, 4] == 0 and got.grad[rows // 2, 0] == 0

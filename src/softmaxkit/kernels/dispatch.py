@@ -284,12 +284,11 @@ def run(op: str, reference: Callable, x, dim=-1, mask=None, **params):
             (or aten) does not compute as the reference defines them.
         x, dim, mask, params: the public function's arguments.
     """
-    if mask is None and type(x) is torch.Tensor and not torch.compiler.is_compiling():
-        lane = _LANES.get(op)
-        if lane is not None and _current.get().backend == "auto":
-            out = lane(x, dim, params)
-            if out is not None:
-                return out
+    if mask is None and type(x) is torch.Tensor and op in _LANES and _current.get().backend == "auto" \
+            and not torch.compiler.is_compiling():
+        out = _LANES[op](x, dim, params)
+        if out is not None:
+            return out
     how = plan(op, x, dim, mask, **params)
     if how == "aten":
         return _run_aten(op, reference, x, dim, mask, params)
@@ -457,11 +456,15 @@ def _all_finite(out) -> bool:
 def _drop_invisible_grad(y, grad):
     """The reference's log-softmax gradient from aten's: ``-inf`` outputs (masked entries,
     ``-inf`` scores) are constants, so their incoming gradient is dropped before aten's
-    backward (which would give them ``g_j`` and add their ``g_j`` to every other entry's
-    sum). One reduction finds whether there is any; only then is the gradient rewritten."""
-    if not (y.numel() and float(y.amin()) == float("-inf")):
-        return None
+    backward (which would give them ``g_j`` and add their ``g_j`` to every other entry's sum)."""
     return grad.masked_fill(y == float("-inf"), 0)
+
+
+def _has_negative_infinity(y) -> bool:
+    if y.is_cpu and y.dtype in _CTYPES and y.is_contiguous() and numba_available():
+        from .cpu.scan import has_negative_infinity
+        return has_negative_infinity(y)
+    return bool(torch.isneginf(y).any())
 
 
 def _aten_op(op, z, d):
@@ -469,8 +472,14 @@ def _aten_op(op, z, d):
         return torch.logsumexp(z, d, keepdim=True)
     if op == "softmax":
         return torch.softmax(z, d)
-    y = torch.log_softmax(z, d)
-    if y.requires_grad:
+    return _reference_log_softmax_grad(torch.log_softmax(z, d))
+
+
+def _reference_log_softmax_grad(y):
+    """``y`` (aten's log-softmax), with a hook giving it the reference's gradient when it has
+    ``-inf`` entries. Checked once, here, while ``y`` is still in cache, so that the common
+    gradient (no ``-inf``) runs aten's backward with no hook."""
+    if y.requires_grad and y.numel() and _has_negative_infinity(y.detach()):
         y.register_hook(functools.partial(_drop_invisible_grad, y.detach()))
     return y
 
@@ -488,32 +497,61 @@ def _scans() -> dict:
     return _SCANS
 
 
-def _lane_scan(x, dim):
-    """The first-column NaN scan for ``x`` when ``x`` is a plain contiguous CPU float32 /
-    float64 tensor normalised along its last, non-empty axis; else None."""
-    if type(dim) is not int or x.is_nested or x.layout is not torch.strided or not x.is_cpu or _is_functorch_wrapped(x):
-        return None
+_READ = {dtype: kind.from_address for dtype, kind in _CTYPES.items()}
+_STRIDED = torch.strided
+
+
+def _lane_rows(x, dim) -> int:
+    """The number of rows of ``x`` when ``x`` is a plain contiguous CPU float32 / float64
+    tensor normalised along its last, non-empty axis (the lane's inputs); else 0. Tensors
+    seen through a functorch transform pass here and fail at :func:`_lane_bad`'s address read."""
+    if (type(dim) is not int or not x.is_cpu or x.dtype not in _READ or x.layout is not _STRIDED
+            or x.is_nested or not x.is_contiguous()):
+        return 0
     shape = x.shape
     nd = len(shape)
-    if not nd or (dim != -1 and dim != nd - 1) or not shape[-1] or not x.is_contiguous():
-        return None
-    return (_SCANS or _scans()).get(x.dtype)
+    if not nd or (dim != -1 and dim != nd - 1):
+        return 0
+    n = shape[-1]
+    return x.numel() // n if n else 0
+
+
+def _lane_bad(out, rows: int) -> bool:
+    """Whether a row of aten's output ``out`` (``rows`` C-contiguous rows) starts with NaN,
+    i.e. needs the reference; also True when the address cannot be read (a tensor seen
+    through ``torch.func``: the reference then runs). A few rows are read in place."""
+    try:
+        base = out.data_ptr()
+    except RuntimeError:
+        return True
+    if rows < SCAN_MIN_ROWS:
+        read = _READ[out.dtype]
+        if rows == 1:
+            return math.isnan(read(base).value)
+        size = out.element_size() * (out.numel() // rows)
+        return any(math.isnan(read(base + r * size).value) for r in range(rows))
+    scan = (_SCANS or _scans()).get(out.dtype)
+    if scan is None:
+        return bool(torch.isnan(out.narrow(-1, 0, 1)).any())
+    return scan(out)
 
 
 def _softmax_lane(x, dim, params, log=False):
     """The common call (auto backend, a plain contiguous CPU float32/float64 tensor, the
     last axis, no mask, temperature 1) in the fewest Python steps: the aten op, then one
-    scan of the first column (:mod:`.cpu.scan`). None when the call needs :func:`plan`
-    (an argument is unusual, or a row needs the reference: the rare path then recomputes)."""
-    if params:
-        t = params.get("temperature", 1.0)
-        if type(t) not in (float, int) or t != 1:
-            return None
-    scan = _lane_scan(x, dim)
-    if scan is None:
+    read of each row's first output entry (:mod:`.cpu.scan`). None when the call needs
+    :func:`plan` (an argument is unusual, or a row needs the reference: the rare path then
+    recomputes)."""
+    t = params.get("temperature", 1.0)
+    if (type(t) is not float and type(t) is not int) or t != 1:
         return None
-    out = _aten_op("log_softmax", x, -1) if log else torch.softmax(x, -1)
-    return None if scan(out) else out
+    rows = _lane_rows(x, dim)
+    if not rows:
+        return None
+    out = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
+    if _lane_bad(out, rows):
+        return None
+    return _reference_log_softmax_grad(out) if log else out
 
 
 def _log_softmax_lane(x, dim, params):
@@ -522,11 +560,14 @@ def _log_softmax_lane(x, dim, params):
 
 def _logsumexp_lane(x, dim, params):
     """As :func:`_softmax_lane`, for log-sum-exp where aten wins (every row finite)."""
-    keepdim = params.get("keepdim", False) if params else False
-    if type(keepdim) is not bool or _lane_scan(x, dim) is None or _numba_wins("logsumexp", x):
+    keepdim = params.get("keepdim", False)
+    if type(keepdim) is not bool or not _lane_rows(x, dim) or _numba_wins("logsumexp", x):
         return None
     out = torch.logsumexp(x, -1, keepdim=keepdim)
-    return out if _all_finite(out) else None
+    try:
+        return out if _all_finite(out) else None
+    except RuntimeError:  # seen through torch.func: no address to read
+        return None
 
 
 _LANES = {"softmax": _softmax_lane, "log_softmax": _log_softmax_lane, "logsumexp": _logsumexp_lane}
