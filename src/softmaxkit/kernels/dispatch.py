@@ -520,12 +520,14 @@ def _lane_bad(out, rows: int) -> bool:
     """Whether a row of aten's output ``out`` (``rows`` C-contiguous rows) starts with NaN,
     i.e. needs the reference; also True when the address cannot be read (a tensor seen
     through ``torch.func``: the reference then runs). A few rows are read in place."""
+    read = _READ.get(out.dtype)   # None: aten changed the dtype (autocast)
     try:
         base = out.data_ptr()
     except RuntimeError:
         return True
+    if read is None:
+        return True
     if rows < SCAN_MIN_ROWS:
-        read = _READ[out.dtype]
         if rows == 1:
             return math.isnan(read(base).value)
         size = out.element_size() * (out.numel() // rows)
