@@ -303,11 +303,12 @@ class _Buffers:
 
 def _scores(plan: _Plan, bufs: _Buffers, qs: torch.Tensor, blk: _Block, slot: int = 0) -> torch.Tensor:
     """``(q scale) k^T (+ additive mask)`` on the block; hidden entries finite (0 where the
-    additive mask is ``-inf``), to be filled by the caller."""
+    additive mask is ``-inf``), to be filled by the caller. With a linear factor ``a`` folded
+    into ``qs`` (``softmax(a x)``), the mask is scaled by ``a`` too: ``a (q k^T scale + mask)``."""
     k = plan.inp.k[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c]
     s = bufs.matmul(slot, qs[blk.b:blk.b + 1, blk.h0:blk.h1, blk.r0:blk.r1], k.transpose(-1, -2))
     if blk.additive is not None:
-        s.add_(blk.additive)
+        s.add_(blk.additive, alpha=1.0 if plan.linear is None else plan.linear)
         assert blk.hidden is not None  # an additive mask always comes with its hidden entries
         s.masked_fill_(blk.hidden, 0.0)
     return s
@@ -329,6 +330,8 @@ def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict, v: torch.T
     values ``v``, the threshold family may return the block's output ``p v`` instead, from each
     row's support (then ``blk.stats["attended"]`` is True)."""
     form, kind = plan.form, plan.kind
+    if _applies_piece(plan):
+        blk.fill(s, 0.0)
     if kind == "softmax_of":
         assert isinstance(form, SoftmaxOf)  # the kind is the form's family
         z = s if plan.linear is not None else forms.call(form.g, s, params, blk.count)
@@ -351,7 +354,31 @@ def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict, v: torch.T
         blk.stats["tau"] = tau
         return p, None
     vis = _visible(blk, s)
-    return plan.spec.fn(s, dim=-1, mask=vis, **params), None
+    return plan.spec.fn(s, dim=-1, mask=vis, **_rows_params(plan, params, s.shape[-1])), None
+
+
+def _rows_params(plan: _Plan, params: dict, width: int) -> dict:
+    """``rows`` mode's parameters for tiles of ``width`` keys. A causal tile stops at the block's
+    last visible key, so it can be narrower than the rows the caller's parameters were checked
+    against (``Lk``); every visible key is in the tile, so the parameters the normalizer takes
+    for rows of that width (:attr:`Param.for_length <softmaxkit.registry.Param.for_length>`:
+    sparse_softmax keeps at most the row length) give the same weights."""
+    if width >= plan.inp.shape[3]:
+        return params
+    return {**params, **{n: v for n, v in plan.spec.params_for_length(params, width).items()
+                         if params.get(n) is not None}}
+
+
+def _applies_piece(plan: _Plan) -> bool:
+    """Whether the torch operations evaluate the form's piece (``g`` or ``h``) on the score tile.
+    They do so on the whole tile and zero the hidden entries afterwards; those are first set to
+    0 (:meth:`_Block.fill`), since a hidden raw score can overflow the piece or its derivative
+    (``e^{x - 3}`` at a large score past the causal diagonal) and ``inf * 0`` would be NaN."""
+    if plan.kind == "softmax_of":
+        return plan.linear is None
+    if plan.kind == "threshold":
+        return plan.form.g is not forms.identity
+    return plan.kind in ("sum_normalized", "elementwise")
 
 
 def _entmax(z: torch.Tensor, alpha: float, blk: _Block,
@@ -577,6 +604,8 @@ class _FusedAttention(torch.autograd.Function):
                 linear = (kind == "softmax_of" and plan.linear is not None) or \
                          (kind == "threshold" and form.g is forms.identity)
                 with torch.no_grad():
+                    if _applies_piece(plan):  # as in the forward (_weights): finite pieces at hidden entries
+                        blk.fill(s, 0.0)
                     raw = s.clone() if (linear and wanted) else s
                     if kind == "threshold":
                         z = s if linear else forms.call(form.g, s, params, blk.count)
@@ -771,7 +800,7 @@ def _rows_backward(plan: _Plan, s: torch.Tensor, blk: _Block, leaves: dict, want
     with torch.enable_grad():
         x = s.detach().clone().requires_grad_(True)
         params = _block_params(plan, leaves, blk)
-        p = plan.spec.fn(x, dim=-1, mask=_visible(blk, x), **params)
+        p = plan.spec.fn(x, dim=-1, mask=_visible(blk, x), **_rows_params(plan, params, x.shape[-1]))
         grads = torch.autograd.grad(p, [x] + [leaves[n] for n in wanted], dp, allow_unused=True)
     ds = grads[0] if grads[0] is not None else torch.zeros_like(x)
     return ds, (grads[1:] if wanted else None), p.detach()
