@@ -640,7 +640,14 @@ class _FusedAttention(torch.autograd.Function):
                     if g is not None:
                         dparams[name] = g if dparams[name] is None else dparams[name] + g
         return (None, dq if needs[1] else None, dk if needs[2] else None, dv if needs[3] else None,
-                *[dparams.get(name) for name in plan.names])
+                *_param_grads(dparams, plan.names, tensors, needs[4:]))
+
+
+def _param_grads(dparams: dict, names: list, tensors, needs) -> list:
+    """The gradient of each tensor parameter: zeros where it is wanted but no visible score used
+    it (empty inputs, every row hidden), so that ``autograd.grad`` sees it used, as in dense."""
+    return [(torch.zeros_like(t) if dparams.get(n) is None else dparams[n]) if need else None
+            for n, t, need in zip(names, tensors, needs)]
 
 
 # ----------------------------------------------------------------------------------------

@@ -316,8 +316,10 @@ class _StreamingAttention(torch.autograd.Function):
             if keep is not None:
                 _backward_rows(plan, q, k, v, r0, r1, params, keep, dout[:, :, r0:r1], dq, dk, dv, dparams,
                                needs[3])
+        # zeros for a wanted parameter no visible score used (empty inputs, every row hidden)
         return (None, dq if needs[1] else None, dk if needs[2] else None, dv if needs[3] else None,
-                *[dparams.get(name) for name in plan.tensor_names])
+                *[(torch.zeros_like(t) if dparams.get(name) is None else dparams[name]) if need else None
+                  for name, t, need in zip(plan.tensor_names, tensors, needs[4:])])
 
 
 def streaming_attention(rule: StreamRule, inp: AttentionInputs, params: dict,
