@@ -272,3 +272,21 @@ def test_hidden_scores_that_overflow_a_rule_leave_gradients_finite(name):
             torch.testing.assert_close(got, want)
     finally:
         sk.unregister_normalizer("streaming_user_exp_gate")
+
+
+@pytest.mark.parametrize("name,params", [("sparsemax", {}), ("entmax15", {}), ("entmax", {"alpha": 1.3})])
+def test_threshold_rule_is_exact_in_float32_at_scores_near_1e4(name, params):
+    """The bracketed threshold is only known to about eps |tau| (float32 scores near 1e4: the
+    weights summed to 1 +- 3e-4); a Newton step from it makes the output match the dense
+    reference computed in float64 from the same inputs, and the gradients too."""
+    gen = torch.Generator().manual_seed(3)
+    q = (3000 * torch.randn(1, 2, 5, 8, generator=gen, dtype=torch.float64)).float()
+    k, v = (torch.randn(1, 2, 7, 8, generator=gen, dtype=torch.float64).float() for _ in range(2))
+    res = []
+    for t, method in ((torch.float64, "dense"), (torch.float32, "streaming")):
+        leaves = [x.to(t).requires_grad_() for x in (q, k, v)]
+        out = sk.attention(*leaves, name, is_causal=True, method=method, block_size=(2, 3), **params)
+        weight = torch.linspace(-1, 2, out.numel(), dtype=t).reshape(out.shape)
+        res.append([out] + list(torch.autograd.grad((out * weight).sum(), leaves)))
+    for got, want in zip(res[1], res[0]):
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5 * max(1.0, want.abs().max().item()))
