@@ -478,7 +478,8 @@ def test_hidden_scores_that_overflow_a_piece_leave_gradients_finite():
         pad = torch.tensor([True, True, True, False])  # the large key is hidden from every query
         res = []
         for method in ("dense", "fused"):
-            out = sk.attention(q, k, v, "fused_user_exp_gate", is_causal=True, attn_mask=pad, scale=1.0, method=method, block_size=2)
+            out = sk.attention(q, k, v, "fused_user_exp_gate", is_causal=True, attn_mask=pad, scale=1.0, method=method,
+                               block_size=2)
             res.append((out, torch.autograd.grad(out.sum(), [q, k, v])))
         torch.testing.assert_close(res[1][0], res[0][0])
         for got, want in zip(res[1][1], res[0][1]):

@@ -264,7 +264,8 @@ def test_hidden_scores_that_overflow_a_rule_leave_gradients_finite(name):
         pad = torch.tensor([True, True, True, False])  # the large key is hidden from every query
         res = []
         for method in ("dense", "streaming"):
-            out = sk.attention(q, k, v, name, is_causal=True, attn_mask=pad, scale=1.0, method=method, block_size=(2, 4))
+            out = sk.attention(q, k, v, name, is_causal=True, attn_mask=pad, scale=1.0, method=method,
+                               block_size=(2, 4))
             res.append((out, torch.autograd.grad(out.sum(), [q, k, v])))
         torch.testing.assert_close(res[1][0], res[0][0])
         for got, want in zip(res[1][1], res[0][1]):
