@@ -487,3 +487,26 @@ def test_hidden_scores_that_overflow_a_piece_leave_gradients_finite():
             torch.testing.assert_close(got, want)
     finally:
         sk.unregister_normalizer("fused_user_exp_gate")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sink_gradient_comes_from_the_sink_logit(causal):
+    """The sink's gradient is ``-p_sink dd`` per query. Taken by autograd through ``g = x - s`` it
+    was ``-sum dS``, terms that cancel down to the small sink weight: float32 over 3000 keys
+    (sink weight near 1e-4) left relative errors of 1e-2 to 6e-2 on the row kernels."""
+    gen = torch.Generator().manual_seed(3)
+    q = 3 * torch.randn(1, 2, 3, 4, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 3000, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    mask = torch.ones(1, 1, 3, 3000, dtype=torch.bool)
+    mask[..., 2, :] = False  # a row that sees nothing: no contribution
+    sink = torch.tensor([0.5, -1.0], dtype=torch.float64).view(2, 1, 1)
+    res = []
+    for t, method in ((torch.float64, "dense"), (torch.float32, "fused")):
+        leaves = [x.to(t).requires_grad_() for x in (q, k, v, sink)]
+        out = sk.attention(*leaves[:3], "softmax_sink", is_causal=causal, attn_mask=mask, method=method,
+                           sink=leaves[3])
+        weight = torch.linspace(-1, 2, out.numel(), dtype=t).reshape(out.shape)
+        res.append(torch.autograd.grad((out * weight).sum(), leaves))
+    torch.testing.assert_close(res[1][3].double(), res[0][3], rtol=1e-5, atol=0)
+    for got, want in zip(res[1][:3], res[0][:3]):
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5 * want.abs().max().item())

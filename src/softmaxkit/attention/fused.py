@@ -790,16 +790,42 @@ def _tile_backward(plan: _Plan, s: torch.Tensor, dp: torch.Tensor, blk: _Block, 
         else:
             _run_kernel(rows.softmax_of_backward, arr, dpa, dd, *rest, pieces.row, pieces.fn, pieces.dfn,
                         pieces.sink, apply_d)
-    dpar = None
+    dpar: Any = None
     if wanted:
         assert raw is not None and form is not None
         piece, dpiece = (form.g, form.dg) if plan.kind == "softmax_of" else (form.h, form.dh)  # type: ignore[union-attr]
+        targets = [leaves[n] for n in wanted]
         with torch.enable_grad():
             pblk = _block_params(plan, leaves, blk)
             val = forms.call(piece, raw, pblk, blk.count)
-            dpar = torch.autograd.grad(val, [leaves[n] for n in wanted], dp, allow_unused=True)
+            if val.requires_grad:
+                dpar = torch.autograd.grad(val, targets, dp, allow_unused=True)
+            if pieces.sink_logit is not None:
+                dsink = _sink_logit_grads(pieces.sink_logit(pblk), raw, blk, dd, targets)
+                dpar = dsink if dpar is None else [_sum_grads(a, b) for a, b in zip(dpar, dsink)]
         dp.mul_(forms.call(dpiece, raw, params, blk.count))
     return dp, dpar
+
+
+def _sum_grads(a, b):
+    return b if a is None else a if b is None else a + b
+
+
+def _sink_logit_grads(logit: Any, z: torch.Tensor, blk: _Block, dd, targets: list):
+    """Parameter gradients through the sink logit ``s`` of a ``softmax_of`` tile with ``g = x``
+    (``z``: the tile's scores, hidden entries still to fill): ``d out / d s = -p_sink out``, so each
+    row contributes ``-p_sink dd`` with ``p_sink = e^{s - c} / (e^{s - c} + sum_j e^{z_j - c})``."""
+    if not isinstance(logit, torch.Tensor) or not logit.requires_grad:
+        return [None] * len(targets)
+    rows = z.shape[-2]
+    s = logit.detach().expand(z.shape[:-2] + (1, 1)).expand(*z.shape[:-1], 1)
+    with torch.no_grad():
+        zf = blk.fill(z.detach().clone(), float("-inf"))
+        c = torch.maximum(zf.amax(-1, keepdim=True), s)
+        p_sink = torch.exp(s - c) / (torch.exp(zf - c).sum(-1, keepdim=True) + torch.exp(s - c))
+        weight = -p_sink * torch.as_tensor(dd, dtype=z.dtype).view(*z.shape[:-1], 1)
+    val = logit.expand(z.shape[:-2] + (1, 1)).expand(*z.shape[:-2], rows, 1)
+    return list(torch.autograd.grad(val, targets, weight, allow_unused=True))
 
 
 def _rows_backward(plan: _Plan, s: torch.Tensor, blk: _Block, leaves: dict, wanted: list, dp: torch.Tensor):
