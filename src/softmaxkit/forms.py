@@ -391,13 +391,19 @@ class ThresholdRule(StreamRule):
             s = torch.where(support, base, torch.ones_like(base))
             s = torch.ones_like(s) if self.u == 1.0 else s ** (1.0 / self.u - 1.0)
             s = keep_visible(torch.where(support, s, torch.zeros_like(s)), visible)
-            return {"lin": s.detach() * z, "S": s.detach()}
+            weights = keep_visible(base if self.u == 1.0 else base ** (1.0 / self.u), visible)
+            return {"lin": s.detach() * z, "S": s.detach(), "P": weights.detach()}
         weights, _ = self._weights(z, st["tau"], visible)
         return {"num": weights}
 
     def stats(self, p, sums, st):
         lin, s_total = sums["lin"], sums["S"]
-        return {"tau": st["tau0"] + self.u * safe_div(lin - lin.detach(), s_total)}
+        # one Newton step on sum_j p_j(tau) = 1 from the bracketed tau0 (slope -sum_j s_j / u): the
+        # bracket only pins tau to about eps |tau| (float32 scores near 1e4 left 3e-4 in the
+        # output); sparsemax's step is exact, entmax's squares the error. A value, no gradient.
+        step = self.u * safe_div(sums["P"].detach() - 1.0, s_total.detach())
+        step = torch.where(s_total.detach() > 0, step, torch.zeros_like(step))
+        return {"tau": st["tau0"] + step + self.u * safe_div(lin - lin.detach(), s_total)}
 
     def output(self, sums, st):
         return sums["num"]

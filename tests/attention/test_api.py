@@ -120,3 +120,30 @@ def test_bad_shapes_raise():
         sk.attention(q[0], k[0], v[0])
     with pytest.raises(TypeError, match="share a dtype"):
         sk.attention(q.float(), k, v)
+
+
+@pytest.mark.parametrize("method", ["auto", "dense", "fused", "streaming"])
+@pytest.mark.parametrize("b,lq,lk,hide_all", [(1, 5, 0, False), (0, 5, 7, False), (1, 0, 7, False), (1, 5, 7, True)])
+def test_parameters_get_a_zero_gradient_when_no_score_is_visible(method, b, lq, lk, hide_all):
+    """Empty dims or every key hidden: output 0, and every input that requires grad, per-head
+    parameters included, gets a zero gradient (``autograd.grad`` without ``allow_unused``)."""
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(b, 2, lq, 4, generator=gen, dtype=torch.float64).requires_grad_()
+    k, v = (torch.randn(b, 2, lk, 4, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(2))
+    s = torch.tensor([0.3, 0.6], dtype=torch.float64).view(2, 1, 1).requires_grad_()
+    mask = torch.zeros(1, 1, 1, lk, dtype=torch.bool) if hide_all else None
+    out = sk.attention(q, k, v, "ssmax", attn_mask=mask, method=method, s=s)
+    assert out.shape == (b, 2, lq, 4) and not out.abs().sum()
+    grads = torch.autograd.grad((out * 2).sum(), [q, k, v, s])
+    for g, t in zip(grads, (q, k, v, s)):
+        assert g.shape == t.shape and not g.abs().sum()
+
+
+def test_no_keys_at_all_give_zeros_whatever_k():
+    """With Lk = 0 every row is empty: sparse_softmax's k (checked against the row length on
+    nonempty rows) does not make the dense path refuse what the fused path returns."""
+    q = torch.randn(1, 2, 3, 4, dtype=torch.float64)
+    k = v = torch.randn(1, 2, 0, 4, dtype=torch.float64)
+    for method in ("auto", "dense", "fused"):
+        out = sk.attention(q, k, v, "sparse_softmax", method=method, k=2)
+        assert torch.equal(out, torch.zeros(1, 2, 3, 4, dtype=torch.float64)), method

@@ -429,3 +429,84 @@ def test_sa_softmax_normalized_keeps_the_reference_rows(monkeypatch):
     torch.testing.assert_close(got, dense, rtol=0, atol=1e-10)
     for gs, gd in zip(got_grads, dense_grads):
         torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_number_temperature_scales_the_additive_mask_too(causal):
+    """softmax with a number temperature T folds 1/T into the query scale; the additive mask is
+    inside the normalizer's argument, so it is divided by T as well: softmax((q k^T s + a) / T)."""
+    gen = torch.Generator().manual_seed(13)
+    q, k, v = (torch.randn(1, 2, n, 4, generator=gen, dtype=torch.float64).requires_grad_() for n in (5, 7, 7))
+    mask = torch.randn(1, 2, 5, 7, generator=gen, dtype=torch.float64)
+    mask[..., 1, 2] = float("-inf")
+    outs = []
+    for method in ("dense", "fused"):
+        out = sk.attention(q, k, v, temperature=0.3, attn_mask=mask, is_causal=causal, method=method)
+        outs.append((out, torch.autograd.grad((out * out).sum(), [q, k, v])))
+    torch.testing.assert_close(outs[1][0], outs[0][0], rtol=0, atol=1e-12)
+    for got, want in zip(outs[1][1], outs[0][1]):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("lq,lk", [(6, 6), (9, 5), (1, 6)])
+def test_rows_mode_on_causal_tiles_narrower_than_k(lq, lk):
+    """sparse_softmax's k is checked against the key length; a causal block's tile stops at its
+    last visible key and can be narrower than k (block_q 2: tiles of 1 or 2 keys), where the
+    rows keep every visible key, as the dense path does."""
+    gen = torch.Generator().manual_seed(17)
+    q = torch.randn(1, 2, lq, 4, generator=gen, dtype=torch.float64).requires_grad_()
+    k, v = (torch.randn(1, 2, lk, 4, generator=gen, dtype=torch.float64).requires_grad_() for _ in range(2))
+    res = []
+    for method in ("dense", "fused"):
+        out = sk.attention(q, k, v, "sparse_softmax", is_causal=True, method=method, block_size=2, k=4)
+        res.append((out, torch.autograd.grad((out * out).sum(), [q, k, v])))
+    torch.testing.assert_close(res[1][0], res[0][0], rtol=0, atol=1e-12)
+    for got, want in zip(res[1][1], res[0][1]):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_hidden_scores_that_overflow_a_piece_leave_gradients_finite():
+    """A hidden raw score (200, past the causal diagonal and padded) overflows e^{x - 3} in float32; the torch
+    operations evaluate the piece on the whole tile, so hidden entries must be made finite
+    first, or inf * 0 turns every gradient of the row into NaN."""
+    sk.register_normalizer("fused_user_exp_gate", family="elementwise", h=lambda x: torch.exp(x - 3.0),
+                           dh=lambda x: torch.exp(x - 3.0))
+    try:
+        q = torch.ones(1, 1, 4, 1, requires_grad=True)
+        k = torch.tensor([-5.0, -4.0, -3.0, 200.0]).view(1, 1, 4, 1).requires_grad_()
+        v = torch.linspace(-1, 1, 8).view(1, 1, 4, 2).requires_grad_()
+        pad = torch.tensor([True, True, True, False])  # the large key is hidden from every query
+        res = []
+        for method in ("dense", "fused"):
+            out = sk.attention(q, k, v, "fused_user_exp_gate", is_causal=True, attn_mask=pad, scale=1.0, method=method,
+                               block_size=2)
+            res.append((out, torch.autograd.grad(out.sum(), [q, k, v])))
+        torch.testing.assert_close(res[1][0], res[0][0])
+        for got, want in zip(res[1][1], res[0][1]):
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, want)
+    finally:
+        sk.unregister_normalizer("fused_user_exp_gate")
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sink_gradient_comes_from_the_sink_logit(causal):
+    """The sink's gradient is ``-p_sink dd`` per query. Taken by autograd through ``g = x - s`` it
+    was ``-sum dS``, terms that cancel down to the small sink weight: float32 over 3000 keys
+    (sink weight near 1e-4) left relative errors of 1e-2 to 6e-2 on the row kernels."""
+    gen = torch.Generator().manual_seed(3)
+    q = 3 * torch.randn(1, 2, 3, 4, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 3000, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    mask = torch.ones(1, 1, 3, 3000, dtype=torch.bool)
+    mask[..., 2, :] = False  # a row that sees nothing: no contribution
+    sink = torch.tensor([0.5, -1.0], dtype=torch.float64).view(2, 1, 1)
+    res = []
+    for t, method in ((torch.float64, "dense"), (torch.float32, "fused")):
+        leaves = [x.to(t).requires_grad_() for x in (q, k, v, sink)]
+        out = sk.attention(*leaves[:3], "softmax_sink", is_causal=causal, attn_mask=mask, method=method,
+                           sink=leaves[3])
+        weight = torch.linspace(-1, 2, out.numel(), dtype=t).reshape(out.shape)
+        res.append(torch.autograd.grad((out * weight).sum(), leaves))
+    torch.testing.assert_close(res[1][3].double(), res[0][3], rtol=1e-5, atol=0)
+    for got, want in zip(res[1][:3], res[0][:3]):
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5 * want.abs().max().item())

@@ -248,3 +248,63 @@ def test_activation_checkpointing_still_works(reentrant):
     expected = torch.autograd.grad(attend(q, k, v).square().sum(), (q, k, v))
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e)
+
+
+@pytest.mark.parametrize("name", ["softpick", "streaming_user_exp_gate"])
+def test_hidden_scores_that_overflow_a_rule_leave_gradients_finite(name):
+    """Softpick's e^{x - c} (c = max(visible max, 0)) at a hidden (causal, padded) score 200
+    overflows float32; the rule zeroes hidden entries after evaluating its terms, so
+    without finite hidden scores inf * 0 makes the row's gradients NaN (float64 hides it)."""
+    sk.register_normalizer("streaming_user_exp_gate", family="elementwise", h=lambda x: torch.exp(x - 3.0),
+                           dh=lambda x: torch.exp(x - 3.0))
+    try:
+        q = torch.ones(1, 1, 4, 1, requires_grad=True)
+        k = torch.tensor([-5.0, -4.0, -3.0, 200.0]).view(1, 1, 4, 1).requires_grad_()
+        v = torch.linspace(-1, 1, 8).view(1, 1, 4, 2).requires_grad_()
+        pad = torch.tensor([True, True, True, False])  # the large key is hidden from every query
+        res = []
+        for method in ("dense", "streaming"):
+            out = sk.attention(q, k, v, name, is_causal=True, attn_mask=pad, scale=1.0, method=method,
+                               block_size=(2, 4))
+            res.append((out, torch.autograd.grad(out.sum(), [q, k, v])))
+        torch.testing.assert_close(res[1][0], res[0][0])
+        for got, want in zip(res[1][1], res[0][1]):
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, want)
+    finally:
+        sk.unregister_normalizer("streaming_user_exp_gate")
+
+
+@pytest.mark.parametrize("name,params", [("sparsemax", {}), ("entmax15", {}), ("entmax", {"alpha": 1.3})])
+def test_threshold_rule_is_exact_in_float32_at_scores_near_1e4(name, params):
+    """The bracketed threshold is only known to about eps |tau| (float32 scores near 1e4: the
+    weights summed to 1 +- 3e-4); a Newton step from it makes the output match the dense
+    reference computed in float64 from the same inputs, and the gradients too."""
+    gen = torch.Generator().manual_seed(3)
+    q = (3000 * torch.randn(1, 2, 5, 8, generator=gen, dtype=torch.float64)).float()
+    k, v = (torch.randn(1, 2, 7, 8, generator=gen, dtype=torch.float64).float() for _ in range(2))
+    res = []
+    for t, method in ((torch.float64, "dense"), (torch.float32, "streaming")):
+        leaves = [x.to(t).requires_grad_() for x in (q, k, v)]
+        out = sk.attention(*leaves, name, is_causal=True, method=method, block_size=(2, 3), **params)
+        weight = torch.linspace(-1, 2, out.numel(), dtype=t).reshape(out.shape)
+        res.append([out] + list(torch.autograd.grad((out * weight).sum(), leaves)))
+    for got, want in zip(res[1], res[0]):
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=1e-5 * max(1.0, want.abs().max().item()))
+
+
+def test_sink_gradient_is_not_a_cancelling_sum():
+    """The sink's gradient is ``-out p_sink`` per query. Taken through ``z = x - s`` it was
+    ``-sum_j dz_j``, terms that cancel down to the small sink weight: in float32 over 3000 keys
+    (sink weight near 1e-4) its relative error was 2e-2."""
+    gen = torch.Generator().manual_seed(3)
+    q = 3 * torch.randn(1, 2, 2, 4, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 3000, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    sink = torch.tensor([0.5, -1.0], dtype=torch.float64).view(2, 1, 1)
+    grads = []
+    for t, method in ((torch.float64, "dense"), (torch.float32, "streaming")):
+        s = sink.to(t).requires_grad_()
+        out = sk.attention(q.to(t), k.to(t), v.to(t), "softmax_sink", method=method, sink=s)
+        weight = torch.linspace(-1, 2, out.numel(), dtype=t).reshape(out.shape)
+        grads.append(torch.autograd.grad((out * weight).sum(), s)[0])
+    torch.testing.assert_close(grads[1].double(), grads[0], rtol=1e-5, atol=0)

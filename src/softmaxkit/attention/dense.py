@@ -32,5 +32,11 @@ def dense_attention(inp: AttentionInputs, normalizer: str, params: dict) -> torc
     x, visible = visible_scores(inp)
     if visible is not None:
         visible = visible.expand(x.shape)
+    if x.shape[-1] == 0:  # no key at all: every row is empty (output 0), whatever the parameters
+        out = torch.matmul(x, inp.v)  # (sparse_softmax's k <= row length would refuse them)
+        for val in params.values():  # tensor parameters get a zero gradient, as on every other path
+            if isinstance(val, torch.Tensor) and val.requires_grad:
+                out = out + 0.0 * val.sum()
+        return out.to(inp.out_dtype)
     p = registry.normalize(x, normalizer, dim=-1, mask=visible, **params)
     return torch.matmul(p, inp.v).to(inp.out_dtype)

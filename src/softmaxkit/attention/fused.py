@@ -303,11 +303,12 @@ class _Buffers:
 
 def _scores(plan: _Plan, bufs: _Buffers, qs: torch.Tensor, blk: _Block, slot: int = 0) -> torch.Tensor:
     """``(q scale) k^T (+ additive mask)`` on the block; hidden entries finite (0 where the
-    additive mask is ``-inf``), to be filled by the caller."""
+    additive mask is ``-inf``), to be filled by the caller. With a linear factor ``a`` folded
+    into ``qs`` (``softmax(a x)``), the mask is scaled by ``a`` too: ``a (q k^T scale + mask)``."""
     k = plan.inp.k[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c]
     s = bufs.matmul(slot, qs[blk.b:blk.b + 1, blk.h0:blk.h1, blk.r0:blk.r1], k.transpose(-1, -2))
     if blk.additive is not None:
-        s.add_(blk.additive)
+        s.add_(blk.additive, alpha=1.0 if plan.linear is None else plan.linear)
         assert blk.hidden is not None  # an additive mask always comes with its hidden entries
         s.masked_fill_(blk.hidden, 0.0)
     return s
@@ -329,6 +330,8 @@ def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict, v: torch.T
     values ``v``, the threshold family may return the block's output ``p v`` instead, from each
     row's support (then ``blk.stats["attended"]`` is True)."""
     form, kind = plan.form, plan.kind
+    if _applies_piece(plan):
+        blk.fill(s, 0.0)
     if kind == "softmax_of":
         assert isinstance(form, SoftmaxOf)  # the kind is the form's family
         z = s if plan.linear is not None else forms.call(form.g, s, params, blk.count)
@@ -351,7 +354,31 @@ def _weights(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict, v: torch.T
         blk.stats["tau"] = tau
         return p, None
     vis = _visible(blk, s)
-    return plan.spec.fn(s, dim=-1, mask=vis, **params), None
+    return plan.spec.fn(s, dim=-1, mask=vis, **_rows_params(plan, params, s.shape[-1])), None
+
+
+def _rows_params(plan: _Plan, params: dict, width: int) -> dict:
+    """``rows`` mode's parameters for tiles of ``width`` keys. A causal tile stops at the block's
+    last visible key, so it can be narrower than the rows the caller's parameters were checked
+    against (``Lk``); every visible key is in the tile, so the parameters the normalizer takes
+    for rows of that width (:attr:`Param.for_length <softmaxkit.registry.Param.for_length>`:
+    sparse_softmax keeps at most the row length) give the same weights."""
+    if width >= plan.inp.shape[3]:
+        return params
+    return {**params, **{n: v for n, v in plan.spec.params_for_length(params, width).items()
+                         if params.get(n) is not None}}
+
+
+def _applies_piece(plan: _Plan) -> bool:
+    """Whether the torch operations evaluate the form's piece (``g`` or ``h``) on the score tile.
+    They do so on the whole tile and zero the hidden entries afterwards; those are first set to
+    0 (:meth:`_Block.fill`), since a hidden raw score can overflow the piece or its derivative
+    (``e^{x - 3}`` at a large score past the causal diagonal) and ``inf * 0`` would be NaN."""
+    if plan.kind == "softmax_of":
+        return plan.linear is None
+    if plan.kind == "threshold":
+        return plan.form.g is not forms.identity
+    return plan.kind in ("sum_normalized", "elementwise")
 
 
 def _entmax(z: torch.Tensor, alpha: float, blk: _Block,
@@ -577,6 +604,8 @@ class _FusedAttention(torch.autograd.Function):
                 linear = (kind == "softmax_of" and plan.linear is not None) or \
                          (kind == "threshold" and form.g is forms.identity)
                 with torch.no_grad():
+                    if _applies_piece(plan):  # as in the forward (_weights): finite pieces at hidden entries
+                        blk.fill(s, 0.0)
                     raw = s.clone() if (linear and wanted) else s
                     if kind == "threshold":
                         z = s if linear else forms.call(form.g, s, params, blk.count)
@@ -611,7 +640,14 @@ class _FusedAttention(torch.autograd.Function):
                     if g is not None:
                         dparams[name] = g if dparams[name] is None else dparams[name] + g
         return (None, dq if needs[1] else None, dk if needs[2] else None, dv if needs[3] else None,
-                *[dparams.get(name) for name in plan.names])
+                *_param_grads(dparams, plan.names, tensors, needs[4:]))
+
+
+def _param_grads(dparams: dict, names: list, tensors, needs) -> list:
+    """The gradient of each tensor parameter: zeros where it is wanted but no visible score used
+    it (empty inputs, every row hidden), so that ``autograd.grad`` sees it used, as in dense."""
+    return [(torch.zeros_like(t) if dparams.get(n) is None else dparams[n]) if need else None
+            for n, t, need in zip(names, tensors, needs)]
 
 
 # ----------------------------------------------------------------------------------------
@@ -754,16 +790,42 @@ def _tile_backward(plan: _Plan, s: torch.Tensor, dp: torch.Tensor, blk: _Block, 
         else:
             _run_kernel(rows.softmax_of_backward, arr, dpa, dd, *rest, pieces.row, pieces.fn, pieces.dfn,
                         pieces.sink, apply_d)
-    dpar = None
+    dpar: Any = None
     if wanted:
         assert raw is not None and form is not None
         piece, dpiece = (form.g, form.dg) if plan.kind == "softmax_of" else (form.h, form.dh)  # type: ignore[union-attr]
+        targets = [leaves[n] for n in wanted]
         with torch.enable_grad():
             pblk = _block_params(plan, leaves, blk)
             val = forms.call(piece, raw, pblk, blk.count)
-            dpar = torch.autograd.grad(val, [leaves[n] for n in wanted], dp, allow_unused=True)
+            if val.requires_grad:
+                dpar = torch.autograd.grad(val, targets, dp, allow_unused=True)
+            if pieces.sink_logit is not None:
+                dsink = _sink_logit_grads(pieces.sink_logit(pblk), raw, blk, dd, targets)
+                dpar = dsink if dpar is None else [_sum_grads(a, b) for a, b in zip(dpar, dsink)]
         dp.mul_(forms.call(dpiece, raw, params, blk.count))
     return dp, dpar
+
+
+def _sum_grads(a, b):
+    return b if a is None else a if b is None else a + b
+
+
+def _sink_logit_grads(logit: Any, z: torch.Tensor, blk: _Block, dd, targets: list):
+    """Parameter gradients through the sink logit ``s`` of a ``softmax_of`` tile with ``g = x``
+    (``z``: the tile's scores, hidden entries still to fill): ``d out / d s = -p_sink out``, so each
+    row contributes ``-p_sink dd`` with ``p_sink = e^{s - c} / (e^{s - c} + sum_j e^{z_j - c})``."""
+    if not isinstance(logit, torch.Tensor) or not logit.requires_grad:
+        return [None] * len(targets)
+    rows = z.shape[-2]
+    s = logit.detach().expand(z.shape[:-2] + (1, 1)).expand(*z.shape[:-1], 1)
+    with torch.no_grad():
+        zf = blk.fill(z.detach().clone(), float("-inf"))
+        c = torch.maximum(zf.amax(-1, keepdim=True), s)
+        p_sink = torch.exp(s - c) / (torch.exp(zf - c).sum(-1, keepdim=True) + torch.exp(s - c))
+        weight = -p_sink * torch.as_tensor(dd, dtype=z.dtype).view(*z.shape[:-1], 1)
+    val = logit.expand(z.shape[:-2] + (1, 1)).expand(*z.shape[:-2], rows, 1)
+    return list(torch.autograd.grad(val, targets, weight, allow_unused=True))
 
 
 def _rows_backward(plan: _Plan, s: torch.Tensor, blk: _Block, leaves: dict, wanted: list, dp: torch.Tensor):
@@ -771,7 +833,7 @@ def _rows_backward(plan: _Plan, s: torch.Tensor, blk: _Block, leaves: dict, want
     with torch.enable_grad():
         x = s.detach().clone().requires_grad_(True)
         params = _block_params(plan, leaves, blk)
-        p = plan.spec.fn(x, dim=-1, mask=_visible(blk, x), **params)
+        p = plan.spec.fn(x, dim=-1, mask=_visible(blk, x), **_rows_params(plan, params, x.shape[-1]))
         grads = torch.autograd.grad(p, [x] + [leaves[n] for n in wanted], dp, allow_unused=True)
     ds = grads[0] if grads[0] is not None else torch.zeros_like(x)
     return ds, (grads[1:] if wanted else None), p.detach()

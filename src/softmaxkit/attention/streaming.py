@@ -56,11 +56,17 @@ def _finite_or_zero(t: torch.Tensor) -> torch.Tensor:
 
 
 def _scores(qs: torch.Tensor, k: torch.Tensor, t: Tile) -> torch.Tensor:
-    """``(q * scale) k^T (+ additive mask)`` on a tile, invisible ``-inf`` entries replaced by 0."""
+    """``(q * scale) k^T (+ additive mask)`` on a tile, every invisible entry replaced by 0.
+
+    Rules evaluate their pieces on the whole tile and zero the invisible entries afterwards;
+    a hidden raw score (causal or bool mask) can be large enough for a piece to overflow
+    there (softpick's ``e^{x - c}`` past the visible maximum ``c``), and ``inf * 0`` in the
+    backward of that zeroing would make the gradient NaN."""
     x = torch.matmul(qs, k[:, :, t.c0:t.c1].transpose(-1, -2))
     if t.additive is not None:
         x = x + t.additive
         assert t.visible is not None  # an additive mask's tile carries its visibility
+    if t.visible is not None:
         x = torch.where(t.visible, x, torch.zeros((), dtype=x.dtype, device=x.device))
     return x
 
@@ -310,8 +316,10 @@ class _StreamingAttention(torch.autograd.Function):
             if keep is not None:
                 _backward_rows(plan, q, k, v, r0, r1, params, keep, dout[:, :, r0:r1], dq, dk, dv, dparams,
                                needs[3])
+        # zeros for a wanted parameter no visible score used (empty inputs, every row hidden)
         return (None, dq if needs[1] else None, dk if needs[2] else None, dv if needs[3] else None,
-                *[dparams.get(name) for name in plan.tensor_names])
+                *[(torch.zeros_like(t) if dparams.get(name) is None else dparams[name]) if need else None
+                  for name, t, need in zip(plan.tensor_names, tensors, needs[4:])])
 
 
 def streaming_attention(rule: StreamRule, inp: AttentionInputs, params: dict,

@@ -22,7 +22,10 @@ their own rule (``NormalizerSpec.stream``) but whose rows the kernels can still 
 * ``sink(a, par)`` (``softmax_of``): one more logit per row, in the space of ``g``, that joins the
   maximum and the denominator and carries no value, ``p_i = e^{g_i} / (e^{sink} + sum_j e^{g_j})``
   (softmax with a sink, Miller 2023; gpt-oss, arXiv 2508.10925); default :func:`no_sink` (none).
-  The gradient at the scores keeps the softmax form ``dg p (dp - dd)``.
+  The gradient at the scores keeps the softmax form ``dg p (dp - dd)``. ``sink_logit(params)``:
+  the same logit in torch (a number or a per-head tensor) when it carries parameters; their
+  gradient is taken from it, ``-p_sink dd`` per row (not through ``g``, where it would be a sum
+  over the row that cancels down to the small sink weight).
 * ``factor(x, a, par)``, ``dfactor`` (``softmax_of``): a factor of the numerator,
   ``p = w(x) softmax(g(x))`` (SA-Softmax's ``x softmax(x)``, arXiv 2502.18277), with gradient
   ``dS = q (dg (w dp - dd) + dw dp)``, ``q = softmax(g)``. No parameter gradients through it.
@@ -88,6 +91,7 @@ class NumbaPieces:
     weight: Any = None
     row: Any = count
     sink: Any = no_sink
+    sink_logit: Callable[[Mapping[str, Any]], Any] | None = None
     factor: Any = None
     dfactor: Any = None
     form: Any = None
