@@ -40,7 +40,10 @@ def _exp_terms(z: torch.Tensor, visible: torch.Tensor):
     finite_m = torch.isfinite(m)
     inf_rows = m == float("inf")
     m = torch.where(finite_m, m, torch.zeros_like(m))
-    z_safe = torch.where(visible & ~(z == float("inf")), z, m)
+    # a +inf row takes its limit: its other entries (finite, possibly huge, e.g. x / T for
+    # a tiny T) must not reach exp with the shift 0, whose overflow would put inf / inf
+    # into the discarded branch and NaN into the gradient
+    z_safe = torch.where(visible & ~(z == float("inf")) & ~inf_rows, z, m)
     e = torch.where(visible, torch.exp(z_safe - m), torch.zeros_like(z))
     return e, e.sum(-1, keepdim=True), m, inf_rows
 
