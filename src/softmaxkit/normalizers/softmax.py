@@ -84,7 +84,22 @@ def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Tensor:
     scale = temperature.reciprocal() if isinstance(temperature, torch.Tensor) else 1.0 / temperature
-    return rows.safe_x * rows.align(scale, "temperature")
+    z = rows.safe_x * rows.align(scale, "temperature")
+    if isinstance(temperature, torch.Tensor) or scale <= 1:
+        return z
+    # A row whose every visible entry overflows to -inf (finfo.min, or -1e38, over T < 1) is
+    # not a row with nothing visible: softmax is shift invariant, so such rows are scaled
+    # after subtracting their (detached) maximum, as a float64 computation would see them.
+    # Other rows keep z = x / T as it is (the kernels round the same product).
+    lost = rows.any_visible & ~(rows.visible & (z > float("-inf"))).any(-1, keepdim=True)
+    if not (_is_functorch_wrapped(z) or torch.compiler.is_compiling() or bool(lost.any())):
+        return z
+    m = rows.masked_max().detach()
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    return torch.where(lost, (rows.safe_x - m) * scale, z)
+
+
+_is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
 
 
 # ----------------------------------------------------------------------------------------
