@@ -157,3 +157,10 @@ def test_aten_logsumexp_gradient_is_the_softmax(dtype, fill):
             gr, = torch.autograd.grad(sk.logsumexp(xr, **kw).sum(), xr)
         torch.testing.assert_close(ga, gr)
         assert float(gr.sum()) == pytest.approx(3.0)
+
+
+def test_aten_logsumexp_double_backward():
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([True, True, False, True, True])
+    assert torch.autograd.gradgradcheck(lambda t: sk.logsumexp(t, mask=mask), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: sk.logsumexp(t.t(), dim=0), (x,))
