@@ -30,3 +30,14 @@ def test_tiny_temperature_plus_inf_row_has_zero_gradient():
             (g,) = torch.autograd.grad(y[0].masked_fill(y[0] == float("-inf"), 0).sum() + y[1, 0], x)
             assert torch.equal(g[0], torch.zeros(4, dtype=dtype))
             assert torch.isfinite(g).all()
+
+
+def test_logsumexp_keepdim_must_be_a_bool():
+    import pytest
+    x = torch.randn(64, 300)
+    for backend in ("auto", "numba", "reference"):
+        with sk.use_backend(backend):
+            for bad in (1, "no", None):
+                with pytest.raises(TypeError, match="keepdim"):
+                    sk.logsumexp(x, keepdim=bad)
+            assert sk.logsumexp(x, keepdim=True).shape == (64, 1)

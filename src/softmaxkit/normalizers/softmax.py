@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_positive
+from .._checks import check_bool, check_positive
 from .._rows import Rows, nonzero_or_one, prepare_rows
 from ..forms import SoftmaxOf
 from ..kernels import dispatch
@@ -164,12 +164,15 @@ def logsumexp(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
 
     A row with nothing visible gives ``-inf`` (the log of an empty sum), with zero gradient.
     """
+    if type(keepdim) is not bool:
+        check_bool(keepdim, "keepdim")
     return dispatch.run("logsumexp", logsumexp_reference, x, dim, mask, keepdim=keepdim)
 
 
 def logsumexp_reference(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
                         keepdim: bool = False) -> torch.Tensor:
     """:func:`logsumexp` in plain PyTorch."""
+    check_bool(keepdim, "keepdim")
     rows = prepare_rows(x, dim, mask)
     z = torch.where(rows.visible, rows.x, rows.safe_x)
     return rows.restore(logsumexp_rows(z, rows.visible), reduced=True, keepdim=keepdim)
