@@ -131,3 +131,18 @@ def test_vmap_through_the_entmax_family(alpha):
     xr = x.clone().requires_grad_()
     (fn(xr) * weights).sum().backward()
     torch.testing.assert_close(torch.func.vmap(torch.func.grad(lambda r: (fn(r) * weights).sum()))(x), xr.grad)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_compile_fullgraph_with_a_temperature(op):
+    """torch.compile(fullgraph=True) traces the reference, overflowing rows included (no
+    graph break from the row checks)."""
+    torch._dynamo.reset()
+    x = torch.randn(8, 30, generator=torch.Generator().manual_seed(2))
+    x[1] = torch.finfo(torch.float32).min
+    x[2, ::2] = float("-inf")
+
+    def fn(r):
+        return getattr(sk, op)(r, temperature=0.5)
+    got = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(got, getattr(sk, op)(x.double(), temperature=0.5).float())

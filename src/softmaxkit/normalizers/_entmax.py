@@ -312,7 +312,7 @@ def entmax_rows(z: torch.Tensor, visible: torch.Tensor, alpha) -> torch.Tensor:
         method = {2.0: "sparsemax", 1.5: "entmax15"}.get(float(alpha), "bisect")
         u = torch.full((1,) * z.dim(), float(alpha) - 1, dtype=z.dtype, device=z.device)
         p = _EntmaxFunction.apply(safe, finite, u, method)
-    if _is_functorch_wrapped(z) or bool((finite != visible).any()):   # (no data-dependent branch under vmap)
+    if torch.compiler.is_compiling() or _is_functorch_wrapped(z) or bool((finite != visible).any()):  # (vmap, compile)
         inf_rows = (visible & (z == float("inf"))).any(-1, keepdim=True)
         p = torch.where(inf_rows, infinite_limit(z.detach(), visible), p)
         nan_rows = (visible & torch.isnan(z)).any(-1, keepdim=True)

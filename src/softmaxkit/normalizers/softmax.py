@@ -92,7 +92,7 @@ def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Te
     # after subtracting their (detached) maximum, as a float64 computation would see them.
     # Other rows keep z = x / T as it is (the kernels round the same product).
     lost = rows.any_visible & ~(rows.visible & (z > float("-inf"))).any(-1, keepdim=True)
-    if not (_is_functorch_wrapped(z) or torch.compiler.is_compiling() or bool(lost.any())):
+    if not (torch.compiler.is_compiling() or _is_functorch_wrapped(z) or bool(lost.any())):
         return z
     m = rows.masked_max().detach()
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
