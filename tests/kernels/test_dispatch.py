@@ -124,3 +124,43 @@ def test_thread_count_follows_torch():
     finally:
         torch.set_num_threads(before)
         sync_threads()
+
+
+@pytest.mark.parametrize("backend", ["numba", "auto"])
+@pytest.mark.parametrize("shape", [(5, 0), (0, 0), (2, 3, 0)])
+def test_empty_normalized_axis_under_every_backend(backend, shape):
+    x = torch.randn(shape)
+    with sk.use_backend(backend):
+        for fn in (sk.softmax, sk.log_softmax, sk.sparsemax, sk.entmax15):
+            assert fn(x).shape == x.shape
+        assert sk.softmax(x, temperature=3.0).shape == x.shape
+        assert sk.entmax(x, alpha=1.3).shape == x.shape
+        assert sk.logsumexp(x).shape == x.shape[:-1]
+        assert sk.logsumexp(x, keepdim=True).shape == x.shape[:-1] + (1,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("fill", [-1e9, 1e4, "min"])
+def test_aten_logsumexp_gradient_is_the_softmax(dtype, fill):
+    # the aten path (here a mask and a transposed input) must not take aten's backward
+    # exp(x - lse) with lse rounded (1 instead of 1/n for a -1e9 or finfo.min row)
+    fill = torch.finfo(dtype).min if fill == "min" else fill
+    x = torch.full((3, 6), fill, dtype=dtype)
+    x[1] = torch.arange(6, dtype=dtype)
+    mask = torch.tensor([True] * 5 + [False])
+    for kw, xin in (({"mask": mask}, x), ({"dim": 0}, x.t())):
+        xa = xin.clone().requires_grad_(True)
+        xr = xin.clone().requires_grad_(True)
+        with sk.use_backend("auto"):
+            ga, = torch.autograd.grad(sk.logsumexp(xa, **kw).sum(), xa)
+        with sk.use_backend("reference"):
+            gr, = torch.autograd.grad(sk.logsumexp(xr, **kw).sum(), xr)
+        torch.testing.assert_close(ga, gr)
+        assert float(gr.sum()) == pytest.approx(3.0)
+
+
+def test_aten_logsumexp_double_backward():
+    x = torch.randn(3, 5, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([True, True, False, True, True])
+    assert torch.autograd.gradgradcheck(lambda t: sk.logsumexp(t, mask=mask), (x,))
+    assert torch.autograd.gradgradcheck(lambda t: sk.logsumexp(t.t(), dim=0), (x,))

@@ -209,6 +209,29 @@ def test_softmax_temperature_extremes(op, temperature, backend):
     torch.testing.assert_close(got, want, equal_nan=True)
 
 
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("backend", ["reference", "numba", "auto"])
+@pytest.mark.parametrize("algorithm", ["three_pass", "two_pass", "online"])
+def test_rows_whose_every_entry_overflows_over_the_temperature(op, backend, algorithm):
+    """finfo.min (or -1e38) over T < 1 overflows to -inf at every entry of the row: that
+    row is still a row of (equal or finite) scores, as float64 sees it, not an empty row."""
+    info = torch.finfo(F32)
+    x = torch.randn(9, 40, generator=torch.Generator().manual_seed(8))
+    x[1] = info.min
+    x[3] = -1e38
+    x[5] = info.min
+    x[5, 7] = info.min * 0.999        # one entry above the rest: all the mass
+    x[7] = info.min
+    x[7, ::3] = float("-inf")         # masked entries stay masked
+    want = getattr(sk, op)(x.double(), temperature=0.5)
+    xr = x.clone().requires_grad_(True)
+    with sk.use_backend(backend, algorithm=algorithm):
+        got = getattr(sk, op)(xr, temperature=0.5)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    (g,) = torch.autograd.grad(got.masked_fill(got == float("-inf"), 0).sum(), xr)
+    assert torch.isfinite(g).all()
+
+
 @pytest.mark.parametrize("alpha", [3.0, 5.0, 10.0])
 def test_float32_entmax_reference_solves_in_float64(alpha):
     x = torch.randn(16, 200, generator=torch.Generator().manual_seed(6), dtype=F64) * 3

@@ -140,3 +140,60 @@ def test_log_softmax_gradient_at_minus_inf_is_the_references(dtype, rows):
         sk.log_softmax(ref).backward(g)
     torch.testing.assert_close(got.grad, ref.grad)
     assert got.grad[rows - 1, 4] == 0 and got.grad[rows // 2, 0] == 0
+
+
+@pytest.mark.parametrize("alpha", [None, 1.0, 1.3, 1.5, 2.0, 3.0, "tensor"])
+def test_vmap_through_the_entmax_family(alpha):
+    """torch.func.vmap (and vmap of grad) over sparsemax / entmax: the reference's autograd
+    Function carries a vmap rule (the vmapped axis becomes one more row axis)."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 3, 6, dtype=torch.float64)
+    x[0, 1, ::2] = float("-inf")
+    x[1, 2] = float("-inf")
+    x[2, 0, 1] = float("inf")
+    if alpha is None:
+        fn = sk.sparsemax
+    else:
+        a = torch.rand(3, 1, dtype=torch.float64) + 1.1 if alpha == "tensor" else alpha
+
+        def fn(r):
+            return sk.entmax(r, alpha=a)
+    torch.testing.assert_close(torch.func.vmap(fn)(x), fn(x))
+    if alpha != "tensor":   # (a per-row alpha of shape (3, 1) fixes the rows' layout)
+        torch.testing.assert_close(torch.func.vmap(fn, in_dims=1)(x), fn(x.transpose(0, 1)))
+    weights = torch.arange(6.0, dtype=torch.float64)
+    xr = x.clone().requires_grad_()
+    (fn(xr) * weights).sum().backward()
+    torch.testing.assert_close(torch.func.vmap(torch.func.grad(lambda r: (fn(r) * weights).sum()))(x), xr.grad)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_compile_fullgraph_with_a_temperature(op):
+    """torch.compile(fullgraph=True) traces the reference, overflowing rows included (no
+    graph break from the row checks)."""
+    torch._dynamo.reset()
+    x = torch.randn(8, 30, generator=torch.Generator().manual_seed(2))
+    x[1] = torch.finfo(torch.float32).min
+    x[2, ::2] = float("-inf")
+
+    def fn(r):
+        return getattr(sk, op)(r, temperature=0.5)
+    got = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+    torch.testing.assert_close(got, getattr(sk, op)(x.double(), temperature=0.5).float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rows", [1, 3, 300])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_logsumexp_gradient_on_the_default_path_is_the_softmax(dtype, rows, keepdim):
+    """aten's logsumexp backward is exp(x - lse) with the rounded lse: at a -1e9 or finfo.min
+    fill every entry would get 1. The default path gives softmax(x), as the reference."""
+    x = torch.randn(rows, 4, dtype=dtype)
+    x[0] = -1e9
+    x[rows - 1] = torch.finfo(dtype).min
+    x[rows // 2, 1] = 1e4
+    x.requires_grad_()
+    g = torch.randn(rows, 1, dtype=dtype) if keepdim else torch.randn(rows, dtype=dtype)
+    (got,) = torch.autograd.grad(sk.logsumexp(x, keepdim=keepdim), x, g)
+    expected = torch.softmax(x.detach().double(), -1).to(dtype) * g.reshape(rows, 1)
+    torch.testing.assert_close(got, expected)

@@ -175,3 +175,25 @@ def test_nan_logit_gives_nan():
     x = torch.tensor([[1.0, float("nan"), 0.5]], dtype=torch.float64)
     for name, alpha in NORMALIZERS:
         assert torch.isnan(fenchel_young_loss(x, torch.tensor([0]), name, alpha=alpha))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("name", "alpha"), [("softmax", None), ("sparsemax", None), ("entmax15", None),
+                                             ("entmax", 1.3), ("entmax", 3.0)])
+def test_huge_logit_rows_do_not_cancel(name, alpha, dtype):
+    # a row of finfo.min (or -1e9) logits is a row of equal scores: the loss is that of a
+    # row of zeros (shift invariance), not the 1e31 left by <theta, p> - theta_y in float32
+    kw = {} if alpha is None else {"alpha": alpha}
+    target = torch.tensor([2, 2, 1])
+    for fill in (torch.finfo(dtype).min, -1e9):
+        x = torch.full((3, 5), fill, dtype=dtype)
+        x[2, 1] = fill + abs(fill) * 2 ** -10      # one entry above the others
+        xr = x.clone().requires_grad_(True)
+        loss = fenchel_young_loss(xr, target, name, reduction="none", **kw)
+        (g,) = torch.autograd.grad(loss.sum(), xr)
+        shifted = (x - x.amax(-1, keepdim=True)).requires_grad_(True)
+        want = fenchel_young_loss(shifted, target, name, reduction="none", **kw)
+        (g_want,) = torch.autograd.grad(want.sum(), shifted)
+        torch.testing.assert_close(loss, want)
+        torch.testing.assert_close(g, g_want)
+        assert 0 < float(loss[0].detach()) < 2   # log(5) for softmax

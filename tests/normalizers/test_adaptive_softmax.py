@@ -27,3 +27,21 @@ def test_adaptive_softmax_is_softmax_when_entropy_is_low():
     x = torch.tensor([[10.0, 0.0, 0.0], [0.0, 8.0, -1.0]], dtype=torch.float64)
     assert (entropy(naive_softmax(x)) <= 0.5).all()
     torch.testing.assert_close(sk.adaptive_softmax(x), naive_softmax(x))
+
+
+def test_rows_of_huge_negative_scores_are_not_empty():
+    # beta * finfo.min overflows to -inf at every entry (beta > 1 for a uniform row): the row
+    # is still uniform (or all on its top entry), as float64 gives, with a finite gradient
+    x = torch.randn(4, 300, generator=torch.Generator().manual_seed(3))
+    x[1] = torch.finfo(torch.float32).min
+    x[2] = -1e38
+    x[3, ::2] = torch.finfo(torch.float32).min
+    xr = x.clone().requires_grad_(True)
+    p = sk.adaptive_softmax(xr)
+    torch.testing.assert_close(p.double(), sk.adaptive_softmax(x.double()), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(p[1], torch.full((300,), 1 / 300))
+    (g,) = torch.autograd.grad((p * torch.arange(300.0)).sum(), xr)
+    x64 = x.double().requires_grad_(True)
+    (g64,) = torch.autograd.grad((sk.adaptive_softmax(x64) * torch.arange(300.0, dtype=torch.float64)).sum(), x64)
+    assert torch.isfinite(g).all()      # finfo.min next to ordinary scores: the entropy's p log p
+    torch.testing.assert_close(g.double(), g64, rtol=1e-4, atol=1e-4)

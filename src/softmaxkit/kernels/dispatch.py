@@ -139,8 +139,8 @@ def _plain_last_axis(x, dim) -> bool:
 
 
 def _numba_covers(x, dim, mask, backend: str) -> bool:
-    if mask is not None or not _plain_last_axis(x, dim):
-        return False
+    if mask is not None or not _plain_last_axis(x, dim) or not x.shape[-1]:
+        return False   # (an empty normalised axis: the reference's empty result)
     if x.device.type != "cpu" or x.dtype not in (torch.float32, torch.float64):
         return False
     if backend == "auto" and x.numel() < AUTO_MIN_NUMEL:
@@ -284,8 +284,9 @@ def run(op: str, reference: Callable, x, dim=-1, mask=None, **params):
             (or aten) does not compute as the reference defines them.
         x, dim, mask, params: the public function's arguments.
     """
-    if mask is None and type(x) is torch.Tensor and op in _LANES and _current.get().backend == "auto" \
-            and not torch.compiler.is_compiling():
+    # is_compiling first: dynamo cannot read the ContextVar
+    if mask is None and type(x) is torch.Tensor and op in _LANES and not torch.compiler.is_compiling() \
+            and _current.get().backend == "auto":
         out = _LANES[op](x, dim, params)
         if out is not None:
             return out
@@ -467,9 +468,33 @@ def _has_negative_infinity(y) -> bool:
     return bool(torch.isneginf(y).any())
 
 
+class _LogSumExpGrad(torch.autograd.Function):
+    """``torch.logsumexp`` (keepdim) with the gradient ``softmax(z)``, as the reference's.
+    aten's backward is ``exp(z - lse)`` with the *rounded* ``lse``: a relative error of
+    about ``|lse| * eps`` (4e-4 at |x| = 1e4 in float32; at a ``-1e9`` or ``finfo.min``
+    fill, where ``lse`` rounds to the fill, every entry gets 1 instead of ``1 / n``)."""
+
+    @staticmethod
+    def forward(ctx, z, d):
+        ctx.save_for_backward(z)
+        ctx.d = d
+        return torch.logsumexp(z, d, keepdim=True)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (z,) = ctx.saved_tensors
+        return grad * torch.softmax(z, ctx.d), None
+
+
+def _aten_logsumexp(z, d):
+    if z.requires_grad and torch.is_grad_enabled():
+        return _LogSumExpGrad.apply(z, d)
+    return torch.logsumexp(z, d, keepdim=True)
+
+
 def _aten_op(op, z, d):
     if op == "logsumexp":
-        return torch.logsumexp(z, d, keepdim=True)
+        return _aten_logsumexp(z, d)
     if op == "softmax":
         return torch.softmax(z, d)
     return _reference_log_softmax_grad(torch.log_softmax(z, d))
@@ -563,13 +588,15 @@ def _log_softmax_lane(x, dim, params):
 def _logsumexp_lane(x, dim, params):
     """As :func:`_softmax_lane`, for log-sum-exp where aten wins (every row finite)."""
     keepdim = params.get("keepdim", False)
-    if type(keepdim) is not bool or not _lane_rows(x, dim) or _numba_wins("logsumexp", x):
+    if (type(keepdim) is not bool or not _lane_rows(x, dim) or _is_functorch_wrapped(x)
+            or _numba_wins("logsumexp", x)):
         return None
-    out = torch.logsumexp(x, -1, keepdim=keepdim)
-    try:
-        return out if _all_finite(out) else None
-    except RuntimeError:  # seen through torch.func: no address to read
-        return None
+    if x.requires_grad and torch.is_grad_enabled():   # aten's own gradient uses the rounded lse
+        out = _LogSumExpGrad.apply(x, -1)
+        out = out if keepdim else out.squeeze(-1)
+    else:
+        out = torch.logsumexp(x, -1, keepdim=keepdim)
+    return out if _all_finite(out) else None
 
 
 _LANES = {"softmax": _softmax_lane, "log_softmax": _log_softmax_lane, "logsumexp": _logsumexp_lane}
@@ -584,7 +611,7 @@ def _run_aten(op, reference, x, dim, mask, params):
     if op == "logsumexp":
         if mask is not None:
             z = z.masked_fill(~mask, float("-inf"))
-        out = torch.logsumexp(z, d, keepdim=True)
+        out = _aten_logsumexp(z, d)
         if _all_finite(out):
             out = out if params.get("keepdim", False) else out.squeeze(d)
             return out.to(x.dtype) if half else out

@@ -140,6 +140,12 @@ def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: s
     if logits.dim() == 0:
         raise ValueError("logits must have a class axis, got a 0-d tensor")
     z = logits.to(compute_dtype(logits.dtype)).movedim(dim, -1)
+    if z.shape[-1]:
+        # The loss is shift invariant (p_hat and y both sum to 1): computed with the visible
+        # row maximum at 0, <theta, p_hat> and <theta, y> do not cancel catastrophically
+        # (a row of finfo.min or -1e9 logits gave losses of 1e31 in float32).
+        top = z.detach().amax(-1, keepdim=True)
+        z = z - torch.where(torch.isfinite(top), top, torch.zeros((), dtype=z.dtype, device=z.device))
     if target.is_floating_point():
         target = target.movedim(dim, -1)
     theta_y, omega_y, impossible = _target_terms(z, target, alpha)

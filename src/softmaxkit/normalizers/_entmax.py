@@ -33,6 +33,8 @@ from .._checks import check_at_least, check_finite
 from .._rows import Rows, nonzero_or_one
 from .softmax import infinite_limit, softmax_rows
 
+_is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+
 #: |t| below which M(t) (see :func:`_m_times_p`) is summed as a power series.
 _SERIES_CUTOFF = 0.05
 _SERIES_TERMS = 16
@@ -256,6 +258,19 @@ class _EntmaxFunction(torch.autograd.Function):
         ctx.save_for_backward(output, inputs[2])
 
     @staticmethod
+    def vmap(info, in_dims, z, visible, u, method):
+        """``torch.func.vmap``: the op is row-wise along the last axis with any leading
+        axes, so the vmapped axis becomes one more leading axis (``u`` broadcast over it)."""
+        def lead(t, d):   # the vmapped axis first (size 1 where it is not vmapped)
+            return t.unsqueeze(0) if d is None else t.movedim(d, 0)
+
+        z = lead(z, in_dims[0])
+        z = z.expand((info.batch_size,) + z.shape[1:])
+        visible = lead(visible, in_dims[1]).expand(z.shape)
+        u = lead(u, in_dims[2])
+        return _EntmaxFunction.apply(z, visible, u, method), 0
+
+    @staticmethod
     def backward(ctx, grad_p):
         p, u = ctx.saved_tensors
         on = p > 0
@@ -297,7 +312,7 @@ def entmax_rows(z: torch.Tensor, visible: torch.Tensor, alpha) -> torch.Tensor:
         method = {2.0: "sparsemax", 1.5: "entmax15"}.get(float(alpha), "bisect")
         u = torch.full((1,) * z.dim(), float(alpha) - 1, dtype=z.dtype, device=z.device)
         p = _EntmaxFunction.apply(safe, finite, u, method)
-    if bool((finite != visible).any()):
+    if torch.compiler.is_compiling() or _is_functorch_wrapped(z) or bool((finite != visible).any()):  # (vmap, compile)
         inf_rows = (visible & (z == float("inf"))).any(-1, keepdim=True)
         p = torch.where(inf_rows, infinite_limit(z.detach(), visible), p)
         nan_rows = (visible & torch.isnan(z)).any(-1, keepdim=True)

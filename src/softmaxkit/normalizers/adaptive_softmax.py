@@ -71,10 +71,16 @@ def adaptive_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None =
     z = torch.where(rows.visible, rows.x, rows.safe_x)
     logp = log_softmax_rows(z, rows.visible)
     p = torch.exp(logp)
-    safe_logp = torch.where(rows.visible & torch.isfinite(logp), logp, torch.zeros_like(logp))
+    # entries with p = 0 (e.g. finfo.min among ordinary scores, log p about -3e38) add 0 to the
+    # entropy and must add 0 to its gradient: log p * dL/dH would overflow, and times p = 0 be NaN
+    safe_logp = torch.where(rows.visible & torch.isfinite(logp) & (p > 0), logp, torch.zeros_like(logp))
     entropy = -(p * safe_logp).sum(-1, keepdim=True)
     beta = inverse_temperature(entropy, detach_beta)
-    scaled = torch.where(rows.visible & ~torch.isinf(z), sharpened(z, beta), z)
+    # softmax(beta x) is shift invariant: sharpen x minus its finite row maximum (detached),
+    # so that beta * finfo.min does not overflow a whole row to -inf (an empty row)
+    top = rows.masked_max().detach()
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    scaled = torch.where(rows.visible & ~torch.isinf(z), sharpened(z - top, beta), z)
     return finish(rows, softmax_rows(scaled, rows.visible))
 
 

@@ -40,7 +40,10 @@ def sa_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     xs = rows.safe_x
     p = softmax_rows(torch.where(rows.visible, rows.x, xs), rows.visible)
     if not normalized:
-        return finish(rows, xs * p)
+        # where p = 0 (e.g. a finfo.min fill next to ordinary scores) the output is 0 whatever
+        # x is: multiplying by x there would put x * dL/dy (overflowing) times p = 0, NaN, into
+        # the softmax backward of the whole row
+        return finish(rows, torch.where(p > 0, xs, torch.zeros_like(xs)) * p)
     low = rows.masked_min().clamp_max(0.0)
     high = rows.masked_max().clamp_min(0.0)
     return finish(rows, (xs - low) / (high - low + eps) * p)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_positive
+from .._checks import check_bool, check_positive
 from .._rows import Rows, nonzero_or_one, prepare_rows
 from ..forms import SoftmaxOf
 from ..kernels import dispatch
@@ -40,7 +40,10 @@ def _exp_terms(z: torch.Tensor, visible: torch.Tensor):
     finite_m = torch.isfinite(m)
     inf_rows = m == float("inf")
     m = torch.where(finite_m, m, torch.zeros_like(m))
-    z_safe = torch.where(visible & ~(z == float("inf")), z, m)
+    # a +inf row takes its limit: its other entries (finite, possibly huge, e.g. x / T for
+    # a tiny T) must not reach exp with the shift 0, whose overflow would put inf / inf
+    # into the discarded branch and NaN into the gradient
+    z_safe = torch.where(visible & ~(z == float("inf")) & ~inf_rows, z, m)
     e = torch.where(visible, torch.exp(z_safe - m), torch.zeros_like(z))
     return e, e.sum(-1, keepdim=True), m, inf_rows
 
@@ -81,7 +84,22 @@ def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Tensor:
     scale = temperature.reciprocal() if isinstance(temperature, torch.Tensor) else 1.0 / temperature
-    return rows.safe_x * rows.align(scale, "temperature")
+    z = rows.safe_x * rows.align(scale, "temperature")
+    if isinstance(temperature, torch.Tensor) or scale <= 1:
+        return z
+    # A row whose every visible entry overflows to -inf (finfo.min, or -1e38, over T < 1) is
+    # not a row with nothing visible: softmax is shift invariant, so such rows are scaled
+    # after subtracting their (detached) maximum, as a float64 computation would see them.
+    # Other rows keep z = x / T as it is (the kernels round the same product).
+    lost = rows.any_visible & ~(rows.visible & (z > float("-inf"))).any(-1, keepdim=True)
+    if not (torch.compiler.is_compiling() or _is_functorch_wrapped(z) or bool(lost.any())):
+        return z
+    m = rows.masked_max().detach()
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    return torch.where(lost, (rows.safe_x - m) * scale, z)
+
+
+_is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
 
 
 # ----------------------------------------------------------------------------------------
@@ -146,12 +164,15 @@ def logsumexp(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
 
     A row with nothing visible gives ``-inf`` (the log of an empty sum), with zero gradient.
     """
+    if type(keepdim) is not bool:
+        check_bool(keepdim, "keepdim")
     return dispatch.run("logsumexp", logsumexp_reference, x, dim, mask, keepdim=keepdim)
 
 
 def logsumexp_reference(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
                         keepdim: bool = False) -> torch.Tensor:
     """:func:`logsumexp` in plain PyTorch."""
+    check_bool(keepdim, "keepdim")
     rows = prepare_rows(x, dim, mask)
     z = torch.where(rows.visible, rows.x, rows.safe_x)
     return rows.restore(logsumexp_rows(z, rows.visible), reduced=True, keepdim=keepdim)

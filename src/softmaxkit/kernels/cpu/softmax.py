@@ -60,6 +60,8 @@ _FAST = {"reassoc", "nsz", "contract", "arcp"}
 #: residual of up to half an ulp of it in the exponent (exp of +-1e30 for finfo.min / 3).
 _FAST_NO_FMA = {"reassoc", "nsz", "arcp"}
 _SPECIAL_ZERO_GRAD = np.uint8(1)
+#: A row left to the reference (the package's FLAG_TODO).
+_SPECIAL_TODO = np.uint8(2)
 #: ``special`` value of a row not (yet) computed. The caller fills ``special`` with it;
 #: each row overwrites it only once its output is complete, so a row left at FLAG_TODO
 #: (a kernel thread that stopped, a row the kernel cannot handle) is recomputed by the
@@ -292,6 +294,11 @@ def _careful_row(x, out, scale, mode):
                 out[i] = np.log(w) if x[i] * scale == -neg_inf else neg_inf
         return -neg_inf, _SPECIAL_ZERO_GRAD
     if m == neg_inf:
+        for i in range(x.shape[0]):
+            if x[i] != -np.inf:
+                # every visible entry overflowed in x * scale (finfo.min / T, T < 1): not a
+                # row with nothing visible; the reference scales it after its maximum
+                return neg_inf, _SPECIAL_TODO
         for i in range(x.shape[0]):
             if mode == PROBS:
                 out[i] = cast_like(0.0, scale)
