@@ -147,3 +147,25 @@ def test_no_keys_at_all_give_zeros_whatever_k():
     for method in ("auto", "dense", "fused"):
         out = sk.attention(q, k, v, "sparse_softmax", method=method, k=2)
         assert torch.equal(out, torch.zeros(1, 2, 3, 4, dtype=torch.float64)), method
+
+
+@pytest.mark.parametrize("name", ["ssmax", "sparsemax", "softpick", "softmax"])
+def test_a_learned_additive_mask_gets_its_gradient(name):
+    """A float attn_mask that requires grad (a learned bias) is differentiated on the default
+    path, as by dense; the fused and streaming paths, which take it as a constant, refuse it."""
+    from softmaxkit.attention.api import auto_method
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 160, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(1, 2, 160, 160, generator=gen, dtype=torch.float64).requires_grad_()
+    assert auto_method(q, k, v, name, attn_mask=bias) in ("sdpa", "dense")
+    (got,) = torch.autograd.grad(sk.attention(q, k, v, name, attn_mask=bias).sum(), bias)
+    (want,) = torch.autograd.grad(sk.attention(q, k, v, name, attn_mask=bias, method="dense").sum(), bias)
+    torch.testing.assert_close(got, want)
+    assert got.abs().sum() > 0
+    for method in ("fused", "streaming"):
+        with pytest.raises(ValueError, match="attn_mask requires grad"):
+            sk.attention(q, k, v, name, attn_mask=bias, method=method)
+    with torch.no_grad():   # no gradient wanted: the constant-mask paths run
+        torch.testing.assert_close(sk.attention(q, k, v, name, attn_mask=bias, method="fused"),
+                                   sk.attention(q, k, v, name, attn_mask=bias, method="dense"))

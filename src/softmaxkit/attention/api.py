@@ -101,7 +101,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     ``i`` see keys ``j <= i + Lk - Lq`` (aligned to the end of the keys, so one decoding
     query sees the whole cache); both may be combined. The normalizer sees only visible
     keys (``n`` in ssmax and sigmoid counts them); a query with no visible key outputs 0.
-    ``attn_mask`` is treated as a constant (no gradient).
+    A float ``attn_mask`` that requires grad (a learned bias) is differentiated: ``"auto"``
+    then runs SDPA or the dense path, and ``"fused"`` / ``"streaming"`` (which take the mask
+    as a constant) refuse it.
 
     Args:
         normalizer: a registered name (``softmaxkit list``).
@@ -131,8 +133,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     if not torch.compiler.is_compiling():  # a reference on a dummy row may branch on data (sparsemax)
         _validate(spec, params, inp)
     requested = method
+    learnable_mask = _learnable_mask(attn_mask)
     if method == "auto":
         method = _auto(spec, params, merged, inp)
+        if learnable_mask and method not in ("sdpa", "dense"):
+            method, requested = "dense", "dense"
+    elif learnable_mask and method in ("fused", "streaming"):
+        raise ValueError(f"method={method!r} treats attn_mask as a constant, but attn_mask requires grad (a "
+                         "learned additive bias); use method='auto' or 'dense', which differentiate it")
     if method == "sdpa":
         factor = _sdpa_factor(spec, params, inp)
         if factor is None:
@@ -165,6 +173,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     return dense_attention(inp, normalizer, params)
 
 
+def _learnable_mask(attn_mask) -> bool:
+    """Whether ``attn_mask`` is an additive mask that needs a gradient (the fused and streaming
+    paths, CPU and Triton, take the mask as a constant; dense and SDPA differentiate it)."""
+    return (isinstance(attn_mask, torch.Tensor) and attn_mask.is_floating_point() and attn_mask.requires_grad
+            and torch.is_grad_enabled())
+
+
 def _params_per_head(spec: NormalizerSpec, merged: dict, inp: AttentionInputs) -> bool:
     return all(_per_head(val, spec.param(n).size, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))
 
@@ -194,4 +209,5 @@ def auto_method(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer
     spec = registry.get(normalizer)
     merged = spec.with_defaults(params)
     inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
-    return _auto(spec, params, merged, inp)
+    method = _auto(spec, params, merged, inp)
+    return "dense" if _learnable_mask(attn_mask) and method not in ("sdpa", "dense") else method
