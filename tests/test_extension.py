@@ -151,3 +151,17 @@ def test_bad_registrations_are_refused(kwargs, match):
 def test_unregister_unknown_name():
     with pytest.raises(ValueError, match="unknown normalizer"):
         sk.unregister_normalizer("never_registered")
+
+
+def test_builtin_pieces_without_a_signature_take_x_only():
+    """torch.exp has no signature inspect can read: it is a piece of x alone (sum-normalized
+    exp is softmax), on the reference and on the attention paths."""
+    sk.register_normalizer("user_exp_l1", family="sum_normalized", h=torch.exp, dh=torch.exp)
+    try:
+        x = torch.randn(3, 7, dtype=torch.float64)
+        torch.testing.assert_close(sk.normalize(x, "user_exp_l1"), torch.softmax(x, -1))
+        q, k, v = (torch.randn(1, 2, 150, 8, dtype=torch.float64) for _ in range(3))
+        torch.testing.assert_close(sk.attention(q, k, v, "user_exp_l1", is_causal=True),
+                                   sk.attention(q, k, v, "softmax", is_causal=True, method="dense"))
+    finally:
+        sk.unregister_normalizer("user_exp_l1")

@@ -58,8 +58,14 @@ COUNT = "n"
 
 @functools.cache
 def _signature(fn: Piece) -> tuple[tuple[str, ...], tuple[tuple[str, Any], ...], bool]:
-    """Names after the first argument, their defaults, and whether ``fn`` takes ``**kwargs``."""
-    params = list(inspect.signature(fn).parameters.values())
+    """Names after the first argument, their defaults, and whether ``fn`` takes ``**kwargs``.
+    A callable without a signature to read (a builtin such as ``torch.exp``) takes ``x`` only."""
+    if not callable(fn):
+        raise TypeError(f"a piece must be callable, got {type(fn).__name__}")
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except ValueError:
+        return (), (), False
     if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY,
                                             inspect.Parameter.POSITIONAL_OR_KEYWORD):
         raise TypeError(f"a piece must take the scores x as its first argument, got {fn!r}")
