@@ -543,7 +543,7 @@ class _FusedAttention(torch.autograd.Function):
         out = q.new_zeros(b, h, lq, v.shape[-1])
         params_full = dict(zip(plan.names, tensors))
         bufs = _Buffers(plan, 1)
-        qs = q * plan.inp.scale * (plan.linear or 1.0)
+        qs = q * (plan.inp.scale * (plan.linear or 1.0))   # one pass over q
         blocks = []
         with torch.no_grad():
             for blk in plan.blocks():
