@@ -168,6 +168,20 @@ def test_additive_mask_with_causal(name):
     check(name, torch.float32, attn_mask=add)
 
 
+@pytest.mark.parametrize("name", ["softmax", "entmax15", "sparsemax"])
+def test_additive_mask_of_huge_finite_values(name):
+    """Rows masked by a huge finite value (``-1e30``, ``finfo.min`` as Hugging Face masks do):
+    the scores there round to the mask value, and the row is uniform, as in dense attention.
+    Before the fix, the softmax backward formed ``z - (m + log l)``, where ``m + log l``
+    rounds to ``m`` (weights 1 instead of 1/n: gradients off by O(1)), and the threshold
+    kernel's ``u z - tau`` cancelled (a wrong forward; NaN at ``finfo.min``)."""
+    add = torch.zeros(1, 1, 8, 12, dtype=torch.float64)
+    add[..., 2, :] = -1e30
+    add[..., 5, ::2] = -1e30
+    add[..., 6, :] = torch.finfo(torch.float32).min
+    check(name, torch.float32, lq=8, lk=12, d=16, attn_mask=add, is_causal=False, spread=1.0)
+
+
 @pytest.mark.parametrize("name", ["softmax", "softpick", "sigmoid", "sparsemax"])
 def test_decoding_one_query_against_a_cache(name):
     check(name, torch.float32, lq=1, lk=37)
