@@ -100,6 +100,17 @@ def _row_count(CNT, bh, offs_m, Lq, Lk, HAS_CNT: tl.constexpr, CAUSAL: tl.conste
 
 
 @triton.jit
+def _score_at_peak(x, z, z_max, m_i, x_ref, vis):
+    """The score ``x`` where ``z = g(x)`` peaks in the row, updated by one tile (``z_max`` its
+    row maxima, ``m_i`` the running ones): the reference of the parameter gradients, whose rows
+    take out the piece's derivative there. ``g`` need not be monotone (MultiMax), so the peak of
+    ``z`` need not be at the largest score, and the key of the largest weight is the one whose
+    term cancels."""
+    top = tl.max(tl.where(vis & (z == z_max[:, None]), x, float("-inf")), 1)
+    return tl.where(z_max > m_i, top, x_ref)
+
+
+@triton.jit
 def _powers(base, u, ALPHA_KIND: tl.constexpr):
     """``p = base^{1/u}`` and ``s = base^{1/u - 1}`` on the support (``base > 0``), 0 elsewhere."""
     pos = base > 0
@@ -201,9 +212,10 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
                         mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
             x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
             if FAMILY == 0:
-                x_ref = tl.maximum(x_ref, tl.max(tl.where(vis, x, float("-inf")), 1))
                 z = tl.where(vis, FN(x, n, par), float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(z, 1))
+                z_max = tl.max(z, 1)
+                x_ref = _score_at_peak(x, z, z_max, m_i, x_ref, vis)
+                m_new = tl.maximum(m_i, z_max)
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                 w = tl.exp(z - m_safe[:, None])
                 rescale = tl.exp(m_i - m_safe)
@@ -283,7 +295,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
     hi_n = Lk
     if CAUSAL:
         hi_n = tl.maximum(tl.minimum(Lk, (pid_m + 1) * BLOCK_M + Lk - Lq), 0)
-    # the row maximum of z = g(x) over visible keys (and of x, the parameter gradient's reference)
+    # the row maximum of z = g(x) over visible keys (and the score there, the parameter gradient's reference)
     m_i = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
     x_ref = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
     for start_n in range(0, hi_n, BLOCK_N):
@@ -294,8 +306,9 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
                                CAUSAL, MASK_KIND, DOCS)
         x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
         z = tl.where(vis, FN(x, n, par), float("-inf"))
-        m_i = tl.maximum(m_i, tl.max(z, 1))
-        x_ref = tl.maximum(x_ref, tl.max(tl.where(vis, x, float("-inf")), 1))
+        z_max = tl.max(z, 1)
+        x_ref = _score_at_peak(x, z, z_max, m_i, x_ref, vis)
+        m_i = tl.maximum(m_i, z_max)
     empty = m_i == float("-inf")
     m_s = tl.where(empty, 0.0, m_i)
     # tau shifted by u m (see the module docstring): base = u (z - m) - tau, exact at large scores
@@ -533,7 +546,8 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
                     dpiece = DPFN(x, n, par, kk)
                     if (FAMILY == 0) or (FAMILY == 4):
                         # rows sum to one, so sum_j gz_j = 0 and a per-row constant can be taken
-                        # out: the piece's derivative at the row's largest score, against cancellation
+                        # out: the piece's derivative at the score where z peaks (the largest weight),
+                        # against cancellation
                         dpiece = dpiece - DPFN(s2 + tl.zeros(x.shape, tl.float32), n, par, kk)
                     term = tl.sum(tl.sum(tl.where(vis, gz * dpiece, 0.0), 1), 0)
                     dpar += tl.where(offs_p == kk, term, 0.0)
