@@ -239,6 +239,31 @@ def test_fallback_reasons():
         fused_attention(q, q, q, "entmax", alpha=1.0)
 
 
+def test_bad_arguments_raise_naming_them():
+    """fused_attention is public: it checks what sk.attention checks (before the fix a zero or
+    negative temperature, a NaN scale, a str is_causal ran and returned garbage, float
+    document ids were truncated, and a learnable softpick eps lost its gradient silently)."""
+    q = torch.zeros(1, 2, 5, 16, device=DEVICE)
+    ids = torch.zeros(1, 5, dtype=torch.long, device=DEVICE)
+    cases = [
+        (ValueError, "temperature", {"normalizer": "softmax", "temperature": 0.0}),
+        (ValueError, "eps", {"normalizer": "relu_l1", "eps": -1.0}),
+        (ValueError, "scale", {"scale": float("nan")}),
+        (TypeError, "is_causal", {"is_causal": "yes"}),
+        (TypeError, "low_precision_products", {"low_precision_products": "no"}),
+        (TypeError, "document_ids", {"document_ids": ids.float()}),
+        (ValueError, "document_ids", {"document_ids": ids[None]}),
+        (TypeError, "cu_seqlens", {"cu_seqlens": [0, 5]}),
+        (ValueError, "not both", {"cu_seqlens": torch.tensor([0, 5]), "document_ids": ids}),
+        (ValueError, "eps as a number", {"normalizer": "softpick", "eps": torch.tensor(1e-3, requires_grad=True)}),
+    ]
+    for error, match, kwargs in cases:
+        with pytest.raises(error, match=match):
+            fused_attention(q, q, q, **kwargs)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        fused_attention([0.0], q, q)
+
+
 @pytest.mark.parametrize("name", [USER_NAME])
 def test_user_normalizer_without_triton_pieces_falls_back(name):
     q = torch.zeros(1, 1, 4, 32, device=DEVICE)
