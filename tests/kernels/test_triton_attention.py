@@ -144,6 +144,13 @@ def test_multimax_per_head_parameters():
     check("multimax", torch.float32, params={"r": r, "t": t})
 
 
+def test_softplus_l1_rows_of_negative_scores():
+    """Scores near -20: softplus(x) = log(1 + e^x) is a tail below float32's epsilon, and the row's
+    weights are ratios of such tails; log(1 + e) rounded them to 0 (forward 80x the dense error)."""
+    add = torch.full((1, 1, 12, 16), -20.0, dtype=torch.float64)
+    check("softplus_l1", torch.float32, lq=12, lk=16, d=16, attn_mask=add)
+
+
 def test_multimax_parameter_gradients_where_g_peaks_below_the_largest_score():
     """Scores of std ~25: MultiMax's quadratic term makes ``g`` peak at very negative scores, so
     the largest weight of a row need not sit at its largest score. The parameter gradients take
