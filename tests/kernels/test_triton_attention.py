@@ -249,7 +249,7 @@ def test_fallback_reasons():
 def test_bad_arguments_raise_naming_them():
     """fused_attention is public: it checks what sk.attention checks (before the fix a zero or
     negative temperature, a NaN scale, a str is_causal ran and returned garbage, float
-    document ids were truncated, and a learnable softpick eps lost its gradient silently)."""
+    document ids were truncated, and a learnable softpick eps or count n lost its gradient silently)."""
     q = torch.zeros(1, 2, 5, 16, device=DEVICE)
     ids = torch.zeros(1, 5, dtype=torch.long, device=DEVICE)
     cases = [
@@ -263,6 +263,8 @@ def test_bad_arguments_raise_naming_them():
         (TypeError, "cu_seqlens", {"cu_seqlens": [0, 5]}),
         (ValueError, "not both", {"cu_seqlens": torch.tensor([0, 5]), "document_ids": ids}),
         (ValueError, "eps as a number", {"normalizer": "softpick", "eps": torch.tensor(1e-3, requires_grad=True)}),
+        (ValueError, "count 'n' that requires grad",
+         {"normalizer": "ssmax", "n": torch.tensor(8.0, requires_grad=True)}),
     ]
     for error, match, kwargs in cases:
         with pytest.raises(error, match=match):

@@ -108,6 +108,9 @@ def fallback_reason(spec: registry.NormalizerSpec, params: Mapping[str, Any], q:
     eps = merged.get("eps") if isinstance(form, SumNormalized) else None
     if isinstance(eps, torch.Tensor) and (eps.numel() != 1 or eps.requires_grad):
         return "the kernels take the sum_normalized eps as a number (not a per-head or learnable tensor)"
+    count = merged.get(COUNT)
+    if isinstance(count, torch.Tensor) and count.requires_grad:
+        return f"a count {COUNT!r} that requires grad (the kernels take it as a constant)"
     return None
 
 
