@@ -246,6 +246,17 @@ def test_fallback_reasons():
         fused_attention(q, q, q, "entmax", alpha=1.0)
 
 
+def test_double_backward_raises():
+    """The kernels' backward is not differentiable: before the fix a gradient taken with
+    create_graph=True had no graph, so a gradient penalty built on it silently added nothing."""
+    q = torch.randn(1, 2, 5, 16, device=DEVICE, requires_grad=True)
+    kv = torch.randn(1, 1, 7, 16, device=DEVICE)
+    out = fused_attention(q, kv, kv)
+    (g,) = torch.autograd.grad(out.pow(2).sum(), (q,), create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (out.sum() + g.pow(2).sum()).backward()  # a loss with a gradient penalty
+
+
 def test_bad_arguments_raise_naming_them():
     """fused_attention is public: it checks what sk.attention checks (before the fix a zero or
     negative temperature, a NaN scale, a str is_causal ran and returned garbage, float

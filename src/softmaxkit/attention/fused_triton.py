@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import registry
 from ..forms import COUNT, SoftmaxOf, SumNormalized, Threshold
@@ -208,6 +209,7 @@ class _FusedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # a double backward (create_graph=True) raises instead of giving no gradient
     def backward(ctx, dout):
         from ..kernels.gpu import _attention_kernels as kern
 
