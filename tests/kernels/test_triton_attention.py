@@ -260,7 +260,8 @@ def test_double_backward_raises():
 def test_bad_arguments_raise_naming_them():
     """fused_attention is public: it checks what sk.attention checks (before the fix a zero or
     negative temperature, a NaN scale, a str is_causal ran and returned garbage, float
-    document ids were truncated, and a learnable softpick eps or count n lost its gradient silently)."""
+    document ids were truncated, and a learnable softpick eps, count n or additive mask lost its
+    gradient silently)."""
     q = torch.zeros(1, 2, 5, 16, device=DEVICE)
     ids = torch.zeros(1, 5, dtype=torch.long, device=DEVICE)
     cases = [
@@ -282,6 +283,8 @@ def test_bad_arguments_raise_naming_them():
             fused_attention(q, q, q, **kwargs)
     with pytest.raises(TypeError, match="q must be a torch.Tensor"):
         fused_attention([0.0], q, q)
+    with pytest.raises(ValueError, match="attn_mask requires grad"):
+        fused_attention(q, q, q, attn_mask=torch.zeros(5, 5, device=DEVICE, requires_grad=True))
 
 
 @pytest.mark.parametrize("name", [USER_NAME])
