@@ -32,3 +32,24 @@ def test_triton_softmax_matches_reference():
     expected = torch.softmax(x / 0.5, -1)
     expected[2] = 0
     torch.testing.assert_close(out, expected)
+
+
+def test_triton_softmax_strided_rows_nan_and_bad_temperature():
+    """A strided view (every other column, every other row, a transpose) is read as such: the
+    kernel steps rows at one stride with unit columns, and before the fix read the wrong
+    entries and wrote past the output. A row holding NaN is NaN throughout, as in torch."""
+    from softmaxkit.kernels.gpu import softmax as gpu
+
+    base = torch.randn(8, 40, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    for x in (base[:, ::2], base[::2], base.t()):
+        torch.testing.assert_close(gpu.softmax(x, temperature=0.5), torch.softmax(x / 0.5, -1))
+    x = base[:2].clone()
+    x[0, 7] = float("nan")
+    out = gpu.softmax(x)
+    assert out[0].isnan().all()
+    torch.testing.assert_close(out[1], torch.softmax(x[1], -1))
+    for bad in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="temperature"):
+            gpu.softmax(x, temperature=bad)
+    with pytest.raises(TypeError, match="x must be"):
+        gpu.softmax([1.0, 2.0])

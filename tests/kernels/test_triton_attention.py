@@ -144,6 +144,25 @@ def test_multimax_per_head_parameters():
     check("multimax", torch.float32, params={"r": r, "t": t})
 
 
+def test_softplus_l1_rows_of_negative_scores():
+    """Scores near -20: softplus(x) = log(1 + e^x) is a tail below float32's epsilon, and the row's
+    weights are ratios of such tails; log(1 + e) rounded them to 0 (forward 80x the dense error)."""
+    add = torch.full((1, 1, 12, 16), -20.0, dtype=torch.float64)
+    check("softplus_l1", torch.float32, lq=12, lk=16, d=16, attn_mask=add)
+
+
+def test_multimax_parameter_gradients_where_g_peaks_below_the_largest_score():
+    """Scores of std ~25: MultiMax's quadratic term makes ``g`` peak at very negative scores, so
+    the largest weight of a row need not sit at its largest score. The parameter gradients take
+    the piece's derivative at the key of the largest weight out of each row (rows sum to one);
+    taken at the largest score instead (before the fix), the rounding of ``sum_j gz_j`` was
+    multiplied by ``(r - x)^2`` (dr, dt 20-30x the dense float32 error)."""
+    g = torch.Generator().manual_seed(3)
+    r = torch.randn(4, 1, 2, 1, 1, generator=g, dtype=torch.float64) * 0.5
+    t = torch.randn(4, 1, 2, 1, 1, generator=g, dtype=torch.float64) * 0.2 + 0.3
+    check("multimax", torch.float32, params={"r": r, "t": t}, lq=17, lk=23, d=16, spread=5.0)
+
+
 # ----------------------------------------------------------------------------------------
 # features, one normalizer per family
 # ----------------------------------------------------------------------------------------
@@ -166,6 +185,20 @@ def test_additive_mask_with_causal(name):
     add = torch.randn(1, 2, 20, 24, generator=g, dtype=torch.float64)
     add[..., ::3] = float("-inf")
     check(name, torch.float32, attn_mask=add)
+
+
+@pytest.mark.parametrize("name", ["softmax", "entmax15", "sparsemax"])
+def test_additive_mask_of_huge_finite_values(name):
+    """Rows masked by a huge finite value (``-1e30``, ``finfo.min`` as Hugging Face masks do):
+    the scores there round to the mask value, and the row is uniform, as in dense attention.
+    Before the fix, the softmax backward formed ``z - (m + log l)``, where ``m + log l``
+    rounds to ``m`` (weights 1 instead of 1/n: gradients off by O(1)), and the threshold
+    kernel's ``u z - tau`` cancelled (a wrong forward; NaN at ``finfo.min``)."""
+    add = torch.zeros(1, 1, 8, 12, dtype=torch.float64)
+    add[..., 2, :] = -1e30
+    add[..., 5, ::2] = -1e30
+    add[..., 6, :] = torch.finfo(torch.float32).min
+    check(name, torch.float32, lq=8, lk=12, d=16, attn_mask=add, is_causal=False, spread=1.0)
 
 
 @pytest.mark.parametrize("name", ["softmax", "softpick", "sigmoid", "sparsemax"])
@@ -211,6 +244,47 @@ def test_fallback_reasons():
     assert "per query or key" in fallback_reason(sk.registry.get("ssmax"), {"s": torch.ones(1, 1, 4, 1)}, q, q, q)
     with pytest.raises(ValueError, match="cannot run"):
         fused_attention(q, q, q, "entmax", alpha=1.0)
+
+
+def test_double_backward_raises():
+    """The kernels' backward is not differentiable: before the fix a gradient taken with
+    create_graph=True had no graph, so a gradient penalty built on it silently added nothing."""
+    q = torch.randn(1, 2, 5, 16, device=DEVICE, requires_grad=True)
+    kv = torch.randn(1, 1, 7, 16, device=DEVICE)
+    out = fused_attention(q, kv, kv)
+    (g,) = torch.autograd.grad(out.pow(2).sum(), (q,), create_graph=True)
+    with pytest.raises(RuntimeError, match="differentiate twice"):
+        (out.sum() + g.pow(2).sum()).backward()  # a loss with a gradient penalty
+
+
+def test_bad_arguments_raise_naming_them():
+    """fused_attention is public: it checks what sk.attention checks (before the fix a zero or
+    negative temperature, a NaN scale, a str is_causal ran and returned garbage, float
+    document ids were truncated, and a learnable softpick eps, count n or additive mask lost its
+    gradient silently)."""
+    q = torch.zeros(1, 2, 5, 16, device=DEVICE)
+    ids = torch.zeros(1, 5, dtype=torch.long, device=DEVICE)
+    cases = [
+        (ValueError, "temperature", {"normalizer": "softmax", "temperature": 0.0}),
+        (ValueError, "eps", {"normalizer": "relu_l1", "eps": -1.0}),
+        (ValueError, "scale", {"scale": float("nan")}),
+        (TypeError, "is_causal", {"is_causal": "yes"}),
+        (TypeError, "low_precision_products", {"low_precision_products": "no"}),
+        (TypeError, "document_ids", {"document_ids": ids.float()}),
+        (ValueError, "document_ids", {"document_ids": ids[None]}),
+        (TypeError, "cu_seqlens", {"cu_seqlens": [0, 5]}),
+        (ValueError, "not both", {"cu_seqlens": torch.tensor([0, 5]), "document_ids": ids}),
+        (ValueError, "eps as a number", {"normalizer": "softpick", "eps": torch.tensor(1e-3, requires_grad=True)}),
+        (ValueError, "count 'n' that requires grad",
+         {"normalizer": "ssmax", "n": torch.tensor(8.0, requires_grad=True)}),
+    ]
+    for error, match, kwargs in cases:
+        with pytest.raises(error, match=match):
+            fused_attention(q, q, q, **kwargs)
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        fused_attention([0.0], q, q)
+    with pytest.raises(ValueError, match="attn_mask requires grad"):
+        fused_attention(q, q, q, attn_mask=torch.zeros(5, 5, device=DEVICE, requires_grad=True))
 
 
 @pytest.mark.parametrize("name", [USER_NAME])

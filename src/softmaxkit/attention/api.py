@@ -24,6 +24,10 @@ def _per_head(value: torch.Tensor, size: int, inp: AttentionInputs) -> bool:
     """A tensor parameter streams when it is constant over queries and keys (e.g. one per head);
     a parameter of ``size > 1`` values carries them along its first axis."""
     b, h, _, _ = inp.shape
+    return _per_head_of(value, size, b, h)
+
+
+def _per_head_of(value: torch.Tensor, size: int, b: int, h: int) -> bool:
     shape = value.shape[1:] if size > 1 else value.shape
     try:
         return torch.broadcast_shapes(shape, (b, h, 1, 1)) == (b, h, 1, 1)
@@ -32,13 +36,20 @@ def _per_head(value: torch.Tensor, size: int, inp: AttentionInputs) -> bool:
 
 
 def _validate(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> None:
-    """Let the reference check the parameter values on one row of scores per (batch, head).
+    b, h, _, lk = inp.shape
+    validate_params(spec, params, (b, h, lk), inp.q.dtype, inp.q.device)
+
+
+def validate_params(spec: NormalizerSpec, params: dict, shape: tuple[int, int, int], dtype: torch.dtype,
+                    device: torch.device) -> None:
+    """Let the reference check the parameter values on one row of scores per (batch, head)
+    (``shape = (B, H, Lk)``); raises its ``ValueError`` / ``TypeError`` naming the parameter.
 
     Tensors that vary per query or key are checked by the dense reference that uses them."""
-    b, h, _, lk = inp.shape
-    dummy = torch.zeros(b, h, 1, max(lk, 2), dtype=inp.q.dtype, device=inp.q.device)
+    b, h, lk = shape
+    dummy = torch.zeros(b, h, 1, max(lk, 2), dtype=dtype, device=device)
     checked = {n: val for n, val in params.items()
-               if not isinstance(val, torch.Tensor) or (n != COUNT and _per_head(val, spec.param(n).size, inp))}
+               if not isinstance(val, torch.Tensor) or (n != COUNT and _per_head_of(val, spec.param(n).size, b, h))}
     spec.fn(dummy, dim=-1, mask=None, **checked)
 
 

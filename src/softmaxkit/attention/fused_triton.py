@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from .. import registry
 from ..forms import COUNT, SoftmaxOf, SumNormalized, Threshold
@@ -105,6 +106,12 @@ def fallback_reason(spec: registry.NormalizerSpec, params: Mapping[str, Any], q:
     if isinstance(form, SumNormalized) and form.signed and any(
             isinstance(val, torch.Tensor) and val.requires_grad for val in values):
         return "learnable parameters of a signed sum_normalized form"
+    eps = merged.get("eps") if isinstance(form, SumNormalized) else None
+    if isinstance(eps, torch.Tensor) and (eps.numel() != 1 or eps.requires_grad):
+        return "the kernels take the sum_normalized eps as a number (not a per-head or learnable tensor)"
+    count = merged.get(COUNT)
+    if isinstance(count, torch.Tensor) and count.requires_grad:
+        return f"a count {COUNT!r} that requires grad (the kernels take it as a constant)"
     return None
 
 
@@ -120,6 +127,12 @@ def document_ids_from_cu_seqlens(cu_seqlens: torch.Tensor, length: int) -> torch
         raise ValueError(f"cu_seqlens must rise from 0 to the sequence length {length}, got {cu_seqlens.tolist()}")
     pos = torch.arange(length, device=cu_seqlens.device)
     return (torch.searchsorted(cu_seqlens[1:].to(pos.dtype), pos, right=True)).to(torch.int32)
+
+
+def _check_ids(ids: object, name: str) -> None:
+    if not isinstance(ids, torch.Tensor) or ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+        kind = ids.dtype if isinstance(ids, torch.Tensor) else type(ids).__name__
+        raise TypeError(f"{name} must be an integer tensor, got {kind}")
 
 
 def _visible_counts(b, h, lq, lk, is_causal, mask, qdoc, kdoc, device, chunk=1024) -> torch.Tensor:
@@ -196,6 +209,7 @@ class _FusedAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # a double backward (create_graph=True) raises instead of giving no gradient
     def backward(ctx, dout):
         from ..kernels.gpu import _attention_kernels as kern
 
@@ -274,39 +288,59 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
     FlashAttention-2: Dao (2023), arXiv 2307.08691; the threshold family after AdaSplash,
     Gonçalves, Treviso & Martins (2025), arXiv 2502.12082.
     """
+    from .._checks import check_bool, check_finite, check_floating
+    from .._rows import compute_dtype
+    from .api import validate_params
     from .inputs import check_mask
 
     spec = registry.get(normalizer)
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            raise ValueError(f"{name} must be a tensor of shape (B, H, L, D)")
+        check_floating(t, name)
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be a tensor of shape (B, H, L, D), got {tuple(t.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     b, h, lq, d = q.shape
     _, hk, lk, _ = k.shape
     if tuple(k.shape[:3]) != tuple(v.shape[:3]) or k.shape[0] != b or k.shape[-1] != d or hk == 0 or h % hk:
         raise ValueError(f"incompatible shapes q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    check_bool(is_causal, "is_causal")
+    if scale is not None:
+        check_finite(scale, "scale", allow_tensor=False)
+    if low_precision_products is not None:
+        check_bool(low_precision_products, "low_precision_products")
     reason = fallback_reason(spec, params, q, k, v)
     if reason is not None:
         raise ValueError(f"the fused Triton path cannot run this call: {reason}")
+    if not torch.compiler.is_compiling():  # as sk.attention: the reference checks the parameter values
+        validate_params(spec, params, (b, h, lk), compute_dtype(q.dtype), q.device)
     merged = spec.with_defaults(params)
     pieces = pieces_of(spec)
     form = spec.form
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d else 1.0
     bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk))
+    if additive is not None and additive.requires_grad and torch.is_grad_enabled():
+        raise ValueError("attn_mask requires grad (a learned additive bias), but the Triton kernels take it as a "
+                         "constant; use sk.attention(method='auto' or 'dense'), which differentiate it")
     mask = bool_mask if bool_mask is not None else additive
     qdoc = kdoc = None
+    if cu_seqlens is not None and document_ids is not None:
+        raise ValueError("give cu_seqlens or document_ids, not both")
     if cu_seqlens is not None:
+        _check_ids(cu_seqlens, "cu_seqlens")
         if lq != lk:
             raise ValueError("cu_seqlens needs Lq == Lk (one packed axis)")
         ids = document_ids_from_cu_seqlens(cu_seqlens.to(q.device), lk)
         qdoc = kdoc = ids.expand(b, lk)
     elif document_ids is not None:
         qdoc, kdoc = document_ids if isinstance(document_ids, tuple) else (document_ids, document_ids)
-        if qdoc.shape[-1] != lq or kdoc.shape[-1] != lk:
-            raise ValueError(f"document_ids must have shape (B, Lq) and (B, Lk), got {tuple(qdoc.shape)}, "
-                             f"{tuple(kdoc.shape)}")
+        _check_ids(qdoc, "document_ids")
+        _check_ids(kdoc, "document_ids")
+        if (qdoc.dim() > 2 or kdoc.dim() > 2 or qdoc.shape[-1] != lq or kdoc.shape[-1] != lk
+                or qdoc.numel() not in (lq, b * lq) or kdoc.numel() not in (lk, b * lk)):
+            raise ValueError(f"document_ids must have shape (B, Lq) and (B, Lk) (or (Lq,), (Lk,)), got "
+                             f"{tuple(qdoc.shape)}, {tuple(kdoc.shape)}")
         qdoc = qdoc.to(q.device, torch.int32).expand(b, lq)
         kdoc = kdoc.to(q.device, torch.int32).expand(b, lk)
     assert form is not None  # fallback_reason returned None

@@ -53,9 +53,14 @@ def _triton_pieces():
 
     from ..kernels.gpu.pieces import TritonPieces
 
+    # log(1 + e) as log(u) e / (u - 1), u = 1 + e (Goldberg 1991): exact to a few ulp where
+    # log(1 + e) alone returns 0 for e below float32's epsilon (scores below about -17: a row
+    # of negative scores, whose weights are ratios of such tails, was off by up to 100%)
     @triton.jit
     def h(x, n, par):
-        return tl.maximum(x, 0.0) + tl.log(1.0 + tl.exp(-tl.abs(x)))
+        e = tl.exp(-tl.abs(x))
+        u = 1.0 + e
+        return tl.maximum(x, 0.0) + tl.where(u == 1.0, e, tl.log(u) * (e / (u - 1.0)))
 
     @triton.jit
     def dh(x, n, par):

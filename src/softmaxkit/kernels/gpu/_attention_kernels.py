@@ -6,7 +6,10 @@ a bool or additive mask and document ids, then per family
 
 * ``softmax_of`` (``FAMILY=0``): ``z = g(x)``, online rescaling of ``sum e^{z-m}`` and
   ``sum e^{z-m} v`` (Milakov & Gimelshein 2018, arXiv 1805.02867; FlashAttention-2,
-  Dao 2023, arXiv 2307.08691); saves ``lse = m + log l`` per row;
+  Dao 2023, arXiv 2307.08691); saves ``m`` and ``log l`` per row apart, and the backward
+  forms ``p = e^{(z - m) - log l}``: ``z - m`` is exact, where ``z - (m + log l)`` would
+  lose ``log l`` to the rounding of ``m`` on rows of large scores (a ``-1e30`` or
+  ``finfo.min`` additive mask: a fully masked row would get weights 1 instead of ``1/n``);
 * ``sum_normalized`` (``FAMILY=1``): plain sums of ``h(x)`` and ``h(x) v``; saves the
   denominator ``sum h + eps``;
 * signed ``sum_normalized`` (``FAMILY=2``, softpick): ``a = h(x; c)`` with the row shift
@@ -19,8 +22,10 @@ a bool or additive mask and document ids, then per family
 
 The threshold family (:func:`_fwd_threshold`, ``FAMILY=4`` in the backward) finds per
 query block ``tau`` with ``sum_j [u z_j - tau]_+^{1/u} = 1`` (``u = alpha - 1``), by
-Newton steps over the key tiles, kept inside a bisection bracket ``[u m - 1,
-u m - n^{-u}]`` and started at its left end (where Newton on this convex decreasing
+Newton steps over the key tiles, in coordinates shifted by the row maximum ``m`` of ``z``
+(``tau' = tau - u m``, so that ``u (z - m) - tau'`` is exact at large scores such as a
+``-1e30`` additive mask, where ``u z - tau`` would cancel), kept inside a bisection bracket
+``[-1, -n^{-u}]`` and started at its left end (where Newton on this convex decreasing
 function does not overshoot), as AdaSplash does with Halley steps (Gonçalves, Treviso &
 Martins 2025, arXiv 2502.12082); then ``out = sum p v``, ``S = sum s`` and ``sum s v`` with
 ``s = p^{2 - alpha}``, for the closed-form backward on the support (Peters, Niculae &
@@ -95,6 +100,17 @@ def _row_count(CNT, bh, offs_m, Lq, Lk, HAS_CNT: tl.constexpr, CAUSAL: tl.conste
 
 
 @triton.jit
+def _score_at_peak(x, z, z_max, m_i, x_ref, vis):
+    """The score ``x`` where ``z = g(x)`` peaks in the row, updated by one tile (``z_max`` its
+    row maxima, ``m_i`` the running ones): the reference of the parameter gradients, whose rows
+    take out the piece's derivative there. ``g`` need not be monotone (MultiMax), so the peak of
+    ``z`` need not be at the largest score, and the key of the largest weight is the one whose
+    term cancels."""
+    top = tl.max(tl.where(vis & (z == z_max[:, None]), x, float("-inf")), 1)
+    return tl.where(z_max > m_i, top, x_ref)
+
+
+@triton.jit
 def _powers(base, u, ALPHA_KIND: tl.constexpr):
     """``p = base^{1/u}`` and ``s = base^{1/u - 1}`` on the support (``base > 0``), 0 elsewhere."""
     pos = base > 0
@@ -116,11 +132,12 @@ def _tile_grads(x, vis, cols, n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
                 FAMILY: tl.constexpr, ALPHA_KIND: tl.constexpr):
     """Weights ``p``, the gradient ``gz`` in the piece's output and ``dx`` on a tile.
 
-    ``s0..s3`` are the saved row statistics and ``delta`` the row term of the backward,
+    ``s0..s3`` are the saved row statistics (``softmax_of``: ``m``, ``log l``; threshold:
+    ``tau - u m``, ``sum s``, ``m`` in ``s3``) and ``delta`` the row term of the backward,
     already broadcast to the tile (rows along either axis)."""
     if FAMILY == 0:
         z = FN(x, n, par)
-        p = tl.where(vis, tl.exp(z - s0), 0.0)
+        p = tl.where(vis, tl.exp((z - s0) - s1), 0.0)
         gz = p * (dp - delta)
         dx = gz * DFN(x, n, par)
     elif FAMILY == 1:
@@ -143,7 +160,7 @@ def _tile_grads(x, vis, cols, n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
         dx = gz * DFN(x, n, par)
     else:
         z = FN(x, n, par)
-        base = tl.where(vis, tl.maximum(u * z - s0, 0.0), 0.0)
+        base = tl.where(vis, tl.maximum(u * (z - s3) - s0, 0.0), 0.0)
         p, s = _powers(base, u, ALPHA_KIND)
         gz = s * (dp - delta)
         dx = gz * DFN(x, n, par)
@@ -195,9 +212,10 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
                         mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
             x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
             if FAMILY == 0:
-                x_ref = tl.maximum(x_ref, tl.max(tl.where(vis, x, float("-inf")), 1))
                 z = tl.where(vis, FN(x, n, par), float("-inf"))
-                m_new = tl.maximum(m_i, tl.max(z, 1))
+                z_max = tl.max(z, 1)
+                x_ref = _score_at_peak(x, z, z_max, m_i, x_ref, vis)
+                m_new = tl.maximum(m_i, z_max)
                 m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
                 w = tl.exp(z - m_safe[:, None])
                 rescale = tl.exp(m_i - m_safe)
@@ -229,9 +247,9 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
     st = STATS + (bh * Lq + offs_m) * 4
     if FAMILY == 0:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        lse = tl.where(l_i > 0, tl.where(m_i == float("-inf"), 0.0, m_i) + tl.log(tl.where(l_i > 0, l_i, 1.0)),
-                       float("inf"))
-        tl.store(st, lse, mask=row_ok)
+        # m and log l apart (see the module docstring); a row without weight: m = inf, p = 0
+        tl.store(st, tl.where(l_i > 0, m_i, float("inf")), mask=row_ok)
+        tl.store(st + 1, tl.log(tl.where(l_i > 0, l_i, 1.0)), mask=row_ok)
         tl.store(st + 2, tl.where(x_ref > float("-inf"), x_ref, 0.0), mask=row_ok)
     elif FAMILY == 1:
         den = l_i + eps
@@ -277,7 +295,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
     hi_n = Lk
     if CAUSAL:
         hi_n = tl.maximum(tl.minimum(Lk, (pid_m + 1) * BLOCK_M + Lk - Lq), 0)
-    # the row maximum of z = g(x) over visible keys (and of x, the parameter gradient's reference)
+    # the row maximum of z = g(x) over visible keys (and the score there, the parameter gradient's reference)
     m_i = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
     x_ref = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
     for start_n in range(0, hi_n, BLOCK_N):
@@ -288,12 +306,14 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
                                CAUSAL, MASK_KIND, DOCS)
         x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
         z = tl.where(vis, FN(x, n, par), float("-inf"))
-        m_i = tl.maximum(m_i, tl.max(z, 1))
-        x_ref = tl.maximum(x_ref, tl.max(tl.where(vis, x, float("-inf")), 1))
+        z_max = tl.max(z, 1)
+        x_ref = _score_at_peak(x, z, z_max, m_i, x_ref, vis)
+        m_i = tl.maximum(m_i, z_max)
     empty = m_i == float("-inf")
-    um = u * tl.where(empty, 0.0, m_i)
-    lo = um - 1.0
-    hi = um - tl.exp2(-u * tl.log2(n1))
+    m_s = tl.where(empty, 0.0, m_i)
+    # tau shifted by u m (see the module docstring): base = u (z - m) - tau, exact at large scores
+    lo = tl.zeros([BLOCK_M], tl.float32) - 1.0
+    hi = -tl.exp2(-u * tl.log2(n1))
     tau = lo
     it = tl.zeros((), tl.int32)
     go = it < MAX_ITER
@@ -307,7 +327,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
             vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                    CAUSAL, MASK_KIND, DOCS)
             x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
-            base = tl.where(vis, tl.maximum(u * FN(x, n, par) - tau[:, None], 0.0), 0.0)
+            base = tl.where(vis, tl.maximum(u * (FN(x, n, par) - m_s[:, None]) - tau[:, None], 0.0), 0.0)
             p, s = _powers(base, u, ALPHA_KIND)
             fsum += tl.sum(p, 1)
             ssum += tl.sum(s, 1)
@@ -335,7 +355,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
         x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
-        base = tl.where(vis, tl.maximum(u * FN(x, n, par) - tau[:, None], 0.0), 0.0)
+        base = tl.where(vis, tl.maximum(u * (FN(x, n, par) - m_s[:, None]) - tau[:, None], 0.0), 0.0)
         if tl.max(tl.max(base, 1), 0) > 0:  # a key tile outside every row's support adds nothing
             p, s = _powers(base, u, ALPHA_KIND)
             s_tot += tl.sum(s, 1)
@@ -348,6 +368,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
     tl.store(st, tau, mask=row_ok)
     tl.store(st + 1, s_tot, mask=row_ok)
     tl.store(st + 2, tl.where(x_ref > float("-inf"), x_ref, 0.0), mask=row_ok)
+    tl.store(st + 3, m_s, mask=row_ok)
     out_mask = row_ok[:, None] & (offs_dv[None, :] < DV)
     tl.store(O + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :], acc.to(O.dtype.element_ty), mask=out_mask)
     tl.store(SV + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :], acc_s, mask=out_mask)
@@ -525,7 +546,8 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
                     dpiece = DPFN(x, n, par, kk)
                     if (FAMILY == 0) or (FAMILY == 4):
                         # rows sum to one, so sum_j gz_j = 0 and a per-row constant can be taken
-                        # out: the piece's derivative at the row's largest score, against cancellation
+                        # out: the piece's derivative at the score where z peaks (the largest weight),
+                        # against cancellation
                         dpiece = dpiece - DPFN(s2 + tl.zeros(x.shape, tl.float32), n, par, kk)
                     term = tl.sum(tl.sum(tl.where(vis, gz * dpiece, 0.0), 1), 0)
                     dpar += tl.where(offs_p == kk, term, 0.0)

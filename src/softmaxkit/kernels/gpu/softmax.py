@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..._checks import check_floating, check_positive
+
 MAX_BLOCK = 4096
 
 
@@ -41,7 +43,8 @@ def _softmax_kernel(x_ptr, y_ptr, n, stride, scale, BLOCK: tl.constexpr):
         m = new_m
     safe_m = tl.where(m == float("-inf"), 0.0, m)
     safe_m = tl.where(m == float("inf"), 0.0, safe_m)
-    inv = tl.where(d > 0, 1.0 / d, 0.0)
+    # d is 0 only on a row of -inf (zeros); a NaN entry makes d NaN, and the whole row NaN
+    inv = tl.where(d == 0, 0.0, 1.0 / d)
     for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + offs, mask=offs < n, other=float("-inf")).to(tl.float32) * scale
@@ -51,8 +54,11 @@ def _softmax_kernel(x_ptr, y_ptr, n, stride, scale, BLOCK: tl.constexpr):
 
 def _forward(x: torch.Tensor, scale: float) -> torch.Tensor:
     n = x.shape[-1]
-    x2 = x.reshape(-1, n)
-    y = torch.empty_like(x2)
+    # the kernel reads and writes rows at one stride with unit steps: a strided view (a
+    # column slice, a transpose, every other row) is copied first, or it would read the
+    # wrong entries and write past the output
+    x2 = x.reshape(-1, n).contiguous()
+    y = torch.empty_like(x2, memory_format=torch.contiguous_format)
     if x2.shape[0] and n:
         block = min(triton.next_power_of_2(n), MAX_BLOCK)
         _softmax_kernel[(x2.shape[0],)](x2, y, n, x2.stride(0), scale, BLOCK=block)
@@ -77,5 +83,8 @@ class _TritonSoftmax(torch.autograd.Function):
 
 
 def softmax(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """``softmax(x / temperature)`` along the last (contiguous) axis of a CUDA tensor."""
+    """``softmax(x / temperature)`` along the last axis of a CUDA tensor (a strided one is copied
+    first); ``temperature`` a number > 0. A row holding NaN gives NaN, as ``torch.softmax``."""
+    check_floating(x, "x")
+    check_positive(temperature, "temperature", allow_tensor=False)
     return _TritonSoftmax.apply(x, 1.0 / temperature)
