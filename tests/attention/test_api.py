@@ -169,3 +169,28 @@ def test_a_learned_additive_mask_gets_its_gradient(name):
     with torch.no_grad():   # no gradient wanted: the constant-mask paths run
         torch.testing.assert_close(sk.attention(q, k, v, name, attn_mask=bias, method="fused"),
                                    sk.attention(q, k, v, name, attn_mask=bias, method="dense"))
+
+
+@pytest.mark.parametrize("method, block", [("fused", 2), ("streaming", (2, 4))])
+@pytest.mark.parametrize("name", ["softpick", "user_exp_gate"])
+def test_hidden_scores_that_overflow_a_piece_leave_gradients_finite(name, method, block):
+    """A hidden raw score (200: past the causal diagonal and padded) overflows e^{x - 3} (and
+    softpick's e^{x - c}) in float32. The paths that evaluate a piece or rule on the whole tile
+    must make hidden scores finite first, or inf * 0 turns the row's gradients into NaN."""
+    sk.register_normalizer("user_exp_gate", family="elementwise", h=lambda x: torch.exp(x - 3.0),
+                           dh=lambda x: torch.exp(x - 3.0))
+    try:
+        q = torch.ones(1, 1, 4, 1, requires_grad=True)
+        k = torch.tensor([-5.0, -4.0, -3.0, 200.0]).view(1, 1, 4, 1).requires_grad_()
+        v = torch.linspace(-1, 1, 8).view(1, 1, 4, 2).requires_grad_()
+        pad = torch.tensor([True, True, True, False])  # the large key is hidden from every query
+        res = []
+        for how in ("dense", method):
+            out = sk.attention(q, k, v, name, is_causal=True, attn_mask=pad, scale=1.0, method=how, block_size=block)
+            res.append((out, torch.autograd.grad(out.sum(), [q, k, v])))
+        torch.testing.assert_close(res[1][0], res[0][0])
+        for got, want in zip(res[1][1], res[0][1]):
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, want)
+    finally:
+        sk.unregister_normalizer("user_exp_gate")
