@@ -508,3 +508,17 @@ def test_float32_error_within_flash_attentions_rule_of_dense(name, scale):
     for what, limit, a, b, c in zip(("out", "dq", "dk", "dv"), (2, 3, 3, 3), fused, dense, exact):
         err, base = (a - c).abs().max().item(), (b - c).abs().max().item()
         assert err <= max(limit * base, 1e-6), (what, err, base)
+
+
+def test_multimax_with_a_finfo_min_mask_fill():
+    """The Hugging Face mask habit (additive finfo.min) on MultiMax with its defaults (softmax):
+    the numba piece's (t c) c term, reassociated by fastmath into t (c c), overflowed to NaN and
+    made every row wrong by O(1)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 1, 160, 16, generator=gen) for _ in range(3))
+    fill = torch.finfo(torch.float32).min
+    mask = torch.zeros(1, 1, 160, 160)
+    mask[..., ::3] = fill
+    got = sk.attention(q, k, v, "multimax", attn_mask=mask, method="fused")
+    want = sk.attention(q, k, v, "multimax", attn_mask=mask, method="dense")
+    torch.testing.assert_close(got, want)

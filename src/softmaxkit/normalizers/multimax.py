@@ -144,7 +144,11 @@ def _numba_pieces():
         b = max(x - par[1], zero)
         c = max(par[2] - x, zero)
         d = max(x - par[3], zero)
-        return x + par[4] * a + par[5] * b + (par[6] * c) * c + (par[7] * d) * d
+        # a zero t gives no quadratic term: selected, since the kernels' fastmath may reassociate
+        # (t c) c into t (c c), which overflows to inf (and 0 inf = NaN) once |x| > 1.8e19 in float32
+        low = (par[6] * c) * c if par[6] != zero else zero
+        high = (par[7] * d) * d if par[7] != zero else zero
+        return x + par[4] * a + par[5] * b + low + high
 
     @njit(cache=True, inline="always")
     def dg(x, n, par):

@@ -78,20 +78,10 @@ class SASoftmaxRule(StreamRule):
 def _numba_pieces():
     """Plain SA-Softmax for the CPU fused attention's row kernels: ``softmax_of`` with ``g(x) = x``
     and the numerator factor ``w(x) = x`` (the normalized variant keeps its stream rule)."""
-    from numba import njit
+    from ..kernels.cpu.pieces import NumbaPieces, identity_piece, one_piece
 
-    from ..kernels.cpu._intrinsics import cast_like
-    from ..kernels.cpu.pieces import NumbaPieces
-
-    @njit(cache=True, inline="always")
-    def same(x, a, par):
-        return x
-
-    @njit(cache=True, inline="always")
-    def one(x, a, par):
-        return cast_like(1.0, x)
-
-    return NumbaPieces(fn=same, dfn=one, factor=same, dfactor=one, form=SoftmaxOf(g=identity, dg=forms_one),
+    return NumbaPieces(fn=identity_piece, dfn=one_piece, factor=identity_piece, dfactor=one_piece,
+                       form=SoftmaxOf(g=identity, dg=forms_one),
                        accepts=lambda params: not params["normalized"])
 
 

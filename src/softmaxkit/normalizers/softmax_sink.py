@@ -91,22 +91,14 @@ def _numba_pieces():
     it was ``-sum dS``, terms that cancel down to ``p_sink`` (float32, 3000 keys: 1e-2 to 6e-2 relative)."""
     from numba import njit
 
-    from ..kernels.cpu._intrinsics import cast_like
-    from ..kernels.cpu.pieces import NumbaPieces
-
-    @njit(cache=True, inline="always")
-    def g(x, a, par):
-        return x
-
-    @njit(cache=True, inline="always")
-    def dg(x, a, par):
-        return cast_like(1.0, x)
+    from ..kernels.cpu.pieces import NumbaPieces, identity_piece, one_piece
 
     @njit(cache=True, inline="always")
     def logit(a, par):
         return par[0]
 
-    return NumbaPieces(fn=g, dfn=dg, sink=logit, sink_logit=sink_logit, values=lambda params: (params["sink"],),
+    return NumbaPieces(fn=identity_piece, dfn=one_piece, sink=logit, sink_logit=sink_logit,
+                       values=lambda params: (params["sink"],),
                        form=SoftmaxOf(g=identity, dg=one))
 
 

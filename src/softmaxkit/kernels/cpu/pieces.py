@@ -99,15 +99,17 @@ class NumbaPieces:
 
 
 @njit(cache=True, inline="always")
-def _identity(x, n, par):
+def identity_piece(x, n, par):
+    """``g(x) = x`` as a numba piece (shared by every normalizer whose map is the identity)."""
     return x
 
 
 @njit(cache=True, inline="always")
-def _one(x, n, par):
+def one_piece(x, n, par):
+    """``dg(x) = 1``, the derivative of :func:`identity_piece`."""
     return cast_like(1.0, x)
 
 
 #: ``g(x) = x``, ``dg = 1``: the pieces of softmax of the raw scores (a linear ``g`` folded into
 #: the query scale).
-IDENTITY = NumbaPieces(fn=_identity, dfn=_one)
+IDENTITY = NumbaPieces(fn=identity_piece, dfn=one_piece)
