@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ... import _memory
 from . import FLAG_TODO, call_kernel, keep_torch_threads, sync_threads
 from . import softmax as _k
 
@@ -41,7 +42,7 @@ def _run_forward(x: torch.Tensor, scale: float, algorithm: int, mode: int):
     rows = x2.shape[0]
     lse = torch.empty(rows, dtype=x.dtype)
     special = torch.full((rows,), FLAG_TODO, dtype=torch.uint8)
-    out = torch.empty_like(x2) if mode != _k.LSE else torch.empty((1, 0), dtype=x.dtype)
+    out = _memory.empty_like(x2) if mode != _k.LSE else torch.empty((1, 0), dtype=x.dtype)
     with np.errstate(over="ignore"):   # 1/T beyond the dtype's range: inf, as the reference's x * (1/T)
         scale_x = dtype(scale)
     call_kernel(("softmax", "log_softmax", "logsumexp")[mode], _k.normalize_rows, x2.numpy(), out.numpy(),
@@ -58,7 +59,7 @@ def _run_forward(x: torch.Tensor, scale: float, algorithm: int, mode: int):
 def _run_backward(y2: torch.Tensor, grad: torch.Tensor, special: torch.Tensor, scale: float, mode: int):
     sync_threads()
     g2 = grad.detach().reshape(y2.shape).contiguous()
-    dx = torch.empty_like(y2)
+    dx = _memory.empty_like(y2)
     dtype = y2.numpy().dtype.type
     with np.errstate(over="ignore"):
         scale_x = dtype(scale)
@@ -125,7 +126,7 @@ class _LogSumExpFunction(torch.autograd.Function):
             p[redo] = torch.exp(x2[redo] - lse2[redo])
             special[redo] = 0
         keep = ((special == 0) & ~todo.reshape(-1)).to(x.dtype).unsqueeze(-1)
-        dx = p * (grad.reshape(-1, 1) * keep)
+        dx = p.mul_(grad.reshape(-1, 1) * keep)
         return dx.reshape(x.shape), None
 
 

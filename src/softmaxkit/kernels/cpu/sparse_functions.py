@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ... import _memory
 from . import FLAG_TODO, call_kernel, keep_torch_threads, sync_threads
 from . import sparse as _k
 
@@ -48,7 +49,7 @@ class _EntmaxFunction(torch.autograd.Function):
         x2 = x.detach().reshape(-1, n)
         rows = x2.shape[0]
         alpha = _alpha_rows(alpha_tensor if alpha_tensor is not None else alpha_value, rows)
-        out = torch.empty_like(x2)
+        out = _memory.empty_like(x2)
         special = torch.full((rows,), FLAG_TODO, dtype=torch.uint8)
         stop = np.full(rows, n, dtype=np.int64)
         tau = np.empty(rows, dtype=np.float64)
@@ -76,7 +77,7 @@ class _EntmaxFunction(torch.autograd.Function):
         out = y.detach().reshape(-1, y.shape[-1])
         sync_threads()
         g2 = grad.reshape(out.shape).contiguous()
-        dx = torch.empty_like(out)
+        dx = _memory.empty_like(out)
         dalpha = torch.empty(out.shape[0], dtype=torch.float64)
         keep_torch_threads(_k.entmax_backward_rows, out.numpy(), g2.numpy(), alpha.numpy(), dx.numpy(),
                            dalpha.numpy())
