@@ -358,13 +358,17 @@ class ThresholdRule(StreamRule):
         return keep_visible(p, visible), base
 
     def search(self, reduce, st: dict) -> dict:
-        """``tau`` per query row, by bracketing over passes (``reduce(fn, how)`` runs ``fn`` over the key tiles)."""
+        """``tau`` per query row, by bracketing over passes (``reduce(fn, how)`` runs ``fn`` over the key tiles).
+
+        Scores are taken relative to the row maximum ``m`` (``z - m``, ``tau - u m``, with
+        ``m`` a constant): the bracket is then ``[-1, -n^{-u}]`` whatever the scores' size,
+        and a row of equal huge scores (a ``finfo.min`` mask fill) keeps its weights."""
         top = reduce(lambda z, visible: z if visible is None else z.masked_fill(~visible, float("-inf")), "max")
         n = st["n"].expand_as(top)
         empty = n < 1
-        m = torch.where(empty, torch.zeros_like(top), top)
-        lo = self.u * m - 1.0
-        hi = self.u * m - n.clamp_min(1.0) ** (-self.u)
+        m = torch.where(empty | ~torch.isfinite(top), torch.zeros_like(top), top).detach()
+        lo = -torch.ones_like(m)
+        hi = -(n.clamp_min(1.0) ** (-self.u))
         steps = torch.arange(1, self.CANDIDATES + 1, dtype=m.dtype, device=m.device) / (self.CANDIDATES + 1)
         tiny = torch.finfo(m.dtype).eps
         for _ in range(self.MAX_SEARCH_PASSES):
@@ -374,11 +378,11 @@ class ThresholdRule(StreamRule):
             taus = lo + width * steps  # (..., r, K)
 
             def total(z, visible, taus=taus):
-                p = (self.u * z.unsqueeze(-1) - taus.unsqueeze(-2)).clamp_min(0.0)
+                p = (self.u * (z - m).unsqueeze(-1) - taus.unsqueeze(-2)).clamp_min(0.0)
                 if self.u != 1.0:
                     p = p ** (1.0 / self.u)
-                if visible is not None:
-                    p = p * visible.unsqueeze(-1)
+                if visible is not None:   # (hidden entries, relative to m, can overflow)
+                    p = torch.where(visible.unsqueeze(-1), p, torch.zeros((), dtype=p.dtype, device=p.device))
                 return p.sum(-2)
 
             mass = reduce(total, "sum")
@@ -388,9 +392,10 @@ class ThresholdRule(StreamRule):
             hi_new = torch.where(below_count < self.CANDIDATES,
                                  taus.gather(-1, below_count.clamp_max(self.CANDIDATES - 1)), hi)
             lo, hi = lo_new, hi_new
-        return {"tau0": torch.where(empty, torch.zeros_like(lo), (lo + hi) / 2)}
+        return {"tau0": torch.where(empty, torch.zeros_like(lo), (lo + hi) / 2), "shift": m}
 
     def terms(self, p, z, visible, st):
+        z = z - st["shift"]
         if p == 0:
             _, base = self._weights(z, st["tau0"], visible)
             support = base > 0
@@ -398,15 +403,17 @@ class ThresholdRule(StreamRule):
             s = torch.ones_like(s) if self.u == 1.0 else s ** (1.0 / self.u - 1.0)
             s = keep_visible(torch.where(support, s, torch.zeros_like(s)), visible)
             weights = keep_visible(base if self.u == 1.0 else base ** (1.0 / self.u), visible)
-            return {"lin": s.detach() * z, "S": s.detach(), "P": weights.detach()}
+            # off the support s is 0 and z may be -inf (a finfo.min mask fill times a scale > 1)
+            lin = torch.where(support, s.detach() * z, torch.zeros_like(z))
+            return {"lin": lin, "S": s.detach(), "P": weights.detach()}
         weights, _ = self._weights(z, st["tau"], visible)
         return {"num": weights}
 
     def stats(self, p, sums, st):
         lin, s_total = sums["lin"], sums["S"]
         # one Newton step on sum_j p_j(tau) = 1 from the bracketed tau0 (slope -sum_j s_j / u): the
-        # bracket only pins tau to about eps |tau| (float32 scores near 1e4 left 3e-4 in the
-        # output); sparsemax's step is exact, entmax's squares the error. A value, no gradient.
+        # bracket pins tau to about eps; sparsemax's step is exact, entmax's squares the error.
+        # A value, no gradient.
         step = self.u * safe_div(sums["P"].detach() - 1.0, s_total.detach())
         step = torch.where(s_total.detach() > 0, step, torch.zeros_like(step))
         return {"tau": st["tau0"] + step + self.u * safe_div(lin - lin.detach(), s_total)}

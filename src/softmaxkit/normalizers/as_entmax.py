@@ -28,8 +28,11 @@ def length_scale(n: Any, beta: Any, gamma: Any, delta: Any) -> Any:
 
 
 def scaled(x: torch.Tensor, beta: Any, gamma: Any, delta: Any, n: Any) -> torch.Tensor:
-    """``g(x) = (delta + beta (log n)^gamma) x``."""
-    return x * length_scale(n, beta, gamma, delta)
+    """``g(x) = (delta + beta (log n)^gamma) x``, kept within the dtype's finite range (a
+    ``finfo.min`` mask fill times a scale above 1 would be ``-inf``: a row of such fills
+    then keeps its uniform weights, as the reference's ``(x - max x)`` scaling gives)."""
+    big = torch.finfo(x.dtype).max
+    return (x * length_scale(n, beta, gamma, delta)).clamp(-big, big)
 
 
 def d_scaled(x: torch.Tensor, beta: Any, gamma: Any, delta: Any, n: Any) -> torch.Tensor:

@@ -60,7 +60,9 @@ class SASoftmaxRule(StreamRule):
 
     def terms(self, p, z, visible, st):
         e = shifted_exp(z, visible, st["c0"])
-        out = {"num": e * z, "den": e}
+        # z only where e > 0, as in the reference: a finfo.min fill (e = 0) times an incoming
+        # gradient overflows, and inf * 0 = NaN in exp's backward
+        out = {"num": torch.where(e > 0, z, torch.zeros_like(z)) * e, "den": e}
         if self.normalized:
             out["num0"] = e
         return out
