@@ -84,6 +84,10 @@ def adaptive_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None =
     return finish(rows, softmax_rows(scaled, rows.visible))
 
 
+#: Scale of the streamed sum of ``x e^{x-c}`` (a power of two: exact).
+_E_SCALE = 2.0 ** -32
+
+
 class AdaptiveSoftmaxRule(StreamRule):
     """Pass 0: ``d = sum e^{x-c}``, ``E = sum x e^{x-c}``, entropy ``H = c + log d - E/d``;
     pass 1: ``softmax(beta x)`` with ``beta`` from :func:`inverse_temperature`."""
@@ -93,18 +97,23 @@ class AdaptiveSoftmaxRule(StreamRule):
     value_terms = (frozenset(), frozenset({"num"}))
 
     def z(self, p, x, st):
-        return x if p == 0 else sharpened(x, st["beta"])
+        # pass 1 relative to pass 0's maximum (softmax is shift invariant), as the reference:
+        # beta * a finfo.min fill would overflow a whole row to -inf
+        return x if p == 0 else sharpened(x - st["m0"].detach(), st["beta"])
 
     def terms(self, p, z, visible, st):
         e = shifted_exp(z, visible, st[f"c{p}"])
         if p == 1:
             return {"num": e, "den": e}
-        return {"d": e, "E": e * z}
+        # z only where e > 0: a fill's z times its incoming gradient overflows, and 0 * inf is NaN;
+        # and z scaled by 2^-32 (exact), so that the sum of many finfo.min fills stays finite
+        return {"d": e, "E": torch.where(e > 0, z * _E_SCALE, torch.zeros_like(z)) * e}
 
     def stats(self, p, sums, st):
         d, e_sum = sums["d"], sums["E"]
-        entropy = torch.where(d > 0, st["c0"] + torch.log(torch.where(d > 0, d, torch.ones_like(d)))
-                              - safe_div(e_sum, d), torch.zeros_like(d))
+        mean = safe_div(e_sum, d) * (1.0 / _E_SCALE)
+        entropy = torch.where(d > 0, (st["c0"] - mean) + torch.log(torch.where(d > 0, d, torch.ones_like(d))),
+                              torch.zeros_like(d))
         return {"beta": inverse_temperature(entropy, bool(st["params"].get("detach_beta", False)))}
 
     def output(self, sums, st):

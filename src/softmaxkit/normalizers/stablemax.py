@@ -18,13 +18,9 @@ from ._generic import finish
 from .softmax import infinite_limit
 
 
-def s(x: torch.Tensor) -> torch.Tensor:
-    r"""``s(x) = x + 1`` for ``x >= 0``, ``1 / (1 - x)`` below: positive, continuous, ``C^1``."""
-    return torch.where(x >= 0, x.clamp_min(0) + 1.0, 1.0 / (1.0 - x.clamp_max(0)))
-
-
 def log_s(x: torch.Tensor) -> torch.Tensor:
-    """``g(x) = log s(x)``: StableMax as ``softmax(log s(x))``."""
+    """``g(x) = log s(x)``, ``s(x) = x + 1`` for ``x >= 0`` and ``1 / (1 - x)`` below:
+    StableMax as ``softmax(log s(x))``."""
     return torch.where(x >= 0, torch.log1p(x.clamp_min(0)), -torch.log1p(-x.clamp_max(0)))
 
 
@@ -47,7 +43,13 @@ def stablemax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) 
     rows = prepare_rows(x, dim, mask)
     finite = rows.visible & ~torch.isinf(rows.x)  # a NaN stays and makes its row NaN
     xs = torch.where(finite, rows.x, torch.zeros_like(rows.x))
-    weights = torch.where(finite, s(xs), torch.zeros_like(xs))
+    # s(x_i) / sum_j s(x_j) as softmax(log s(x)), shifted by the row's largest log s: at very
+    # negative scores (a finfo.min mask fill) s is subnormal, its sum too, and 1 / sum
+    # overflowed into NaN gradients
+    g = torch.where(finite, log_s(xs), torch.full_like(xs, float("-inf")))
+    top = g.amax(-1, keepdim=True) if g.shape[-1] else g.new_zeros(g.shape[:-1] + (1,))
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
+    weights = torch.where(finite, torch.exp(g - top), torch.zeros_like(xs))
     p = weights / nonzero_or_one(weights.sum(-1, keepdim=True))
     inf_rows = (rows.visible & (rows.x == float("inf"))).any(-1, keepdim=True)
     p = torch.where(inf_rows, infinite_limit(rows.x.detach(), rows.visible), p)
