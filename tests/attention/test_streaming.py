@@ -285,7 +285,7 @@ def test_sink_gradient_is_not_a_cancelling_sum():
     torch.testing.assert_close(grads[1].double(), grads[0], rtol=1e-5, atol=0)
 
 
-@pytest.mark.parametrize("name", ["sparsemax", "entmax15", "as_entmax", "sa_softmax", "adaptive_softmax", "stablemax"])
+@pytest.mark.parametrize("name", ["sparsemax", "entmax15", "as_entmax", "sa_softmax", "adaptive_softmax", "stablemax", "multimax"])
 @pytest.mark.parametrize("case", ["one visible key", "a whole row filled"])
 def test_finfo_min_mask_fill_is_finite_and_matches_dense(name, case):
     """The Hugging Face mask habit (an additive finfo.min fill) in float32, on the paths
@@ -294,7 +294,8 @@ def test_finfo_min_mask_fill_is_finite_and_matches_dense(name, case):
     of fills, and SA-Softmax's x e^{x-c} term put fill * gradient (inf) times 0 into its
     backward; adaptive_softmax's entropy sum of x e^{x-c} overflowed on a row of fills and its
     sharpened scores beta x did; stablemax's weights s(x) = 1 / (1 - x) were subnormal there
-    (dense path, the auto path at small lengths), and 1 / their sum overflowed into NaN."""
+    (dense path, the auto path at small lengths), and 1 / their sum overflowed into NaN;
+    MultiMax's (t u) u term passed gradient * u (inf) times t = 0 into its backward."""
     gen = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 2, 12, 8, generator=gen) for _ in range(3))
     keep = torch.ones(1, 1, 12, 12, dtype=torch.bool)

@@ -26,9 +26,16 @@ T_INIT = (0.0, 0.0, 0.0, 0.0)
 def _term(t: Any, base: torch.Tensor, square: bool) -> torch.Tensor:
     """``t relu(base)``, or ``(t u) u`` with ``u = relu(base)`` when ``square``: never ``t u^2``,
     whose ``u^2`` would overflow (``|x|`` above ~1.8e19 in float32) and make ``t = 0`` give
-    ``0 * inf = NaN``. So ``t = 0`` gives exactly 0, value and gradient, for every finite ``x``."""
+    ``0 * inf = NaN``. So ``t = 0`` gives exactly 0, value and gradient, for every finite ``x``.
+    Past ``u = sqrt(finfo.max)`` (where ``t u^2`` overflows for any ``t`` of size 1) the term
+    is a constant: its gradient there would be the incoming gradient times ``u`` (inf at a
+    ``finfo.min`` mask fill) times ``t``, NaN at ``t = 0``."""
     u = torch.relu(base)
-    return (t * u) * u if square else t * u
+    if not square:
+        return t * u
+    limit = torch.finfo(u.dtype).max ** 0.5
+    capped = u.clamp_max(limit)
+    return torch.where(u > limit, ((t * u) * u).detach(), (t * capped) * capped)
 
 
 def modulator(x: torch.Tensor, r: Sequence[Any], t: Sequence[Any]) -> torch.Tensor:
