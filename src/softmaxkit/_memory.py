@@ -52,17 +52,18 @@ def _madvise():
     return fn
 
 
-def advise_huge_pages(t: torch.Tensor) -> torch.Tensor:
-    """Ask that the untouched memory of ``t`` (a fresh CPU tensor) be backed by huge pages;
-    returns ``t``. Only the 2 MiB-aligned pages inside ``t`` are advised, so memory that
-    other tensors share is never affected. A failed call changes nothing."""
-    _advise(t)
+def advise_huge_pages(t: torch.Tensor, min_bytes: int | None = None) -> torch.Tensor:
+    """Ask that the untouched memory of ``t`` (a fresh CPU tensor of at least ``min_bytes``,
+    default :data:`MIN_BYTES`) be backed by huge pages; returns ``t``. Only the 2 MiB-aligned
+    pages inside ``t`` are advised, so memory that other tensors share is never affected.
+    A failed call changes nothing."""
+    _advise(t, MIN_BYTES if min_bytes is None else min_bytes)
     return t
 
 
-def _advise(t: torch.Tensor) -> bool:
+def _advise(t: torch.Tensor, min_bytes: int) -> bool:
     nbytes = t.numel() * t.element_size()
-    if nbytes < MIN_BYTES or not t.is_cpu:
+    if nbytes < min_bytes or not t.is_cpu:
         return False
     madvise = _madvise()
     if madvise is None:
@@ -76,12 +77,14 @@ def _advise(t: torch.Tensor) -> bool:
 def advised(t: torch.Tensor) -> bool:
     """Whether :func:`advise_huge_pages` would advise ``t`` (and the system accepts it);
     advising twice is harmless."""
-    return _advise(t)
+    return _advise(t, MIN_BYTES)
 
 
-def empty(shape, dtype: torch.dtype) -> torch.Tensor:
-    """``torch.empty(shape, dtype=dtype)`` on the CPU, backed by huge pages when large."""
-    return advise_huge_pages(torch.empty(shape, dtype=dtype))
+def empty(shape, dtype: torch.dtype, min_bytes: int | None = None) -> torch.Tensor:
+    """``torch.empty(shape, dtype=dtype)`` on the CPU, backed by huge pages from ``min_bytes``
+    (default :data:`MIN_BYTES`; a buffer that will be written whole can ask from
+    :data:`HUGE_PAGE` on)."""
+    return advise_huge_pages(torch.empty(shape, dtype=dtype), min_bytes)
 
 
 def empty_like(x: torch.Tensor) -> torch.Tensor:

@@ -63,7 +63,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import forms
+from .. import _memory, forms
 from ..forms import Elementwise, SoftmaxOf, SumNormalized
 from ..registry import NormalizerSpec
 from .inputs import AttentionInputs
@@ -291,7 +291,12 @@ class _Buffers:
         if self.use:
             b, h, _, lk = plan.inp.shape
             n = min(plan.heads, h) * plan.block_q * lk
-            self.flat = [plan.inp.q.new_empty(n) for _ in range(count)]
+            q = plan.inp.q
+            if q.is_cpu:   # one allocation, written whole each block: huge pages, not a fault per 4 KiB
+                whole = _memory.empty((count * n,), q.dtype, min_bytes=_memory.HUGE_PAGE)
+                self.flat = [whole[i * n:(i + 1) * n] for i in range(count)]
+            else:
+                self.flat = [q.new_empty(n) for _ in range(count)]
 
     def matmul(self, i: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         if not self.use:
