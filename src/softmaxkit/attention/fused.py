@@ -582,7 +582,8 @@ class _FusedAttention(torch.autograd.Function):
         leaves = {name: t.detach().requires_grad_(needs[4 + i]) for i, (name, t) in enumerate(zip(plan.names, tensors))}
         wanted = [name for name in plan.names if leaves[name].requires_grad]
         dparams = dict.fromkeys(wanted)
-        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        dq, dk, dv = (_memory.empty(t.shape, t.dtype, min_bytes=_memory.HUGE_PAGE).zero_() if t.is_cpu
+                      else torch.zeros_like(t) for t in (q, k, v))
         factor = plan.inp.scale * (plan.linear or 1.0)
         qs = q * factor
         bufs = _Buffers(plan, 2)
