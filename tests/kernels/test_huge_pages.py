@@ -9,7 +9,7 @@ import torch
 from torch.autograd import forward_ad
 
 import softmaxkit as sk
-from softmaxkit import _memory
+from softmaxkit.kernels import memory
 from softmaxkit.kernels import dispatch
 
 F64 = torch.float64
@@ -17,19 +17,19 @@ F64 = torch.float64
 
 @pytest.fixture
 def every_output_is_large(monkeypatch):
-    monkeypatch.setattr(_memory, "MIN_BYTES", 0)
+    monkeypatch.setattr(memory, "MIN_BYTES", 0)
 
 
 def _thp_offered() -> bool:
-    return _memory._madvise() is not None
+    return memory._madvise() is not None
 
 
 def test_small_outputs_are_plain_and_large_ones_are_advised():
-    small = _memory.empty((4, 8), torch.float32)
+    small = memory.empty((4, 8), torch.float32)
     assert small.shape == (4, 8) and small.dtype == torch.float32 and small.is_contiguous()
-    assert not _memory.advised(small)
-    large = _memory.empty((_memory.MIN_BYTES // 4 + 4096,), torch.float32)
-    assert _memory.advised(large) == _thp_offered()
+    assert not memory.advised(small)
+    large = memory.empty((memory.MIN_BYTES // 4 + 4096,), torch.float32)
+    assert memory.advised(large) == _thp_offered()
     large.fill_(1.5)   # the memory is ordinary memory
     assert float(large[-1]) == 1.5 and float(large.sum()) == 1.5 * large.numel()
 
@@ -39,7 +39,7 @@ def test_the_advice_reaches_the_kernel():
     """The advised range shows up as huge-page backed memory in /proc/self/smaps once
     written (the kernel may still fall back to small pages when no 2 MiB page is free,
     so the test asks only that the mapping carries the hugepage flag)."""
-    t = _memory.empty((_memory.MIN_BYTES // 8 + 8192,), F64)
+    t = memory.empty((memory.MIN_BYTES // 8 + 8192,), F64)
     address = t.data_ptr()
     flags = []
     with open("/proc/self/smaps") as f:
@@ -48,7 +48,7 @@ def test_the_advice_reaches_the_kernel():
             head = line.split()[0]
             if "-" in head and not head.endswith(":"):
                 low, high = (int(a, 16) for a in head.split("-"))
-                current = low <= address + _memory.HUGE_PAGE * 2 < high
+                current = low <= address + memory.HUGE_PAGE * 2 < high
             elif current and head == "VmFlags:":
                 flags = line.split()[1:]
     assert "hg" in flags

@@ -130,15 +130,17 @@ def test_in_place_rows_with_a_visible_prefix(alpha, dtype):
     visible = (torch.arange(300) < stop[:, None]) & (x != float("-inf"))
     want = _reference_rows(x.double().masked_fill(~visible, 0.0), alpha, visible)
     z = x.clone()
-    tau, todo = entmax_in_place(z, alpha, stop)
+    tau, shift, todo = entmax_in_place(z, alpha, stop)
     assert not todo.any()
     torch.testing.assert_close(z.double(), want, rtol=0, atol=1e-6 if dtype == torch.float32 else 1e-10)
-    # the threshold rebuilds the weights: p = [u x - tau]_+^(1/u) on visible entries
+    # the threshold, relative to the row maximum, rebuilds the weights on visible entries,
+    # huge rows included: p = [u (x - shift) - tau]_+^(1/u)
     u = alpha - 1.0
-    rebuilt = (u * x.double().masked_fill(~visible, float("-inf")) - tau.unsqueeze(-1)).clamp_min(0) ** (1 / u)
-    keep = visible.any(-1) & (x.double().abs().amax(-1) < 1e30)   # tau of huge rows loses digits
+    relative = x.masked_fill(~visible, float("-inf")) - shift.to(dtype).unsqueeze(-1)   # in the scores' dtype
+    rebuilt = (u * relative.double() - tau.unsqueeze(-1)).clamp_min(0) ** (1 / u)
+    keep = visible.any(-1)
     torch.testing.assert_close(rebuilt[keep], want[keep], rtol=0, atol=1e-5 if dtype == torch.float32 else 1e-9)
-    assert (tau[~visible.any(-1)] == 0).all()
+    assert (tau[~keep] == 0).all() and (shift[~keep] == 0).all()
 
 
 @pytest.mark.parametrize("alpha", ALPHAS)
@@ -151,7 +153,7 @@ def test_in_place_rows_flag_nan_and_plus_inf_and_leave_them(alpha):
     x[3, 60] = float("nan")                  # past the prefix of row 3: ignored
     stop = torch.tensor([100, 100, 100, 50])
     z = x.clone()
-    _, todo = entmax_in_place(z, alpha, stop)
+    _, _, todo = entmax_in_place(z, alpha, stop)
     assert todo.tolist() == [False, True, True, False]
     assert torch.equal(z[1:3].isnan(), x[1:3].isnan()) and torch.equal(z[2], x[2])
 
@@ -169,7 +171,7 @@ def test_attend_equals_weights_times_values(alpha, dtype):
     visible = (torch.arange(300) < stop.unsqueeze(-1)) & (x != float("-inf"))
     p = _reference_rows(x.double().masked_fill(~visible, 0.0), alpha, visible)
     want = torch.matmul(p, v.double())
-    out, tau, todo = entmax_attend(x, v, alpha, stop)
+    out, tau, shift, todo = entmax_attend(x, v, alpha, stop)
     assert not todo.any() and out.dtype == dtype
     torch.testing.assert_close(out.double(), want, rtol=0, atol=1e-5 if dtype == torch.float32 else 1e-10)
     vs = v[:, :, :0].contiguous()   # d = 0: nothing to write
@@ -224,9 +226,9 @@ def test_tile_grad_equals_autograd_of_the_reference(alpha):
     gy = torch.randn(x.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
     want = _reference_rows(xr, alpha, visible)
     (want_dx,) = torch.autograd.grad(want, xr, gy)
-    tau, _ = entmax_in_place(x.clone(), alpha, stop)
+    tau, shift, _ = entmax_in_place(x.clone(), alpha, stop)
     z, dp = x.clone(), gy.clone()
-    entmax_tile_grad(z, dp, alpha, tau, stop)
+    entmax_tile_grad(z, dp, alpha, tau, shift, stop)
     torch.testing.assert_close(z, want.detach(), rtol=0, atol=1e-9)
     torch.testing.assert_close(dp, want_dx, rtol=0, atol=1e-9)
 
@@ -246,9 +248,9 @@ def test_kernels_leave_torch_thread_count_alone():
             y.sum().backward()
             assert torch.get_num_threads() == 1
         z = torch.randn(2, 32, 100)
-        _, tau, _ = entmax_attend(z, torch.randn(2, 100, 8), 1.5)
+        _, tau, shift, _ = entmax_attend(z, torch.randn(2, 100, 8), 1.5)
         assert torch.get_num_threads() == 1
-        entmax_tile_grad(z, torch.randn(2, 32, 100), 1.5, tau)
+        entmax_tile_grad(z, torch.randn(2, 32, 100), 1.5, tau, shift)
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -63,8 +63,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _memory, forms
+from .. import forms
 from ..forms import Elementwise, SoftmaxOf, SumNormalized
+from ..kernels import memory
 from ..registry import NormalizerSpec
 from .inputs import AttentionInputs
 from .streaming import double_backward_error
@@ -293,7 +294,7 @@ class _Buffers:
             n = min(plan.heads, h) * plan.block_q * lk
             q = plan.inp.q
             if q.is_cpu:   # one allocation, written whole each block: huge pages, not a fault per 4 KiB
-                whole = _memory.empty((count * n,), q.dtype, min_bytes=_memory.HUGE_PAGE)
+                whole = memory.empty((count * n,), q.dtype, min_bytes=memory.HUGE_PAGE)
                 self.flat = [whole[i * n:(i + 1) * n] for i in range(count)]
             else:
                 self.flat = [q.new_empty(n) for _ in range(count)]
@@ -405,7 +406,11 @@ def _entmax(z: torch.Tensor, alpha: float, blk: _Block,
         from ..normalizers.entmax import entmax
 
         p = entmax(blk.fill(z, float("-inf")), alpha=alpha)
-    return p, _tau_of(z, p, alpha, blk.empty)
+    # the threshold relative to the row's maximum, as the kernel returns it (z is filled)
+    shift = z.amax(-1, keepdim=True)
+    shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+    blk.stats["shift"] = shift
+    return p, _tau_of(z - shift, p, alpha, blk.empty)
 
 
 def _tau_of(z: torch.Tensor, p: torch.Tensor, alpha: float, empty: torch.Tensor | None) -> torch.Tensor:
@@ -431,11 +436,14 @@ def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block,
     attend = v is not None and v.dtype == z.dtype and z.dim() == 4 and z.shape[0] == 1
     if attend:   # (the kernel wrappers give torch back its thread count: kernels.cpu.keep_torch_threads)
         assert v is not None
-        out, tau, todo = entmax_attend(z[0], v[0], alpha, None if stop is None else stop[0])
-        out, tau, todo = out.unsqueeze(0), tau.unsqueeze(0), todo.unsqueeze(0)
+        out, tau, shift, todo = entmax_attend(z[0], v[0], alpha, None if stop is None else stop[0])
+        out, tau, shift, todo = out.unsqueeze(0), tau.unsqueeze(0), shift.unsqueeze(0), todo.unsqueeze(0)
     else:
-        tau, todo = entmax_in_place(z, alpha, stop)
+        tau, shift, todo = entmax_in_place(z, alpha, stop)
+    # thresholds relative to each row's maximum (``shift``): exact at huge scores, such as a
+    # row of finfo.min mask fills, where u z - tau in the scores' precision lost the support
     tau = tau.to(z.dtype).unsqueeze(-1)
+    shift = shift.to(z.dtype).unsqueeze(-1)
     if bool(todo.any()):   # a NaN or a +inf: those rows (the kernel left z as it was) by the reference
         rows = z[todo]
         visible = rows != float("-inf")   # a NaN is visible (and makes its row NaN)
@@ -444,6 +452,7 @@ def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block,
         rows = rows.masked_fill(~visible, float("-inf"))
         p = entmax_reference(rows, mask=visible, alpha=alpha)
         tau[todo] = _tau_of(rows, p, alpha, ~visible.any(-1, keepdim=True))
+        shift[todo] = 0
         if not attend:
             z[todo] = p
         else:
@@ -452,6 +461,7 @@ def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block,
             full[todo] = p
             out[todo] = torch.matmul(full, v)[todo]
     blk.stats["attended"] = attend
+    blk.stats["shift"] = shift
     return (out if attend else z), tau
 
 
@@ -467,13 +477,14 @@ def _stop(blk: _Block, shape) -> torch.Tensor | None:
 
 
 def _threshold_grad(z: torch.Tensor, dp: torch.Tensor, blk: _Block, alpha: float):
-    """``p = [u z - tau]_+^{1/u}`` of the tile (thresholds from the forward) and the gradient
+    """``p = [u (z - shift) - tau]_+^{1/u}`` of the tile (thresholds and row maxima from the
+    forward) and the gradient
     of the scores ``s * (dp - sum(s dp) / sum(s))``, ``s = p^{2 - alpha}`` on the support;
     overwrites ``z`` and ``dp``. One numba kernel (two passes over each row's visible prefix)
     where the forward used one, else the same in PyTorch ops."""
     from ..kernels import dispatch
 
-    tau = blk.stats["tau"]
+    tau, shift = blk.stats["tau"], blk.stats["shift"]
     if (not torch.compiler.is_compiling() and z.is_contiguous() and dp.is_contiguous() and dp.dtype == z.dtype
             and dispatch.plan("entmax", z, -1, None, alpha=alpha) == "numba"):
         from ..kernels.cpu.sparse_functions import entmax_tile_grad
@@ -481,11 +492,11 @@ def _threshold_grad(z: torch.Tensor, dp: torch.Tensor, blk: _Block, alpha: float
         stop = _stop(blk, z.shape[:-1])
         if stop is None:
             blk.fill(z, float("-inf"))
-        entmax_tile_grad(z, dp, alpha, tau, stop)
+        entmax_tile_grad(z, dp, alpha, tau, shift, stop)
         return z, dp
     blk.fill(z, float("-inf"))
     u = alpha - 1.0
-    base = z.mul_(u).sub_(tau).clamp_min_(0.0)
+    base = z.sub_(shift).mul_(u).sub_(tau).clamp_min_(0.0)
     if u == 1.0:
         p, sw = base, (base > 0).to(base.dtype)
     elif u == 0.5:
@@ -582,7 +593,7 @@ class _FusedAttention(torch.autograd.Function):
         leaves = {name: t.detach().requires_grad_(needs[4 + i]) for i, (name, t) in enumerate(zip(plan.names, tensors))}
         wanted = [name for name in plan.names if leaves[name].requires_grad]
         dparams = dict.fromkeys(wanted)
-        dq, dk, dv = (_memory.empty(t.shape, t.dtype, min_bytes=_memory.HUGE_PAGE).zero_() if t.is_cpu
+        dq, dk, dv = (memory.empty(t.shape, t.dtype, min_bytes=memory.HUGE_PAGE).zero_() if t.is_cpu
                       else torch.zeros_like(t) for t in (q, k, v))
         factor = plan.inp.scale * (plan.linear or 1.0)
         qs = q * factor

@@ -207,7 +207,7 @@ def page_fault_table(shape, repeats: int) -> Table:
         f"change, and needs THP in 'madvise' or 'always' mode (here: {_thp_mode()}). The cost: memory is "
         "committed in 2 MiB units. Set it before Python starts: THP_MEM_ALLOC_ENABLE=1 python train.py. "
         "sk.softmax (default environment) gets the same gain on its own outputs of 32 MiB and more "
-        "(softmaxkit._memory advises them for huge pages before the first write), and so do its "
+        "(softmaxkit.kernels.memory advises them for huge pages before the first write), and so do its "
         "gradients and the numba kernels' outputs; the switch still helps every other torch op.")
     return table
 

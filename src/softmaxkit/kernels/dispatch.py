@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad
 
-from .. import _memory
+from . import memory
 
 BACKENDS = ("reference", "numba", "triton", "auto")
 OPS = ("softmax", "log_softmax", "logsumexp", "sparsemax", "entmax15", "entmax", "softmax_topk",
@@ -481,7 +481,7 @@ class _LogSumExpGrad(torch.autograd.Function):
         (z,) = ctx.saved_tensors
         if torch.is_grad_enabled():   # create_graph: a graph of the gradient
             return grad * torch.softmax(z, ctx.d), None
-        return torch.softmax(z, ctx.d, out=_memory.empty(z.shape, z.dtype)).mul_(grad), None
+        return torch.softmax(z, ctx.d, out=memory.empty(z.shape, z.dtype)).mul_(grad), None
 
 
 def _aten_logsumexp(z, d):
@@ -575,7 +575,7 @@ def _softmax_lane(x, dim, params, log=False):
     rows = _lane_rows(x, dim)
     if not rows:
         return None
-    if (x.numel() * x.element_size() >= _memory.MIN_BYTES and forward_ad._current_level < 0
+    if (x.numel() * x.element_size() >= memory.MIN_BYTES and forward_ad._current_level < 0
             and not _is_functorch_wrapped(x)):
         out = _huge_page_softmax(x, log)
         if _lane_bad(out, rows):
@@ -589,13 +589,13 @@ def _softmax_lane(x, dim, params, log=False):
 
 class _HugePageSoftmax(torch.autograd.Function):
     """aten's softmax / log-softmax (last axis, contiguous), forward and backward, each
-    writing into a fresh output backed by huge pages (:mod:`softmaxkit._memory`): on a
+    writing into a fresh output backed by huge pages (:mod:`softmaxkit.kernels.memory`): on a
     large input most of aten's own time is page faults on its fresh output. A log-softmax
     with ``-inf`` outputs gets the reference's gradient (see :func:`_drop_invisible_grad`)."""
 
     @staticmethod
     def forward(ctx, x, log):
-        out = _memory.empty_like(x)
+        out = memory.empty_like(x)
         (torch.log_softmax if log else torch.softmax)(x, -1, out=out)
         ctx.save_for_backward(out)
         ctx.log = log
@@ -613,7 +613,7 @@ class _HugePageSoftmax(torch.autograd.Function):
                 return grad - torch.exp(y) * grad.sum(-1, keepdim=True), None
             return y * (grad - (grad * y).sum(-1, keepdim=True)), None
         grad = grad.contiguous()
-        dx = _memory.empty_like(y)
+        dx = memory.empty_like(y)
         if ctx.log:
             torch.ops.aten._log_softmax_backward_data.out(grad, y, -1, y.dtype, out=dx)
         else:
@@ -624,7 +624,7 @@ class _HugePageSoftmax(torch.autograd.Function):
 def _huge_page_softmax(x, log):
     if x.requires_grad and torch.is_grad_enabled():
         return _HugePageSoftmax.apply(x, log)
-    return (torch.log_softmax if log else torch.softmax)(x, -1, out=_memory.empty_like(x))
+    return (torch.log_softmax if log else torch.softmax)(x, -1, out=memory.empty_like(x))
 
 
 def _log_softmax_lane(x, dim, params):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ... import _memory
+from .. import memory
 from . import FLAG_TODO, call_kernel, keep_torch_threads, sync_threads
 from . import softmax as _k
 
@@ -42,7 +42,7 @@ def _run_forward(x: torch.Tensor, scale: float, algorithm: int, mode: int):
     rows = x2.shape[0]
     lse = torch.empty(rows, dtype=x.dtype)
     special = torch.full((rows,), FLAG_TODO, dtype=torch.uint8)
-    out = _memory.empty_like(x2) if mode != _k.LSE else torch.empty((1, 0), dtype=x.dtype)
+    out = memory.empty_like(x2) if mode != _k.LSE else torch.empty((1, 0), dtype=x.dtype)
     with np.errstate(over="ignore"):   # 1/T beyond the dtype's range: inf, as the reference's x * (1/T)
         scale_x = dtype(scale)
     call_kernel(("softmax", "log_softmax", "logsumexp")[mode], _k.normalize_rows, x2.numpy(), out.numpy(),
@@ -59,7 +59,7 @@ def _run_forward(x: torch.Tensor, scale: float, algorithm: int, mode: int):
 def _run_backward(y2: torch.Tensor, grad: torch.Tensor, special: torch.Tensor, scale: float, mode: int):
     sync_threads()
     g2 = grad.detach().reshape(y2.shape).contiguous()
-    dx = _memory.empty_like(y2)
+    dx = memory.empty_like(y2)
     dtype = y2.numpy().dtype.type
     with np.errstate(over="ignore"):
         scale_x = dtype(scale)

@@ -296,18 +296,19 @@ def _solve(vals, idx, count, u, lower):
 def _support(x, u, stop, peaks, vals, idx):
     """Solve alpha-entmax on ``x[:stop]`` (entries past ``stop`` are hidden, as are ``-inf``).
 
-    Returns ``(status, tau, count)``: status 0 with the weights of the support in
-    ``vals[:count]`` at the positions ``idx[:count]`` and the threshold ``tau``
-    (``p = [u x - tau]_+^{1/u}``); status 2 for a row with nothing visible (``tau = 0``);
-    status 1 for a row left to the reference (a NaN or a ``+inf``, or no finite distribution
-    found). ``peaks``, ``vals``, ``idx``: scratch of at least ``ceil(stop / BLOCK)``,
+    Returns ``(status, tau, count, top)``: status 0 with the weights of the support in
+    ``vals[:count]`` at the positions ``idx[:count]``, the threshold ``tau`` relative to the
+    row maximum ``top`` (``p = [u (x - top) - tau]_+^{1/u}``: relative, the threshold keeps its
+    precision at huge scores such as a row of ``finfo.min`` mask fills); status 2 for a row
+    with nothing visible (``tau = top = 0``); status 1 for a row left to the reference (a NaN
+    or a ``+inf``, or no finite distribution found). ``peaks``, ``vals``, ``idx``: scratch of at least ``ceil(stop / BLOCK)``,
     ``stop``, ``stop`` entries. ``x`` is only read.
     """
     if stop <= 0:
-        return 2, 0.0, 0
+        return 2, 0.0, 0, 0.0
     xs = x[:stop]
     if _count_nan(xs):
-        return 1, 0.0, 0
+        return 1, 0.0, 0, 0.0
     neg_inf = cast_like(-np.inf, x[0])
     nb = (stop + BLOCK - 1) // BLOCK
     top = neg_inf
@@ -317,9 +318,9 @@ def _support(x, u, stop, peaks, vals, idx):
         if m > top:
             top = m
     if top == -neg_inf:
-        return 1, 0.0, 0
+        return 1, 0.0, 0, 0.0
     if top == neg_inf:
-        return 2, 0.0, 0
+        return 2, 0.0, 0, 0.0
     top64 = np.float64(top)
     # level 1: the block maxima are a subset of the row, and the threshold of a subset is a
     # lower bound on the row's (f only grows with more entries)
@@ -349,20 +350,21 @@ def _support(x, u, stop, peaks, vals, idx):
         vals[i] = _power(w, u) if w > 0 else 0.0
         total += vals[i]
     if not (total > 0.5 and total < 2.0):
-        return 1, 0.0, 0
+        return 1, 0.0, 0, 0.0
     if u != 1.0 and u != 0.5:   # closed forms are exact; elsewhere the tolerance of the solver
         for i in range(count):
             vals[i] /= total
-    return 0, u * (top64 + theta), count
+    return 0, u * theta, count, top64
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def entmax_rows(x, out, alpha, stop, tau, special, groups):
+def entmax_rows(x, out, alpha, stop, tau, shift, special, groups):
     """alpha-entmax of each row of ``x`` (C-contiguous 2-d) into ``out`` (which may be ``x``:
     a row is written after it is solved; a row flagged in ``special`` is not written).
 
     ``alpha`` float64 and ``stop`` int64 (entries ``>= stop`` are hidden), one per row;
-    ``tau`` (float64) receives each row's threshold, ``p = [(alpha - 1) x - tau]_+^{1/(alpha-1)}``.
+    ``tau`` and ``shift`` (float64) receive each row's threshold and maximum,
+    ``p = [(alpha - 1) (x - shift) - tau]_+^{1/(alpha-1)}``.
     Rows are dealt round-robin to ``groups`` groups (causal rows differ in length; a few per
     thread balance them), each with its own scratch."""
     rows, n = x.shape
@@ -372,8 +374,9 @@ def entmax_rows(x, out, alpha, stop, tau, special, groups):
         vals = np.empty(n + 1, np.float64)
         idx = np.empty(n + 1, np.int64)
         for r in range(g, rows, groups):
-            status, t, count = _support(x[r], alpha[r] - 1.0, min(n, stop[r]), peaks, vals, idx)
+            status, t, count, top = _support(x[r], alpha[r] - 1.0, min(n, stop[r]), peaks, vals, idx)
             tau[r] = t
+            shift[r] = top
             special[r] = 1 if status == 1 else 0
             if status != 1:
                 o = out[r]
@@ -383,12 +386,12 @@ def entmax_rows(x, out, alpha, stop, tau, special, groups):
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def entmax_attend(x, v, rows_per_head, alpha, stop, out, tau, special, groups):
+def entmax_attend(x, v, rows_per_head, alpha, stop, out, tau, shift, special, groups):
     """``out = alpha-entmax(x) v`` row by row, from the support only (no weight matrix).
 
     ``x`` ``(rows, n)`` C-contiguous scores (``-inf`` hidden), row ``r`` belonging to head
     ``r // rows_per_head`` of ``v`` ``(heads, n, d)``; ``out`` ``(rows, d)``; ``alpha``, ``stop``,
-    ``tau``, ``special`` as in :func:`entmax_rows` (a flagged row of ``out`` is not written).
+    ``tau``, ``shift``, ``special`` as in :func:`entmax_rows` (a flagged row of ``out`` is not written).
     The products accumulate in float64."""
     rows, n = x.shape
     d = v.shape[2]
@@ -399,8 +402,9 @@ def entmax_attend(x, v, rows_per_head, alpha, stop, out, tau, special, groups):
         idx = np.empty(n + 1, np.int64)
         acc = np.empty(d, np.float64)
         for r in range(g, rows, groups):
-            status, t, count = _support(x[r], alpha[r] - 1.0, min(n, stop[r]), peaks, vals, idx)
+            status, t, count, top = _support(x[r], alpha[r] - 1.0, min(n, stop[r]), peaks, vals, idx)
             tau[r] = t
+            shift[r] = top
             special[r] = 1 if status == 1 else 0
             if status == 1:
                 continue
@@ -473,11 +477,11 @@ def _grad_write(z, dp, u, t, mean):
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def entmax_tile_grad(z, dp, alpha, tau, stop, groups):
+def entmax_tile_grad(z, dp, alpha, tau, shift, stop, groups):
     """The closed-form backward of alpha-entmax rows given their thresholds, in place.
 
     Row ``r`` of ``z`` (scores, ``-inf`` hidden; entries ``>= stop[r]`` hidden whatever they
-    hold) becomes ``p = [u z - tau_r]_+^{1/u}`` and row ``r`` of ``dp`` (the incoming gradient
+    hold) becomes ``p = [u (z - shift_r) - tau_r]_+^{1/u}`` and row ``r`` of ``dp`` (the incoming gradient
     of ``p``) becomes the gradient of the scores, ``s (dp - sum(s dp) / sum(s))`` with
     ``s = p^{2 - alpha}`` on the support (Peters, Niculae & Martins 2019, arXiv 1905.05702).
     Two passes over each row's visible prefix, in the scores' precision like the forward."""
@@ -491,6 +495,10 @@ def entmax_tile_grad(z, dp, alpha, tau, stop, groups):
             dr = dp[r]
             if stop_r > 0:
                 t = cast_like(tau[r], zr[0])
+                c = cast_like(shift[r], zr[0])
+                if c != 0:   # here, not in the fastmath loops, whose reassociation would undo it
+                    for j in range(stop_r):
+                        zr[j] = zr[j] - c
                 uu = cast_like(u, zr[0])
                 s_sum, sd = _grad_sums(zr[:stop_r], dr[:stop_r], uu, t)
                 mean = sd / s_sum if s_sum > 0 else sd - sd

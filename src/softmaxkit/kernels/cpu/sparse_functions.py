@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ... import _memory
+from .. import memory
 from . import FLAG_TODO, call_kernel, keep_torch_threads, sync_threads
 from . import sparse as _k
 
@@ -49,12 +49,13 @@ class _EntmaxFunction(torch.autograd.Function):
         x2 = x.detach().reshape(-1, n)
         rows = x2.shape[0]
         alpha = _alpha_rows(alpha_tensor if alpha_tensor is not None else alpha_value, rows)
-        out = _memory.empty_like(x2)
+        out = memory.empty_like(x2)
         special = torch.full((rows,), FLAG_TODO, dtype=torch.uint8)
         stop = np.full(rows, n, dtype=np.int64)
         tau = np.empty(rows, dtype=np.float64)
-        call_kernel("entmax", _k.entmax_rows, x2.numpy(), out.numpy(), alpha.numpy(), stop, tau, special.numpy(),
-                    _k.GROUPS_PER_THREAD * threads)
+        shift = np.empty(rows, dtype=np.float64)
+        call_kernel("entmax", _k.entmax_rows, x2.numpy(), out.numpy(), alpha.numpy(), stop, tau, shift,
+                    special.numpy(), _k.GROUPS_PER_THREAD * threads)
         todo = special != 0
         if bool(todo.any()):
             out[todo] = 0
@@ -77,7 +78,7 @@ class _EntmaxFunction(torch.autograd.Function):
         out = y.detach().reshape(-1, y.shape[-1])
         sync_threads()
         g2 = grad.reshape(out.shape).contiguous()
-        dx = _memory.empty_like(out)
+        dx = memory.empty_like(out)
         dalpha = torch.empty(out.shape[0], dtype=torch.float64)
         keep_torch_threads(_k.entmax_backward_rows, out.numpy(), g2.numpy(), alpha.numpy(), dx.numpy(),
                            dalpha.numpy())
@@ -104,9 +105,10 @@ def entmax_in_place(x: torch.Tensor, alpha: float, stop: torch.Tensor | None = N
 
     ``stop``: int64 per row (``x.shape[:-1]``), the visible prefix of each row; entries at or
     after it are hidden (set to 0) whatever they hold. ``-inf`` entries are hidden too.
-    Returns ``(tau, todo)``: each row's threshold (float64, ``x.shape[:-1]``) with
-    ``p = [(alpha - 1) x - tau]_+^{1/(alpha - 1)}`` (0 for a row with nothing visible), and the
-    rows the kernel left to the reference (a NaN or a ``+inf``), which still hold their input.
+    Returns ``(tau, shift, todo)``: each row's threshold and maximum (float64,
+    ``x.shape[:-1]``) with ``p = [(alpha - 1) (x - shift) - tau]_+^{1/(alpha - 1)}`` (both 0 for
+    a row with nothing visible), and the rows the kernel left to the reference (a NaN or a
+    ``+inf``), which still hold their input.
     """
     threads = sync_threads()
     n = x.shape[-1]
@@ -115,45 +117,52 @@ def entmax_in_place(x: torch.Tensor, alpha: float, stop: torch.Tensor | None = N
     stops = np.full(rows, n, dtype=np.int64) if stop is None else stop.reshape(rows).to(torch.int64).numpy()
     alphas = np.full(rows, float(alpha), dtype=np.float64)
     tau = np.zeros(rows, dtype=np.float64)
+    shift = np.zeros(rows, dtype=np.float64)
     special = np.full(rows, FLAG_TODO, dtype=np.uint8)
     a = x2.detach().numpy()
-    call_kernel("entmax", _k.entmax_rows, a, a, alphas, stops, tau, special, _k.GROUPS_PER_THREAD * threads)
+    call_kernel("entmax", _k.entmax_rows, a, a, alphas, stops, tau, shift, special, _k.GROUPS_PER_THREAD * threads)
     shape = x.shape[:-1]
-    return torch.from_numpy(tau).reshape(shape), torch.from_numpy(special != 0).reshape(shape)
+    return (torch.from_numpy(tau).reshape(shape), torch.from_numpy(shift).reshape(shape),
+            torch.from_numpy(special != 0).reshape(shape))
 
 
 def entmax_attend(x: torch.Tensor, v: torch.Tensor, alpha: float, stop: torch.Tensor | None = None):
     """``alpha-entmax(x) @ v`` from each row's support, without the weight matrix and without
     autograd (the fused attention path). ``x``: ``(heads, rows, n)`` scores (CPU, C-contiguous,
     float32 / float64; ``-inf`` hidden); ``v``: ``(heads, n, d)``, same dtype; ``stop``: int64
-    per row (``(heads, rows)``), the visible prefix. Returns ``(out, tau, todo)``: ``out``
-    ``(heads, rows, d)``, the thresholds as in :func:`entmax_in_place`, and the rows left to
-    the reference (a NaN or a ``+inf``), whose ``out`` is zero."""
+    per row (``(heads, rows)``), the visible prefix. Returns ``(out, tau, shift, todo)``: ``out``
+    ``(heads, rows, d)``, the thresholds and maxima as in :func:`entmax_in_place`, and the rows
+    left to the reference (a NaN or a ``+inf``), whose ``out`` is zero."""
     threads = sync_threads()
     heads, m, n = x.shape
     rows = heads * m
     stops = np.full(rows, n, dtype=np.int64) if stop is None else stop.reshape(rows).to(torch.int64).numpy()
     alphas = np.full(rows, float(alpha), dtype=np.float64)
     tau = np.zeros(rows, dtype=np.float64)
+    shift = np.zeros(rows, dtype=np.float64)
     special = np.full(rows, FLAG_TODO, dtype=np.uint8)
     out = x.new_zeros(heads, m, v.shape[-1])
     call_kernel("entmax", _k.entmax_attend, x.detach().view(rows, n).numpy(), v.detach().numpy(), m, alphas, stops,
-                out.view(rows, -1).numpy(), tau, special, _k.GROUPS_PER_THREAD * threads)
+                out.view(rows, -1).numpy(), tau, shift, special, _k.GROUPS_PER_THREAD * threads)
     shape = (heads, m)
-    return out, torch.from_numpy(tau).reshape(shape), torch.from_numpy(special != 0).reshape(shape)
+    return (out, torch.from_numpy(tau).reshape(shape), torch.from_numpy(shift).reshape(shape),
+            torch.from_numpy(special != 0).reshape(shape))
 
 
-def entmax_tile_grad(z: torch.Tensor, dp: torch.Tensor, alpha: float, tau: torch.Tensor,
+def entmax_tile_grad(z: torch.Tensor, dp: torch.Tensor, alpha: float, tau: torch.Tensor, shift: torch.Tensor,
                      stop: torch.Tensor | None = None) -> None:
     """The closed-form alpha-entmax backward on a tile, in place (the fused attention path):
-    ``z`` (scores, C-contiguous, CPU, float32 / float64) becomes ``p = [u z - tau]_+^{1/u}`` and
-    ``dp`` (same shape and dtype, the gradient of ``p``) the gradient of the scores. ``tau``:
-    one threshold per row (``z.shape[:-1]``, trailing 1 allowed); ``stop``: int64 per row, the
-    visible prefix (entries after it are hidden). See :func:`.sparse.entmax_tile_grad`."""
+    ``z`` (scores, C-contiguous, CPU, float32 / float64) becomes
+    ``p = [u (z - shift) - tau]_+^{1/u}`` and ``dp`` (same shape and dtype, the gradient of
+    ``p``) the gradient of the scores. ``tau``, ``shift``: one threshold and maximum per row
+    (``z.shape[:-1]``, trailing 1 allowed), as :func:`entmax_in_place` returns them; ``stop``:
+    int64 per row, the visible prefix (entries after it are hidden). See
+    :func:`.sparse.entmax_tile_grad`."""
     threads = sync_threads()
     n = z.shape[-1]
     rows = z.numel() // max(n, 1)
     stops = np.full(rows, n, dtype=np.int64) if stop is None else stop.reshape(rows).to(torch.int64).numpy()
     taus = tau.reshape(rows).to(torch.float64).numpy()
+    shifts = shift.reshape(rows).to(torch.float64).numpy()
     keep_torch_threads(_k.entmax_tile_grad, z.view(rows, n).numpy(), dp.view(rows, n).numpy(), float(alpha), taus,
-                       stops, _k.GROUPS_PER_THREAD * threads)
+                       shifts, stops, _k.GROUPS_PER_THREAD * threads)
