@@ -301,8 +301,8 @@ def _support(x, u, stop, peaks, vals, idx):
     row maximum ``top`` (``p = [u (x - top) - tau]_+^{1/u}``: relative, the threshold keeps its
     precision at huge scores such as a row of ``finfo.min`` mask fills); status 2 for a row
     with nothing visible (``tau = top = 0``); status 1 for a row left to the reference (a NaN
-    or a ``+inf``, or no finite distribution found). ``peaks``, ``vals``, ``idx``: scratch of at least ``ceil(stop / BLOCK)``,
-    ``stop``, ``stop`` entries. ``x`` is only read.
+    or a ``+inf``, or no finite distribution found). ``peaks``, ``vals``, ``idx``: scratch of
+    at least ``ceil(stop / BLOCK)``, ``stop``, ``stop`` entries. ``x`` is only read.
     """
     if stop <= 0:
         return 2, 0.0, 0, 0.0
