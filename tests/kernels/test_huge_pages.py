@@ -27,9 +27,9 @@ def _thp_offered() -> bool:
 def test_small_outputs_are_plain_and_large_ones_are_advised():
     small = memory.empty((4, 8), torch.float32)
     assert small.shape == (4, 8) and small.dtype == torch.float32 and small.is_contiguous()
-    assert not memory.advised(small)
+    assert not memory.advise_huge_pages(small)
     large = memory.empty((memory.MIN_BYTES // 4 + 4096,), torch.float32)
-    assert memory.advised(large) == _thp_offered()
+    assert memory.advise_huge_pages(large) == _thp_offered()
     large.fill_(1.5)   # the memory is ordinary memory
     assert float(large[-1]) == 1.5 and float(large.sum()) == 1.5 * large.numel()
 

@@ -52,18 +52,13 @@ def _madvise():
     return fn
 
 
-def advise_huge_pages(t: torch.Tensor, min_bytes: int | None = None) -> torch.Tensor:
+def advise_huge_pages(t: torch.Tensor, min_bytes: int | None = None) -> bool:
     """Ask that the untouched memory of ``t`` (a fresh CPU tensor of at least ``min_bytes``,
-    default :data:`MIN_BYTES`) be backed by huge pages; returns ``t``. Only the 2 MiB-aligned
-    pages inside ``t`` are advised, so memory that other tensors share is never affected.
-    A failed call changes nothing."""
-    _advise(t, MIN_BYTES if min_bytes is None else min_bytes)
-    return t
-
-
-def _advise(t: torch.Tensor, min_bytes: int) -> bool:
+    default :data:`MIN_BYTES`) be backed by huge pages; whether the system took the advice.
+    Only the 2 MiB-aligned pages inside ``t`` are advised, so memory that other tensors
+    share is never affected; advising twice, or a failed call, changes nothing."""
     nbytes = t.numel() * t.element_size()
-    if nbytes < min_bytes or not t.is_cpu:
+    if nbytes < (MIN_BYTES if min_bytes is None else min_bytes) or not t.is_cpu:
         return False
     madvise = _madvise()
     if madvise is None:
@@ -74,17 +69,13 @@ def _advise(t: torch.Tensor, min_bytes: int) -> bool:
     return high > low and madvise(low, high - low, _MADV_HUGEPAGE) == 0
 
 
-def advised(t: torch.Tensor) -> bool:
-    """Whether :func:`advise_huge_pages` would advise ``t`` (and the system accepts it);
-    advising twice is harmless."""
-    return _advise(t, MIN_BYTES)
-
-
 def empty(shape, dtype: torch.dtype, min_bytes: int | None = None) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype)`` on the CPU, backed by huge pages from ``min_bytes``
     (default :data:`MIN_BYTES`; a buffer that will be written whole can ask from
     :data:`HUGE_PAGE` on)."""
-    return advise_huge_pages(torch.empty(shape, dtype=dtype), min_bytes)
+    t = torch.empty(shape, dtype=dtype)
+    advise_huge_pages(t, min_bytes)
+    return t
 
 
 def empty_like(x: torch.Tensor) -> torch.Tensor:
