@@ -241,6 +241,22 @@ def _max_of(row, hidden, r, masked, g, n, hp, start):
     return m
 
 
+@njit(cache=False, error_model="numpy", inline="always")
+def _piece_sums(row, drow, hidden, r, masked, fn, n, hp):
+    """``sum f`` and ``sum f dp`` over the visible entries of ``row``, ``f = fn(x)``: the first
+    pass of the backward kernels that form ``dp - dd`` from the row."""
+    zero = cast_like(0.0, n)
+    total = zero
+    weighted = zero
+    for j in range(row.shape[0]):
+        f = fn(row[j], n, hp)
+        if masked:
+            f = zero if hidden[r, j] else f
+        total += f
+        weighted += f * drow[j]
+    return total, weighted
+
+
 @njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, w, dg, apply_d):
     """``dS = dg p (dp - dd)``, ``p = w / W``, with ``dp - dd`` formed from the row as
@@ -254,15 +270,8 @@ def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, w
         dfull = dp[r]
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
-        total = cast_like(0.0, n)
-        weighted = cast_like(0.0, n)
         zero = cast_like(0.0, n)
-        for j in range(row.shape[0]):
-            e = w(row[j], n, hp)
-            if masked:
-                e = zero if hidden[r, j] else e
-            total += e
-            weighted += e * drow[j]
+        total, weighted = _piece_sums(row, drow, hidden, r, masked, w, n, hp)
         inv = cast_like(1.0, n) / total if total > 0 else zero
         for j in range(row.shape[0]):
             x = row[j]
@@ -320,14 +329,7 @@ def sum_normalized_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
         zero = cast_like(0.0, n)
-        total = zero
-        weighted = zero
-        for j in range(row.shape[0]):
-            f = h(row[j], n, hp)
-            if masked:
-                f = zero if hidden[r, j] else f
-            total += f
-            weighted += f * drow[j]
+        total, weighted = _piece_sums(row, drow, hidden, r, masked, h, n, hp)
         den = total + eps
         inv = cast_like(1.0, n) / den if den != 0 else cast_like(1.0, n)
         for j in range(row.shape[0]):
