@@ -250,3 +250,28 @@ def test_rule_normalizers_rows_against_their_reference(name, dtype):
     torch.testing.assert_close(p.double(), want, **tol)
     torch.testing.assert_close(ds.double(), want_ds, **tol)
     assert (got[~vis] == 0).all() and (ds[~vis] == 0).all() and (ds[4] == 0).all()
+
+
+def test_compiled_call_picks_the_specialisation_of_each_kind_of_arguments():
+    """compiled_call caches one entry point per kind of arguments: float32 and float64 tiles,
+    another piece, and a non-contiguous array each reach their own specialisation (the kernel's
+    own result through the dispatcher is the reference)."""
+    from softmaxkit.kernels.cpu import compiled_call
+
+    sig = importlib.import_module("softmaxkit.normalizers.sigmoid")._numba_pieces()
+    relu = importlib.import_module("softmaxkit.normalizers.relu")._numba_pieces()
+    gen = np.random.default_rng(0)
+    hidden = np.zeros((0, 0), dtype=np.bool_)
+    for dtype in (np.float32, np.float64, np.float32):
+        for pieces in (sig, relu, sig):
+            for contiguous in (True, False):
+                base = gen.standard_normal((6, 14)).astype(dtype)
+                tile = base if contiguous else base[:, ::2]
+                lim = np.array([7, 0, 3, 7, 5, 1], dtype=np.int64)
+                cnt = np.maximum(lim, 1).astype(dtype)
+                par = np.zeros((2, 3), dtype=dtype)
+                want = tile.copy()
+                rows.elementwise_forward(want, lim, hidden, cnt, par, 3, pieces.row, pieces.fn)
+                got = tile.copy() if contiguous else base.copy()[:, ::2]
+                compiled_call(rows.elementwise_forward, got, lim, hidden, cnt, par, 3, pieces.row, pieces.fn)
+                np.testing.assert_array_equal(got, want)

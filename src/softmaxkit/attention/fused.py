@@ -226,6 +226,10 @@ class _Plan:
         off = lk - lq
         may_be_empty = inp.has_user_mask or (inp.is_causal and off < 0)
         dtype = inp.q.dtype
+        # The row kernels see the causal triangle as each row's key limit and count the visible keys
+        # from it: without a user mask or a parameter that reads them, the torch masks are not built.
+        lean = self.tiles is not None and not self.names and self.fixed.get(forms.COUNT) is None
+        triangles: dict = {}
         for r0 in range(0, lq, self.block_q):
             r1 = min(r0 + self.block_q, lq)
             c = min(lk, r1 + off) if inp.is_causal else lk
@@ -234,9 +238,13 @@ class _Plan:
             d0, tri = c, None
             if inp.is_causal:
                 d0 = max(0, r0 + off + 1)
-                if d0 < c:
-                    rows = torch.arange(r0, r1, device=inp.q.device).unsqueeze(-1)
-                    tri = torch.arange(d0, c, device=inp.q.device) > rows + off
+                if d0 < c and not (lean and not inp.has_user_mask):
+                    # row i of the block hides keys d0 + j with j >= i + (d0 - r0 - off - 1) + 1
+                    key = (r1 - r0, c - d0, d0 - r0 - off)
+                    tri = triangles.get(key)
+                    if tri is None:
+                        rows = torch.arange(r1 - r0, device=inp.q.device).unsqueeze(-1)
+                        tri = triangles[key] = torch.arange(d0 - r0 - off, c - r0 - off, device=inp.q.device) > rows
             for b in range(b_):
                 for h0 in range(0, h_, self.heads):
                     h1 = min(h0 + self.heads, h_)
@@ -251,7 +259,7 @@ class _Plan:
                         hidden = hidden.clone()
                         hidden[..., d0:] |= tri
                     blk = _Block(b, h0, h1, r0, r1, c, d0, tri, hidden, additive)
-                    if self.needs_count or may_be_empty:
+                    if (self.needs_count or may_be_empty) and not (lean and hidden is None):
                         if hidden is not None:
                             count = (~hidden).sum(-1, keepdim=True).to(dtype)
                         else:
@@ -735,11 +743,11 @@ def _tile_args(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
 def _run_kernel(kernel, *args) -> None:
     """Run a row kernel with torch's thread count (numba's OpenMP pool would otherwise reset
     the count torch reads, seen: 1 -> 2, and oversubscribe every later torch operation)."""
-    from ..kernels.cpu import sync_threads
+    from ..kernels.cpu import compiled_call, sync_threads
 
     threads = torch.get_num_threads()
     sync_threads()
-    kernel(*args)
+    compiled_call(kernel, *args)
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
 

@@ -18,7 +18,9 @@ from __future__ import annotations
 import warnings
 
 import numba
+import numpy as np
 import torch
+from numba.core.dispatcher import Dispatcher
 
 #: ``special`` value of a row no kernel has finished (see the module docstring).
 FLAG_TODO = 2
@@ -46,6 +48,38 @@ def call_kernel(op: str, kernel, *args) -> None:
     except Exception as exc:
         warnings.warn(f"the numba kernel for {op} raised {type(exc).__name__}: {exc}; the rows it did "
                       "not finish are recomputed by the reference", RuntimeWarning, stacklevel=3)
+
+
+_ENTRY_POINTS: dict = {}
+
+
+def _arg_key(arg):
+    if isinstance(arg, np.ndarray):
+        flags = arg.flags
+        return (arg.dtype.char, arg.ndim, flags.c_contiguous, flags.writeable, flags.aligned)
+    if isinstance(arg, Dispatcher):
+        return id(arg)
+    return type(arg)
+
+
+def compiled_call(kernel, *args) -> None:
+    """``kernel(*args)`` through the entry point of the specialisation that matches the
+    arguments, found once per kind of arguments: numba's dispatcher types every argument on
+    every call, and a function argument (the attention row kernels' pieces) costs it about
+    60 us, as much as a small kernel. The key holds what the type of each argument depends
+    on (dtype, dimensions, layout and flags of an array; the identity of a function, which the
+    entry keeps alive; the Python type of a scalar)."""
+    key = (id(kernel),) + tuple(map(_arg_key, args))
+    entry = _ENTRY_POINTS.get(key)
+    if entry is None:
+        kernel(*args)   # compiles on first use
+        signature = tuple(kernel.typeof_pyval(arg) for arg in args)
+        compiled = kernel.overloads.get(signature)
+        if compiled is not None:   # (None: numba converted an argument; the dispatcher keeps doing so)
+            held = tuple(arg for arg in args if isinstance(arg, Dispatcher))
+            _ENTRY_POINTS[key] = (compiled.entry_point, kernel, held)
+        return
+    entry[0](*args)
 
 
 def sync_threads() -> int:
