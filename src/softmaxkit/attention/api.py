@@ -10,13 +10,14 @@ from .._checks import check_choice
 from ..forms import COUNT, SoftmaxOf
 from ..registry import NormalizerSpec
 from .dense import dense_attention
-from .fused import auto_prefers, fused_attention, row_kernels_apply
+from .fused import auto_prefers, fused_attention, pays_off_when_small, row_kernels_apply
 from .inputs import AttentionInputs, prepare
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
 METHODS = ("auto", "sdpa", "fused", "streaming", "dense")
 #: ``method="auto"`` takes the dense path when ``Lq * Lk`` is at most this (128 x 128): the
-#: score matrix is small and one dense pass beats the streaming loop there.
+#: score matrix is small and one dense pass beats the streaming loop there (and the fused
+#: loop, unless its tiles stay full: :func:`.fused.pays_off_when_small`).
 SMALL_SCORES = 128 * 128
 
 
@@ -105,7 +106,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     normalizer's family; every streamable normalizer can also run over key blocks
     (``method="streaming"``, the GPU default). Parameters that vary per query or key use the
     dense reference, as does ``method="auto"`` for short inputs (``Lq * Lk <= 128 * 128``),
-    where it is faster.
+    where it is faster, unless the CPU row kernels still fill their tiles there (decoding
+    against a long cache, many heads of 128 queries).
 
     Visibility: ``attn_mask`` is bool (True = visible) or float (added to the scores;
     ``-inf`` hides a key), broadcastable to ``(B, H, Lq, Lk)``; ``is_causal`` lets query
@@ -197,14 +199,17 @@ def _params_per_head(spec: NormalizerSpec, merged: dict, inp: AttentionInputs) -
 
 def _auto(spec: NormalizerSpec, params: dict, merged: dict, inp: AttentionInputs) -> str:
     """The method ``"auto"`` runs: SDPA for ``softmax(a x)``; the dense reference for small
-    inputs (``Lq * Lk <= SMALL_SCORES``) and for parameters that vary per query or key; on the
+    inputs (``Lq * Lk <= SMALL_SCORES``, unless the CPU row kernels pay off there:
+    :func:`.fused.pays_off_when_small`) and for parameters that vary per query or key; on the
     CPU the fused path (the four forms, and normalizers that cannot stream: see
     :func:`.fused.auto_prefers`); otherwise streaming when the normalizer streams, else dense.
     The choice follows ``softmaxkit bench attention`` (fastest exact path per normalizer)."""
     if _sdpa_factor(spec, params, inp) is not None:
         return "sdpa"
     _, _, lq, lk = inp.shape
-    if lq * lk <= SMALL_SCORES or not _params_per_head(spec, merged, inp):
+    if not _params_per_head(spec, merged, inp):
+        return "dense"
+    if lq * lk <= SMALL_SCORES and not (inp.q.device.type == "cpu" and pays_off_when_small(spec, merged, inp)):
         return "dense"
     streams = spec.stream_rule(merged) is not None
     if inp.q.device.type == "cpu" and auto_prefers(spec, merged, streams, row_kernels_apply(inp)):

@@ -307,20 +307,26 @@ class _Buffers:
             else:
                 self.flat = [q.new_empty(n) for _ in range(count)]
 
-    def matmul(self, i: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    def matmul(self, i: int, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+        """``alpha (a @ b)`` for a block's ``(1, heads, ., .)`` slices, into buffer ``i``; the GEMM
+        applies ``alpha`` (no scaled copy of ``a``)."""
         if not self.use:
-            return torch.matmul(a, b)
+            return torch.matmul(a, b) * alpha if alpha != 1.0 else torch.matmul(a, b)
         shape = a.shape[:-1] + b.shape[-1:]
         out = self.flat[i][:shape.numel()].view(shape)
-        return torch.matmul(a, b, out=out)
+        if alpha == 1.0:
+            return torch.matmul(a, b, out=out)
+        torch.baddbmm(out[0], a[0], b[0], beta=0.0, alpha=alpha, out=out[0])
+        return out
 
 
-def _scores(plan: _Plan, bufs: _Buffers, qs: torch.Tensor, blk: _Block, slot: int = 0) -> torch.Tensor:
+def _scores(plan: _Plan, bufs: _Buffers, blk: _Block, slot: int = 0) -> torch.Tensor:
     """``(q scale) k^T (+ additive mask)`` on the block; hidden entries finite (0 where the
     additive mask is ``-inf``), to be filled by the caller. With a linear factor ``a`` folded
-    into ``qs`` (``softmax(a x)``), the mask is scaled by ``a`` too: ``a (q k^T scale + mask)``."""
+    into the scale (``softmax(a x)``), the mask is scaled by ``a`` too: ``a (q k^T scale + mask)``."""
     k = plan.inp.k[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c]
-    s = bufs.matmul(slot, qs[blk.b:blk.b + 1, blk.h0:blk.h1, blk.r0:blk.r1], k.transpose(-1, -2))
+    q = plan.inp.q[blk.b:blk.b + 1, blk.h0:blk.h1, blk.r0:blk.r1]
+    s = bufs.matmul(slot, q, k.transpose(-1, -2), plan.inp.scale * (plan.linear or 1.0))
     if blk.additive is not None:
         s.add_(blk.additive, alpha=1.0 if plan.linear is None else plan.linear)
         assert blk.hidden is not None  # an additive mask always comes with its hidden entries
@@ -567,12 +573,11 @@ class _FusedAttention(torch.autograd.Function):
         out = q.new_zeros(b, h, lq, v.shape[-1])
         params_full = dict(zip(plan.names, tensors))
         bufs = _Buffers(plan, 1)
-        qs = q * (plan.inp.scale * (plan.linear or 1.0))   # one pass over q
         blocks = []
         with torch.no_grad():
             for blk in plan.blocks():
                 params = _block_params(plan, params_full, blk)
-                s = _scores(plan, bufs, qs, blk)
+                s = _scores(plan, bufs, blk)
                 vb = v[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c]
                 if plan.tiles is not None:
                     p, den = _tile_forward(plan, s, blk, params)
@@ -604,17 +609,16 @@ class _FusedAttention(torch.autograd.Function):
         dq, dk, dv = (memory.empty(t.shape, t.dtype, min_bytes=memory.HUGE_PAGE).zero_() if t.is_cpu
                       else torch.zeros_like(t) for t in (q, k, v))
         factor = plan.inp.scale * (plan.linear or 1.0)
-        qs = q * factor
         bufs = _Buffers(plan, 2)
         for blk in ctx.blocks:
             sl = (slice(blk.b, blk.b + 1), slice(blk.h0, blk.h1))
             d_o = dout[sl[0], sl[1], blk.r0:blk.r1]
             vb = v[sl[0], sl[1], :blk.c]
             kb = k[sl[0], sl[1], :blk.c]
-            qb = qs[sl[0], sl[1], blk.r0:blk.r1]
+            qb = q[sl[0], sl[1], blk.r0:blk.r1]
             with torch.no_grad():
                 params = _block_params(plan, leaves, blk)
-            s = _scores(plan, bufs, qs, blk, 0)
+            s = _scores(plan, bufs, blk, 0)
             dp = bufs.matmul(1, d_o, vb.transpose(-1, -2))
             if kind == "rows":
                 ds, dpar, p = _rows_backward(plan, s, blk, leaves, wanted, dp)
@@ -658,8 +662,8 @@ class _FusedAttention(torch.autograd.Function):
                     with torch.no_grad():
                         ds.mul_(forms.call(dpiece, raw, params, blk.count))
             with torch.no_grad():
-                dq[sl[0], sl[1], blk.r0:blk.r1] += torch.matmul(ds, kb) * factor
-                dk[sl[0], sl[1], :blk.c] += torch.matmul(ds.transpose(-1, -2), qb)
+                dq[sl[0], sl[1], blk.r0:blk.r1].add_(torch.matmul(ds, kb), alpha=factor)
+                dk[sl[0], sl[1], :blk.c].add_(torch.matmul(ds.transpose(-1, -2), qb), alpha=factor)
             if dpar is not None:
                 for name, g in zip(wanted, dpar):
                     if g is not None:
@@ -871,6 +875,51 @@ def _linear_factor(form: Any, kind: str, params: dict, names: list) -> Any:
     return None
 
 
+def _computation(spec: NormalizerSpec, params: dict, inp: AttentionInputs, names: list):
+    """``(kind, form, tiles)``: the family and form the fused path computes, and the row kernels'
+    pieces (None: torch operations on the tiles)."""
+    kind, form, tiles = kind_for(spec, params), spec.form, None
+    if row_kernels_apply(inp):
+        fast = kind_for(spec, params, kernels=True)
+        fast_form = kernel_form(spec, params) or spec.form
+        tiles = _tile_pieces(spec, fast, inp, _linear_factor(fast_form, fast, params, names), params)
+        if tiles is not None:
+            kind, form = fast, fast_form
+    return kind, form, tiles
+
+
+def _geometry(inp: AttentionInputs, kernels: bool, block_q: int | None = None) -> tuple[int, int]:
+    """Rows per query block and heads per tile (``kernels``: the row kernels' larger tiles)."""
+    _, h, lq, lk = inp.shape
+    per_head_rows = max((ROW_KERNEL_TILE_ELEMENTS if kernels else TILE_ELEMENTS) // max(lk, 1), 1)
+    if block_q is None:
+        block_q = max(MIN_BLOCK_Q, min(MAX_BLOCK_Q, per_head_rows, max(lq, 1)))
+    return block_q, max(1, min(h, per_head_rows // block_q))
+
+
+#: Scores per tile from which the row kernels beat the dense reference on a small score matrix:
+#: a tile costs about 0.15 ms of Python and launches, the reference 10-25 ns a score in torch
+#: operations (measured on the CPU at B x H x Lq x Lk = 8x4x128x128: ssmax dense 14.7x SDPA,
+#: fused 3.2x; decoding 4x8x4x4096: 5.7x against 2.3x; 32x8x16x16, 2k scores a tile: 7.0x against 20x).
+MIN_SCORES_PER_TILE = 1 << 14
+
+
+def pays_off_when_small(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> bool:
+    """Whether the fused path's row kernels beat the dense reference on a score matrix that
+    ``method="auto"`` would otherwise call small (decoding against a long cache, many short
+    heads): they run here (:func:`row_kernels_apply`, a one-pass family with numba pieces) and
+    each tile holds at least :data:`MIN_SCORES_PER_TILE` scores."""
+    if not row_kernels_apply(inp):
+        return False
+    names = [n for n, val in params.items() if isinstance(val, torch.Tensor)]
+    if _computation(spec, params, inp, names)[2] is None:
+        return False
+    b, h, lq, lk = inp.shape
+    block_q, heads = _geometry(inp, True)
+    tiles = b * -(-h // heads) * -(-lq // block_q)
+    return b * h * lq * lk >= MIN_SCORES_PER_TILE * tiles
+
+
 def fused_attention(spec: NormalizerSpec, inp: AttentionInputs, params: dict,
                     block_q: int | None = None) -> torch.Tensor:
     """Attention with ``spec`` by query blocks over whole visible rows; differentiable in q, k,
@@ -880,18 +929,8 @@ def fused_attention(spec: NormalizerSpec, inp: AttentionInputs, params: dict,
     names = [n for n, val in params.items() if isinstance(val, torch.Tensor)]
     fixed = {n: val for n, val in params.items() if n not in names}
     tensors = [params[n].to(dtype=inp.q.dtype, device=inp.q.device) for n in names]
-    b, h, lq, lk = inp.shape
-    kind, form, tiles = kind_for(spec, params), spec.form, None
-    if row_kernels_apply(inp):
-        fast = kind_for(spec, params, kernels=True)
-        fast_form = kernel_form(spec, params) or spec.form
-        tiles = _tile_pieces(spec, fast, inp, _linear_factor(fast_form, fast, params, names), params)
-        if tiles is not None:
-            kind, form = fast, fast_form
-    per_head_rows = max((TILE_ELEMENTS if tiles is None else ROW_KERNEL_TILE_ELEMENTS) // max(lk, 1), 1)
-    if block_q is None:
-        block_q = max(MIN_BLOCK_Q, min(MAX_BLOCK_Q, per_head_rows, max(lq, 1)))
-    heads = max(1, min(h, per_head_rows // block_q))
+    kind, form, tiles = _computation(spec, params, inp, names)
+    block_q, heads = _geometry(inp, tiles is not None, block_q)
     linear = _linear_factor(form, kind, params, names)
     plan = _Plan(kind, spec, form, inp, fixed, names, {p.name: p.size for p in spec.param_specs}, block_q, heads,
                  needs_count=kind != "rows" and form is not None and forms.form_uses_count(form))
