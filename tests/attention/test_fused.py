@@ -8,6 +8,7 @@ import torch
 
 import softmaxkit as sk
 from softmaxkit.attention import fused
+from softmaxkit.attention.inputs import prepare
 
 D = 5
 BLOCK = 3  # several query blocks even at these small lengths
@@ -178,6 +179,30 @@ def test_head_groups_and_default_blocks(name, monkeypatch):
     params = _params(name, True, q.shape[1], gen)
     dense, dense_grads = _run(q, k, v, name, causal, mask, params, "dense")
     monkeypatch.setattr(fused, "TILE_ELEMENTS", 2 * fused.MIN_BLOCK_Q * k.shape[2])
+    out = sk.attention(q, k, v, name, is_causal=causal, attn_mask=mask, method="fused", **params)
+    weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+    tensors = [q, k, v] + [t for t in params.values() if isinstance(t, torch.Tensor)]
+    grads = torch.autograd.grad((out * weight).sum(), tensors)
+    torch.testing.assert_close(out, dense, rtol=0, atol=1e-10)
+    for gs, gd in zip(grads, dense_grads):
+        torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["ssmax", "softpick", "sigmoid", "softmax_sink"])
+@pytest.mark.parametrize("per_tile", ["several batch entries", "one batch entry"])
+def test_tiles_of_several_batch_entries(name, per_tile, monkeypatch):
+    """With short rows the row kernels put several batch entries (every head of each) in one
+    tile; with a budget of one entry per tile the results are the same, and both equal dense
+    (padding that differs per entry, GQA, per-head parameters and their gradients)."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v, causal, mask = _scenario("causal_padding_gqa", gen)
+    b, h, lq, lk = q.shape[0], q.shape[1], q.shape[2], k.shape[2]
+    params = _params(name, True, h, gen)
+    inp = prepare(q, k, v, is_causal=causal, attn_mask=mask, scale=None)
+    if per_tile == "one batch entry":
+        monkeypatch.setattr(fused, "ROW_KERNEL_TILE_ELEMENTS", fused.MIN_BLOCK_Q * h * lk)
+    assert fused._geometry(inp, True)[2] == (b if per_tile == "several batch entries" else 1)
+    dense, dense_grads = _run(q, k, v, name, causal, mask, params, "dense")
     out = sk.attention(q, k, v, name, is_causal=causal, attn_mask=mask, method="fused", **params)
     weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
     tensors = [q, k, v] + [t for t in params.values() if isinstance(t, torch.Tensor)]

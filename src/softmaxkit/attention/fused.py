@@ -169,14 +169,15 @@ def row_kernels_apply(inp: AttentionInputs) -> bool:
 
 @dataclass
 class _Block:
-    """Queries ``r0:r1`` of batch ``b``, heads ``h0:h1``, against keys ``0:c``.
+    """Queries ``r0:r1`` of batch entries ``b0:b1``, heads ``h0:h1``, against keys ``0:c``.
 
     ``hidden``: bool, True where a score is not visible (None: only the causal triangle, if
     any, which is ``tri`` over columns ``d0:c``). ``count``: visible keys per row (or None
     when not needed); ``empty``: rows that see no key (None when none can).
     """
 
-    b: int
+    b0: int
+    b1: int
     h0: int
     h1: int
     r0: int
@@ -212,6 +213,8 @@ class _Plan:
     block_q: int
     heads: int
     needs_count: bool
+    #: batch entries per tile (more than one only when a tile holds every head)
+    batches: int = 1
     linear: float | None = None
     alpha: float = 2.0
     eps: float = 0.0
@@ -245,20 +248,21 @@ class _Plan:
                     if tri is None:
                         rows = torch.arange(r1 - r0, device=inp.q.device).unsqueeze(-1)
                         tri = triangles[key] = torch.arange(d0 - r0 - off, c - r0 - off, device=inp.q.device) > rows
-            for b in range(b_):
+            for b0 in range(0, b_, self.batches):
+                b1 = min(b0 + self.batches, b_)
                 for h0 in range(0, h_, self.heads):
                     h1 = min(h0 + self.heads, h_)
                     hidden = additive = None
                     if inp.bool_mask is not None:
-                        hidden = ~inp.bool_mask[b:b + 1, h0:h1, r0:r1, :c]
+                        hidden = ~inp.bool_mask[b0:b1, h0:h1, r0:r1, :c]
                     if inp.additive_mask is not None:
-                        additive = inp.additive_mask[b:b + 1, h0:h1, r0:r1, :c]
+                        additive = inp.additive_mask[b0:b1, h0:h1, r0:r1, :c]
                         inf = additive == float("-inf")
                         hidden = inf if hidden is None else hidden | inf
                     if hidden is not None and tri is not None:
                         hidden = hidden.clone()
                         hidden[..., d0:] |= tri
-                    blk = _Block(b, h0, h1, r0, r1, c, d0, tri, hidden, additive)
+                    blk = _Block(b0, b1, h0, h1, r0, r1, c, d0, tri, hidden, additive)
                     if (self.needs_count or may_be_empty) and not (lean and hidden is None):
                         if hidden is not None:
                             count = (~hidden).sum(-1, keepdim=True).to(dtype)
@@ -273,12 +277,12 @@ class _Plan:
 
 def _slice_param(value: torch.Tensor, size: int, inp: AttentionInputs, blk: _Block) -> torch.Tensor:
     """A per-head tensor parameter (broadcastable to ``(B, H, 1, 1)``, after a leading axis of
-    ``size`` values when ``size > 1``) restricted to the block's batch entry and heads."""
+    ``size`` values when ``size > 1``) restricted to the block's batch entries and heads."""
     b, h, _, _ = inp.shape
     lead = tuple(value.shape[:1]) if size > 1 else ()
     rest = tuple(value.shape[len(lead):])
     full = value.reshape(lead + (1,) * (4 - len(rest)) + rest).expand(*lead, b, h, 1, 1)
-    return full[..., blk.b:blk.b + 1, blk.h0:blk.h1, :, :]
+    return full[..., blk.b0:blk.b1, blk.h0:blk.h1, :, :]
 
 
 def _block_params(plan: _Plan, tensors: dict, blk: _Block) -> dict:
@@ -299,7 +303,7 @@ class _Buffers:
         self.use = not torch.compiler.is_compiling()
         if self.use:
             b, h, _, lk = plan.inp.shape
-            n = min(plan.heads, h) * plan.block_q * lk
+            n = min(plan.batches, b) * min(plan.heads, h) * plan.block_q * lk
             q = plan.inp.q
             if q.is_cpu:   # one allocation, written whole each block: huge pages, not a fault per 4 KiB
                 whole = memory.empty((count * n,), q.dtype, min_bytes=memory.HUGE_PAGE)
@@ -308,15 +312,16 @@ class _Buffers:
                 self.flat = [q.new_empty(n) for _ in range(count)]
 
     def matmul(self, i: int, a: torch.Tensor, b: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-        """``alpha (a @ b)`` for a block's ``(1, heads, ., .)`` slices, into buffer ``i``; the GEMM
-        applies ``alpha`` (no scaled copy of ``a``)."""
+        """``alpha (a @ b)`` for a block's ``(batches, heads, ., .)`` slices, into buffer ``i``; the
+        GEMM applies ``alpha`` (no scaled copy of ``a``)."""
         if not self.use:
             return torch.matmul(a, b) * alpha if alpha != 1.0 else torch.matmul(a, b)
         shape = a.shape[:-1] + b.shape[-1:]
         out = self.flat[i][:shape.numel()].view(shape)
         if alpha == 1.0:
             return torch.matmul(a, b, out=out)
-        torch.baddbmm(out[0], a[0], b[0], beta=0.0, alpha=alpha, out=out[0])
+        flat = out.flatten(0, 1)
+        torch.baddbmm(flat, a.flatten(0, 1), b.flatten(0, 1), beta=0.0, alpha=alpha, out=flat)
         return out
 
 
@@ -324,8 +329,8 @@ def _scores(plan: _Plan, bufs: _Buffers, blk: _Block, slot: int = 0) -> torch.Te
     """``(q scale) k^T (+ additive mask)`` on the block; hidden entries finite (0 where the
     additive mask is ``-inf``), to be filled by the caller. With a linear factor ``a`` folded
     into the scale (``softmax(a x)``), the mask is scaled by ``a`` too: ``a (q k^T scale + mask)``."""
-    k = plan.inp.k[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c]
-    q = plan.inp.q[blk.b:blk.b + 1, blk.h0:blk.h1, blk.r0:blk.r1]
+    k = plan.inp.k[blk.b0:blk.b1, blk.h0:blk.h1, :blk.c]
+    q = plan.inp.q[blk.b0:blk.b1, blk.h0:blk.h1, blk.r0:blk.r1]
     s = bufs.matmul(slot, q, k.transpose(-1, -2), plan.inp.scale * (plan.linear or 1.0))
     if blk.additive is not None:
         s.add_(blk.additive, alpha=1.0 if plan.linear is None else plan.linear)
@@ -578,16 +583,16 @@ class _FusedAttention(torch.autograd.Function):
             for blk in plan.blocks():
                 params = _block_params(plan, params_full, blk)
                 s = _scores(plan, bufs, blk)
-                vb = v[blk.b:blk.b + 1, blk.h0:blk.h1, :blk.c]
+                vb = v[blk.b0:blk.b1, blk.h0:blk.h1, :blk.c]
                 if plan.tiles is not None:
                     p, den = _tile_forward(plan, s, blk, params)
                 else:
                     p, den = _weights(plan, s, blk, params, vb)
                 o = p if blk.stats.get("attended") else torch.matmul(p, vb)
                 if den is not None and bufs.use:  # eager: divide straight into the output (no copy)
-                    torch.div(o, den, out=out[blk.b:blk.b + 1, blk.h0:blk.h1, blk.r0:blk.r1])
+                    torch.div(o, den, out=out[blk.b0:blk.b1, blk.h0:blk.h1, blk.r0:blk.r1])
                 else:
-                    out[blk.b:blk.b + 1, blk.h0:blk.h1, blk.r0:blk.r1] = o if den is None else o / den
+                    out[blk.b0:blk.b1, blk.h0:blk.h1, blk.r0:blk.r1] = o if den is None else o / den
                 blocks.append(blk)
         ctx.plan = plan
         ctx.blocks = blocks
@@ -611,7 +616,7 @@ class _FusedAttention(torch.autograd.Function):
         factor = plan.inp.scale * (plan.linear or 1.0)
         bufs = _Buffers(plan, 2)
         for blk in ctx.blocks:
-            sl = (slice(blk.b, blk.b + 1), slice(blk.h0, blk.h1))
+            sl = (slice(blk.b0, blk.b1), slice(blk.h0, blk.h1))
             d_o = dout[sl[0], sl[1], blk.r0:blk.r1]
             vb = v[sl[0], sl[1], :blk.c]
             kb = k[sl[0], sl[1], :blk.c]
@@ -715,8 +720,9 @@ def _tile_args(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
     """``(s, lim, hidden, cnt, par, rows_per_head)`` of the row kernels for the tile ``s``; all
     but ``s`` are kept on the block for the backward pass (numpy: cheaper than torch for
     these few hundred numbers)."""
-    nh, rows, c = s.shape[1], blk.r1 - blk.r0, s.shape[-1]
-    tile = s.view(nh * rows, c).numpy()
+    nb, nh, rows, c = s.shape
+    heads = nb * nh   # the tile's rows: (batch entry, head, query), one head after another
+    tile = s.view(heads * rows, c).numpy()
     kept = blk.stats.get("tile")
     if kept is not None:
         return (tile,) + kept
@@ -727,19 +733,19 @@ def _tile_args(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
     else:
         lim = np.full(rows, c, dtype=np.int64)
     if blk.hidden is None and params.get(forms.COUNT) is None:  # the count is the causal prefix
-        cnt = np.tile(np.maximum(lim, 1).astype(dtype), nh)
+        cnt = np.tile(np.maximum(lim, 1).astype(dtype), heads)
     elif blk.count is not None:
         count = forms.effective_count(params, blk.count)
-        cnt = torch.as_tensor(count, dtype=s.dtype).expand(1, nh, rows, 1).reshape(-1).contiguous().numpy()
+        cnt = torch.as_tensor(count, dtype=s.dtype).expand(nb, nh, rows, 1).reshape(-1).contiguous().numpy()
     else:  # the pieces do not read n
-        cnt = np.ones(nh * rows, dtype=dtype)
+        cnt = np.ones(heads * rows, dtype=dtype)
     if blk.hidden is not None:
-        hidden = blk.hidden.expand(1, nh, rows, c).reshape(nh * rows, c).contiguous().numpy()
+        hidden = blk.hidden.expand(nb, nh, rows, c).reshape(heads * rows, c).contiguous().numpy()
     else:
         hidden = _NOTHING_HIDDEN
     assert plan.packed is not None
-    par = plan.packed[blk.b, blk.h0:blk.h1].contiguous().numpy()
-    kept = (np.tile(lim, nh), hidden, cnt, par, rows)
+    par = plan.packed[blk.b0:blk.b1, blk.h0:blk.h1].reshape(heads, -1).contiguous().numpy()
+    kept = (np.tile(lim, heads), hidden, cnt, par, rows)
     blk.stats["tile"] = kept
     return (tile,) + kept
 
@@ -888,13 +894,17 @@ def _computation(spec: NormalizerSpec, params: dict, inp: AttentionInputs, names
     return kind, form, tiles
 
 
-def _geometry(inp: AttentionInputs, kernels: bool, block_q: int | None = None) -> tuple[int, int]:
-    """Rows per query block and heads per tile (``kernels``: the row kernels' larger tiles)."""
-    _, h, lq, lk = inp.shape
+def _geometry(inp: AttentionInputs, kernels: bool, block_q: int | None = None) -> tuple[int, int, int]:
+    """Rows per query block, heads per tile and batch entries per tile (``kernels``: the row
+    kernels' larger tiles, which also take several batch entries when every head fits: fewer,
+    fuller tiles for short rows, where each tile's fixed cost dominates)."""
+    b, h, lq, lk = inp.shape
     per_head_rows = max((ROW_KERNEL_TILE_ELEMENTS if kernels else TILE_ELEMENTS) // max(lk, 1), 1)
     if block_q is None:
         block_q = max(MIN_BLOCK_Q, min(MAX_BLOCK_Q, per_head_rows, max(lq, 1)))
-    return block_q, max(1, min(h, per_head_rows // block_q))
+    heads = max(1, min(h, per_head_rows // block_q))
+    batches = max(1, min(b, per_head_rows // (block_q * h))) if kernels and heads == h else 1
+    return block_q, heads, batches
 
 
 #: Scores per tile from which the row kernels beat the dense reference on a small score matrix:
@@ -915,8 +925,8 @@ def pays_off_when_small(spec: NormalizerSpec, params: dict, inp: AttentionInputs
     if _computation(spec, params, inp, names)[2] is None:
         return False
     b, h, lq, lk = inp.shape
-    block_q, heads = _geometry(inp, True)
-    tiles = b * -(-h // heads) * -(-lq // block_q)
+    block_q, heads, batches = _geometry(inp, True)
+    tiles = -(-b // batches) * -(-h // heads) * -(-lq // block_q)
     return b * h * lq * lk >= MIN_SCORES_PER_TILE * tiles
 
 
@@ -930,10 +940,10 @@ def fused_attention(spec: NormalizerSpec, inp: AttentionInputs, params: dict,
     fixed = {n: val for n, val in params.items() if n not in names}
     tensors = [params[n].to(dtype=inp.q.dtype, device=inp.q.device) for n in names]
     kind, form, tiles = _computation(spec, params, inp, names)
-    block_q, heads = _geometry(inp, tiles is not None, block_q)
+    block_q, heads, batches = _geometry(inp, tiles is not None, block_q)
     linear = _linear_factor(form, kind, params, names)
     plan = _Plan(kind, spec, form, inp, fixed, names, {p.name: p.size for p in spec.param_specs}, block_q, heads,
-                 needs_count=kind != "rows" and form is not None and forms.form_uses_count(form))
+                 needs_count=kind != "rows" and form is not None and forms.form_uses_count(form), batches=batches)
     plan.linear = None if linear is None else float(linear)
     if kind == "threshold":
         assert isinstance(form, forms.Threshold)
