@@ -42,7 +42,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._exp import exp, exp_nonpositive, exp_parts, pow2
+from ._exp import exp, exp_nonpositive, exp_nonpositive_fast, exp_parts, pow2
 from ._intrinsics import cast_like, fmax
 
 THREE_PASS, TWO_PASS, ONLINE = 0, 1, 2
@@ -413,5 +413,5 @@ def backward_rows(y, g, dx, special, scale, mode):
             c = _visible_sum(yr, gr)
             neg_inf = cast_like(-np.inf, scale)
             for i in range(n):
-                v = scale * (gr[i] - exp(yr[i]) * c)
+                v = scale * (gr[i] - exp_nonpositive_fast(yr[i]) * c)   # y <= 0 (to rounding)
                 dr[i] = v if yr[i] != neg_inf else cast_like(0.0, scale)
