@@ -160,7 +160,7 @@ def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
     groups = h // hk
     dtype = compute_dtype(q.dtype)
     q_, k_, v_ = q.to(dtype), k.to(dtype), v.to(dtype)
-    if groups > 1:
+    if groups != 1:  # (groups = 0 when H = 0: no head, and k, v get zero gradients)
         k_ = k_.repeat_interleave(groups, dim=1)
         v_ = v_.repeat_interleave(groups, dim=1)
     bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk))
