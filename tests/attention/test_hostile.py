@@ -96,3 +96,13 @@ def test_sparse_softmax_breaks_ties_by_lowest_index():
             got = _out_and_grads(q, k, v, "sparse_softmax", "fused", is_causal=causal, scale=0.0, k=3,
                                  block_size=block)
             _same(got, want, 1e-12)
+
+
+def test_bad_block_size_and_devices_raise_naming_the_argument():
+    q = k = v = torch.randn(1, 2, 6, 4)
+    with pytest.raises(TypeError, match="block_size"):
+        sk.attention(q, k, v, "ssmax", method="streaming", block_size=2.0)
+    with pytest.raises(TypeError, match="block_size"):
+        sk.attention(q, k, v, "ssmax", method="fused", block_size=True)
+    with pytest.raises(ValueError, match="q, k and v must be on one device"):
+        sk.attention(q, k.to("meta"), v, "ssmax")

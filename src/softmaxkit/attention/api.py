@@ -80,6 +80,8 @@ def _sdpa(q, k, v, inp: AttentionInputs, factor: float = 1.0) -> torch.Tensor:
 def _blocks(block_size) -> tuple[int, int]:
     if block_size is None:
         return DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, tuple, list)):
+        raise TypeError(f"block_size must be a positive int or a pair (block_q, block_k), got {block_size!r}")
     pair = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
     if len(pair) != 2 or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in pair):
         raise ValueError(f"block_size must be a positive int or a pair (block_q, block_k), got {block_size!r}")
