@@ -106,3 +106,19 @@ def test_bad_block_size_and_devices_raise_naming_the_argument():
         sk.attention(q, k, v, "ssmax", method="fused", block_size=True)
     with pytest.raises(ValueError, match="q, k and v must be on one device"):
         sk.attention(q, k.to("meta"), v, "ssmax")
+
+
+def test_attention_module_names_a_bad_input():
+    layer = sk.nn.Attention(16, 4, "ssmax", kv_heads=2)
+    x = torch.randn(2, 5, 16)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, L, dim\) with dim=16"):
+        layer(x[0])
+    with pytest.raises(ValueError, match=r"x must have shape \(B, L, dim\) with dim=16"):
+        layer(torch.randn(2, 5, 8))
+    with pytest.raises(ValueError, match=r"context must have shape"):
+        layer(x, context=torch.randn(2, 7, 12))
+    with pytest.raises(ValueError, match="batch size"):
+        layer(x, context=torch.randn(3, 7, 16))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        layer([[1.0]])
+    assert layer(x, context=torch.randn(2, 7, 16)).shape == (2, 5, 16)
