@@ -122,3 +122,46 @@ def test_attention_module_names_a_bad_input():
     with pytest.raises(TypeError, match="x must be a torch.Tensor"):
         layer([[1.0]])
     assert layer(x, context=torch.randn(2, 7, 16)).shape == (2, 5, 16)
+
+
+@pytest.mark.parametrize("method", ["auto", "fused"])
+def test_temperature_below_one_keeps_a_row_of_finfo_min_fills_visible(method):
+    """softmax(x / T) with T = 0.5 on an additive mask of finfo.min (Hugging Face's fill):
+    the fill times 1 / T overflowed to -inf on SDPA ("auto") and the fused path, which hid a
+    whole row of fills (output 0) where the dense path gives it uniform weights; rows partly
+    filled were right already."""
+    gen = torch.Generator().manual_seed(3)
+    length = 130   # above the dense size of method="auto"
+    q, k, v = (torch.randn(1, 2, length, 8, generator=gen).requires_grad_() for _ in range(3))
+    mask = torch.zeros(length, length)
+    mask[2] = torch.finfo(torch.float32).min
+    mask[3, :60] = torch.finfo(torch.float32).min
+    want = _out_and_grads(q, k, v, "softmax", "dense", attn_mask=mask, temperature=0.5)
+    got = _out_and_grads(q, k, v, "softmax", method, attn_mask=mask, temperature=0.5)
+    torch.testing.assert_close(got[0][..., 2, :], v.detach().mean(-2), rtol=1e-5, atol=1e-5)
+    _same(got, want, 1e-4)
+    with torch.no_grad():   # no gradient wanted: "auto" runs SDPA
+        out = sk.attention(q, k, v, "softmax", attn_mask=mask, temperature=0.5, method=method)
+    torch.testing.assert_close(out, want[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fill", [torch.finfo(torch.float32).min, -1e9])
+def test_auto_softmax_gradient_on_a_padded_query_row(fill):
+    """A query row whose additive mask is all finfo.min (or -1e9): torch's CPU flash SDPA
+    backward gave it Lk times the gradient of the math backend (torch 2.13), so "auto" takes
+    the dense path when gradients are wanted and such a row exists; rows of ordinary masks
+    keep SDPA."""
+    from softmaxkit.attention.api import _sdpa_backward_drifts
+    from softmaxkit.attention.inputs import prepare
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 40, 8, generator=gen).requires_grad_() for _ in range(3))
+    mask = torch.zeros(1, 1, 40, 40)
+    mask[..., 5, :] = fill
+    mask[..., 9, :20] = fill
+    want = _out_and_grads(q, k, v, "softmax", "dense", attn_mask=mask)
+    _same(_out_and_grads(q, k, v, "softmax", "auto", attn_mask=mask), want, 1e-4)
+    ordinary = mask.clone()
+    ordinary[..., 5, 0] = 0.0
+    assert _sdpa_backward_drifts(mask, prepare(q, k, v, is_causal=False, attn_mask=mask, scale=None), 1.0)
+    assert not _sdpa_backward_drifts(ordinary, prepare(q, k, v, is_causal=False, attn_mask=ordinary, scale=None), 1.0)
