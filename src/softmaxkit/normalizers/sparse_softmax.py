@@ -47,7 +47,7 @@ def sparse_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = N
         return rows.restore(rows.x.clone())
     filled = rows.x.detach().masked_fill(~rows.visible, float("-inf"))
     kth = filled.topk(k, dim=-1).values[..., -1:]
-    above = filled > kth
+    above = (filled > kth) | filled.isnan()   # a NaN ranks first, as in torch.topk, and stays in its row
     tied = (filled == kth) & rows.visible
     keep = (above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))) & rows.visible
     z = torch.where(keep, rows.x, rows.safe_x)
