@@ -72,15 +72,44 @@ def _sdpa(q, k, v, inp: AttentionInputs, factor: float = 1.0) -> torch.Tensor:
     _, _, lq, _ = inp.shape
     mask = inp.bool_mask if inp.bool_mask is not None else inp.additive_mask
     if mask is not None and mask.is_floating_point():
-        mask = mask.to(q.dtype) * factor
+        mask = _sdpa_additive(mask, factor, q.dtype)
     return torch_f.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, scale=inp.scale * factor, is_causal=inp.is_causal and lq > 1,
         enable_gqa=inp.kv_groups > 1)
 
 
+def _sdpa_additive(mask: torch.Tensor, factor: float, dtype: torch.dtype) -> torch.Tensor:
+    """``factor * mask`` in ``dtype`` for SDPA (``mask`` in the compute dtype). A finite entry
+    that ``factor > 1`` overflows (a finfo.min fill) becomes the lowest number, not ``-inf``: a
+    very negative score is visible, as on the dense and fused paths (a row of them gets uniform
+    weights there, where ``-inf`` would hide the row and output 0)."""
+    if factor <= 1.0:
+        return mask.to(dtype) * factor if factor != 1.0 else mask.to(dtype)
+    scaled = (mask * factor).clamp_min(torch.finfo(mask.dtype).min)
+    return torch.where(mask == float("-inf"), mask, scaled).to(dtype)
+
+
+def _sdpa_backward_drifts(attn_mask, inp: AttentionInputs, factor: float) -> bool:
+    """Whether SDPA's gradient would be off here: a float ``attn_mask`` with a row whose every
+    entry is far below 0 (a padded query under a finfo.min or -1e9 fill), when gradients are
+    wanted. Torch's CPU flash-attention backward rebuilds such a row's weights from a
+    logsumexp rounded at the fill's magnitude (torch 2.13: a row of finfo.min gets
+    ``Lk`` times the gradient of the math backend); ``"auto"`` takes the dense path then.
+    Rows are flagged when their largest mask entry is below ``-0.01 / eps`` of the compute
+    dtype (-8.4e4 in float32), where that rounding exceeds 1%."""
+    if inp.additive_mask is None or torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return False
+    if not any(t.requires_grad for t in (inp.q, inp.k, inp.v)) or attn_mask.shape[-1] == 0:
+        return False
+    top = attn_mask.detach().amax(-1)   # the caller's mask, not its expansion
+    return bool(((top > float("-inf")) & (top < -0.01 / torch.finfo(inp.q.dtype).eps / factor)).any())
+
+
 def _blocks(block_size) -> tuple[int, int]:
     if block_size is None:
         return DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, tuple, list)):
+        raise TypeError(f"block_size must be a positive int or a pair (block_q, block_k), got {block_size!r}")
     pair = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
     if len(pair) != 2 or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in pair):
         raise ValueError(f"block_size must be a positive int or a pair (block_q, block_k), got {block_size!r}")
@@ -160,6 +189,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
             raise ValueError("method='sdpa' needs a normalizer that is softmax(a x) for a number a (softmax "
                              "with a number temperature) and no causal mask combined with attn_mask or with "
                              "Lq != Lk (Lq > 1)")
+        if requested == "auto" and _sdpa_backward_drifts(attn_mask, inp, factor):
+            return dense_attention(inp, normalizer, params)
         return _sdpa(q, k, v, inp, factor)
     if q.is_cuda and (requested == "auto" or method == "fused"):  # CUDA + triton: the Triton kernels
         from .fused_triton import fallback_reason

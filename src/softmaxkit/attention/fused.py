@@ -334,6 +334,8 @@ def _scores(plan: _Plan, bufs: _Buffers, blk: _Block, slot: int = 0) -> torch.Te
     s = bufs.matmul(slot, q, k.transpose(-1, -2), plan.inp.scale * (plan.linear or 1.0))
     if blk.additive is not None:
         s.add_(blk.additive, alpha=1.0 if plan.linear is None else plan.linear)
+        if plan.linear is not None and plan.linear > 1.0:  # a finfo.min fill times a > 1 stays visible
+            s.clamp_(min=torch.finfo(s.dtype).min)
         assert blk.hidden is not None  # an additive mask always comes with its hidden entries
         s.masked_fill_(blk.hidden, 0.0)
     return s

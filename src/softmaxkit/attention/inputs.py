@@ -141,6 +141,8 @@ def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
             raise ValueError(f"{name} must have shape (B, H, L, D), got {tuple(t.shape)}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
     b, h, lq, d = q.shape
     bk, hk, lk, dk = k.shape
     if (bk, hk, lk) != tuple(v.shape[:3]):
@@ -160,12 +162,12 @@ def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
     groups = h // hk
     dtype = compute_dtype(q.dtype)
     q_, k_, v_ = q.to(dtype), k.to(dtype), v.to(dtype)
-    if groups > 1:
+    if groups != 1:  # (groups = 0 when H = 0: no head, and k, v get zero gradients)
         k_ = k_.repeat_interleave(groups, dim=1)
         v_ = v_.repeat_interleave(groups, dim=1)
     bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk))
-    if additive is not None:
-        additive = additive.to(dtype)
+    if additive is not None:  # (moved to q's device, as a bool mask is)
+        additive = additive.to(dtype=dtype, device=q.device)
     if bool_mask is not None and bool_mask.device != q.device:
         bool_mask = bool_mask.to(q.device)
     return AttentionInputs(q_, k_, v_, float(scale), is_causal, bool_mask, additive, q.dtype, groups)

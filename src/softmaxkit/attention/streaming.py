@@ -144,21 +144,30 @@ def _forward_rows(plan: Plan, q, k, v, r0: int, r1: int, params: dict):
     for p in range(rule.passes):
         sums: dict = {}
         top = bottom = None
+        column = qs.new_empty(qs.shape[:-1] + (1,))  # one value per query row (also when D = 0)
         if rule.shifted[p]:
-            top = _Extremes(qs[..., :1], largest=True)
+            top = _Extremes(column, largest=True)
         if p == last and rule.min_grad:
-            bottom = _Extremes(qs[..., :1], largest=False)
+            bottom = _Extremes(column, largest=False)
         count_ties = p == last
         for t in tiles:
             x = _scores(qs, k, t)
             z = rule.z(p, x, st)
             if top is not None:
+                seen = top.value > float("-inf")
                 c_old = _finite_or_zero(rule.shift(top.value))
                 m = top.update(z, t.visible, count_ties and rule.max_grad)
                 c_new = _finite_or_zero(rule.shift(m))
                 if sums:
-                    alpha = torch.exp(c_old - c_new)
-                    sums = {name: s * alpha for name, s in sums.items()}
+                    # a row that has seen no visible key yet summed only zeros, against the
+                    # stand-in shift 0: rescaling them by e^{0 - c_new} would overflow to
+                    # inf when its first visible maximum is below -88 (float32), and inf * 0
+                    # is NaN. Those sums stay as they are. Sums that the new maximum makes vanish
+                    # (alpha = 0) are 0 even where they overflowed at a huge negative maximum
+                    # (SA-Softmax's sum of x e^{x - c} over a tile of finfo.min fills: -inf).
+                    alpha = torch.where(seen, torch.exp(c_old - c_new), torch.ones_like(c_new))
+                    zero = torch.zeros((), dtype=alpha.dtype, device=alpha.device)
+                    sums = {name: torch.where(alpha > 0, s * alpha, zero) for name, s in sums.items()}
                 st[f"c{p}"] = c_new
             if bottom is not None:
                 bottom.update(z, t.visible, count_ties)

@@ -28,7 +28,9 @@ def sparse_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = N
         p_i = \frac{e^{x_i}}{\sum_{j \in \mathrm{top}_k(x)} e^{x_j}}\ (i \in \mathrm{top}_k(x)),\ 0 \text{ otherwise}
 
     A row with fewer than ``k`` visible entries keeps them all. Ties at the ``k``-th value
-    are broken as ``torch.topk`` breaks them. Sun, Zhang, Li & Guo (2021), "Sparse-softmax:
+    keep the entries of lowest index (``torch.topk`` leaves that order unspecified: a row
+    would otherwise keep different keys on different paths, such as attention tiles of
+    different widths). Sun, Zhang, Li & Guo (2021), "Sparse-softmax:
     a simpler and faster alternative softmax transformation", arXiv 2112.12433.
 
     Args:
@@ -44,8 +46,10 @@ def sparse_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = N
     if length == 0:
         return rows.restore(rows.x.clone())
     filled = rows.x.detach().masked_fill(~rows.visible, float("-inf"))
-    top = filled.topk(k, dim=-1).indices
-    keep = torch.zeros_like(rows.visible).scatter(-1, top, True) & rows.visible
+    kth = filled.topk(k, dim=-1).values[..., -1:]
+    above = (filled > kth) | filled.isnan()   # a NaN ranks first, as in torch.topk, and stays in its row
+    tied = (filled == kth) & rows.visible
+    keep = (above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))) & rows.visible
     z = torch.where(keep, rows.x, rows.safe_x)
     return finish(rows, softmax_rows(z, keep))
 

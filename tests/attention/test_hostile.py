@@ -1,0 +1,167 @@
+"""Hostile inputs to every attention path, each against the dense reference in float64:
+streaming rows whose first key tiles are all hidden and whose scores are far below 0, tiles of
+finfo.min fills, head dims of 0, no query heads, and ties in sparse_softmax's top-k."""
+
+import pytest
+import torch
+
+import softmaxkit as sk
+
+F64 = torch.float64
+
+
+def _out_and_grads(q, k, v, name, method, /, **kw):
+    out = sk.attention(q, k, v, name, method=method, **kw)
+    weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+    return out, torch.autograd.grad((out * weight).sum(), [q, k, v])
+
+
+def _same(got, want, tol):
+    out, grads = got
+    ref, ref_grads = want
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    for g, r in zip(grads, ref_grads):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, r, rtol=tol, atol=tol)
+
+
+STREAMS = [s.name for s in sk.normalizers() if s.stream_rule(s.with_defaults({})) is not None]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("name", STREAMS)
+def test_streaming_row_that_first_sees_a_key_far_below_zero(name, dtype):
+    """Left padding: a query's first key tiles are all hidden and its first visible score is
+    -200. The running sums (zeros, against the stand-in shift 0) were rescaled by
+    e^{0 - (-200)} = inf, and inf * 0 made the whole row NaN (softmax, SA-Softmax, MultiMax,
+    softmax with a sink)."""
+    q = torch.ones(1, 1, 2, 1, dtype=dtype, requires_grad=True)
+    k = torch.tensor([0.0, 1.0, -200.0, -200.75], dtype=dtype).view(1, 1, 4, 1).requires_grad_()
+    v = torch.tensor([[1.0, 0.5], [2.0, -1.0], [3.0, 0.25], [-4.0, 2.0]], dtype=dtype).view(1, 1, 4, 2)
+    v.requires_grad_()
+    pad = torch.tensor([False, False, True, True])
+    want = _out_and_grads(q, k, v, name, "dense", attn_mask=pad, scale=1.0)
+    got = _out_and_grads(q, k, v, name, "streaming", attn_mask=pad, scale=1.0, block_size=(2, 1))
+    _same(got, want, 1e-4 if dtype == torch.float32 else 1e-12)  # float32: ulp(200) = 1.5e-5
+
+
+@pytest.mark.parametrize("name", STREAMS)
+def test_streaming_tile_of_finfo_min_fills_then_ordinary_scores(name):
+    """An additive mask of finfo.min (visible, but far below every other score) filling a
+    whole key tile: SA-Softmax's sum of x e^{x - c} over that tile overflowed to -inf, and
+    the rescaling by e^{c_old - c_new} = 0 turned it into NaN."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 5, 3, generator=gen, dtype=F64).requires_grad_() for _ in range(3))
+    mask = torch.zeros(1, 1, 5, 5, dtype=F64)
+    mask[..., :2] = torch.finfo(F64).min
+    want = _out_and_grads(q, k, v, name, "dense", attn_mask=mask)
+    got = _out_and_grads(q, k, v, name, "streaming", attn_mask=mask, block_size=2)
+    _same(got, want, 1e-12)
+
+
+@pytest.mark.parametrize("method", ["auto", "dense", "fused", "streaming"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads,d", [((0, 1), 4), ((2, 2), 0)])
+def test_no_query_heads_and_head_dim_zero(heads, d, causal, method):
+    """H = 0 (with one key/value head) gives an empty output and zero gradients for k and v;
+    D = 0 makes every score 0 (the mean of the visible values). The streaming path failed on
+    both (a per-row column sliced from q, and k left unrepeated for 0 groups)."""
+    h, hk = heads
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(1, h, 5, d, generator=gen, dtype=F64).requires_grad_()
+    k = torch.randn(1, hk, 6, d, generator=gen, dtype=F64).requires_grad_()
+    v = torch.randn(1, hk, 6, 3, generator=gen, dtype=F64).requires_grad_()
+    want = _out_and_grads(q, k, v, "ssmax", "dense", is_causal=causal)
+    got = _out_and_grads(q, k, v, "ssmax", method, is_causal=causal)
+    assert got[0].shape == (1, h, 5, 3)
+    _same(got, want, 1e-12)
+
+
+def test_sparse_softmax_breaks_ties_by_lowest_index():
+    """Ties at the k-th value keep the lowest indices, whatever the row length: the fused
+    path's causal tiles (narrower than the rows) kept other keys than the dense path before
+    (torch.topk leaves the order of ties unspecified)."""
+    x = torch.tensor([0.0, 3.0, 0.0, 3.0, 3.0, -1.0])
+    torch.testing.assert_close(sk.sparse_softmax(x, k=2), torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0, 0.0]))
+    p = sk.sparse_softmax(x, k=4)
+    assert (p > 0).tolist() == [True, True, False, True, True, False]
+    masked = sk.sparse_softmax(torch.zeros(5), k=2, mask=torch.tensor([False, True, False, True, True]))
+    torch.testing.assert_close(masked, torch.tensor([0.0, 0.5, 0.0, 0.5, 0.0]))
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 2, 7, 3, generator=gen, dtype=F64).requires_grad_() for _ in range(3))
+    for causal in (False, True):
+        want = _out_and_grads(q, k, v, "sparse_softmax", "dense", is_causal=causal, scale=0.0, k=3)
+        for block in (None, 2, 3):
+            got = _out_and_grads(q, k, v, "sparse_softmax", "fused", is_causal=causal, scale=0.0, k=3,
+                                 block_size=block)
+            _same(got, want, 1e-12)
+
+
+def test_bad_block_size_and_devices_raise_naming_the_argument():
+    q = k = v = torch.randn(1, 2, 6, 4)
+    with pytest.raises(TypeError, match="block_size"):
+        sk.attention(q, k, v, "ssmax", method="streaming", block_size=2.0)
+    with pytest.raises(TypeError, match="block_size"):
+        sk.attention(q, k, v, "ssmax", method="fused", block_size=True)
+    with pytest.raises(ValueError, match="q, k and v must be on one device"):
+        sk.attention(q, k.to("meta"), v, "ssmax")
+
+
+def test_attention_module_names_a_bad_input():
+    layer = sk.nn.Attention(16, 4, "ssmax", kv_heads=2)
+    x = torch.randn(2, 5, 16)
+    with pytest.raises(ValueError, match=r"x must have shape \(B, L, dim\) with dim=16"):
+        layer(x[0])
+    with pytest.raises(ValueError, match=r"x must have shape \(B, L, dim\) with dim=16"):
+        layer(torch.randn(2, 5, 8))
+    with pytest.raises(ValueError, match=r"context must have shape"):
+        layer(x, context=torch.randn(2, 7, 12))
+    with pytest.raises(ValueError, match="batch size"):
+        layer(x, context=torch.randn(3, 7, 16))
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        layer([[1.0]])
+    assert layer(x, context=torch.randn(2, 7, 16)).shape == (2, 5, 16)
+
+
+@pytest.mark.parametrize("method", ["auto", "fused"])
+def test_temperature_below_one_keeps_a_row_of_finfo_min_fills_visible(method):
+    """softmax(x / T) with T = 0.5 on an additive mask of finfo.min (Hugging Face's fill):
+    the fill times 1 / T overflowed to -inf on SDPA ("auto") and the fused path, which hid a
+    whole row of fills (output 0) where the dense path gives it uniform weights; rows partly
+    filled were right already."""
+    gen = torch.Generator().manual_seed(3)
+    length = 130   # above the dense size of method="auto"
+    q, k, v = (torch.randn(1, 2, length, 8, generator=gen).requires_grad_() for _ in range(3))
+    mask = torch.zeros(length, length)
+    mask[2] = torch.finfo(torch.float32).min
+    mask[3, :60] = torch.finfo(torch.float32).min
+    want = _out_and_grads(q, k, v, "softmax", "dense", attn_mask=mask, temperature=0.5)
+    got = _out_and_grads(q, k, v, "softmax", method, attn_mask=mask, temperature=0.5)
+    torch.testing.assert_close(got[0][..., 2, :], v.detach().mean(-2), rtol=1e-5, atol=1e-5)
+    _same(got, want, 1e-4)
+    with torch.no_grad():   # no gradient wanted: "auto" runs SDPA
+        out = sk.attention(q, k, v, "softmax", attn_mask=mask, temperature=0.5, method=method)
+    torch.testing.assert_close(out, want[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fill", [torch.finfo(torch.float32).min, -1e9])
+def test_auto_softmax_gradient_on_a_padded_query_row(fill):
+    """A query row whose additive mask is all finfo.min (or -1e9): torch's CPU flash SDPA
+    backward gave it Lk times the gradient of the math backend (torch 2.13), so "auto" takes
+    the dense path when gradients are wanted and such a row exists; rows of ordinary masks
+    keep SDPA."""
+    from softmaxkit.attention.api import _sdpa_backward_drifts
+    from softmaxkit.attention.inputs import prepare
+
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 40, 8, generator=gen).requires_grad_() for _ in range(3))
+    mask = torch.zeros(1, 1, 40, 40)
+    mask[..., 5, :] = fill
+    mask[..., 9, :20] = fill
+    want = _out_and_grads(q, k, v, "softmax", "dense", attn_mask=mask)
+    _same(_out_and_grads(q, k, v, "softmax", "auto", attn_mask=mask), want, 1e-4)
+    ordinary = mask.clone()
+    ordinary[..., 5, 0] = 0.0
+    assert _sdpa_backward_drifts(mask, prepare(q, k, v, is_causal=False, attn_mask=mask, scale=None), 1.0)
+    assert not _sdpa_backward_drifts(ordinary, prepare(q, k, v, is_causal=False, attn_mask=ordinary, scale=None), 1.0)
