@@ -35,7 +35,7 @@ CASES = [(backend, None) for backend in ("reference", "auto")] + [
     ("numba", algorithm) for algorithm in ("three_pass", "two_pass", "online")]
 
 
-@pytest.mark.parametrize("temperature", [1e-45, 1e-40, 1e-38, 1e-5])
+@pytest.mark.parametrize("temperature", [1e-50, 1e-45, 1e-40, 1e-38, 1e-5])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 @pytest.mark.parametrize(("backend", "algorithm"), CASES)
 def test_matches_the_float64_definition(backend, algorithm, op, temperature):
@@ -63,7 +63,7 @@ def test_the_limit_of_a_tiny_temperature_is_the_argmax():
 
 def test_tensor_temperature_too():
     x = _batch()
-    t = torch.tensor([[1e-40], [1e-38], [0.5], [1e-45], [1.0], [1e-39], [2.0]])
-    torch.testing.assert_close(sk.softmax(x, temperature=t),
-                               sk.softmax(x.double(), temperature=t.double()).float(),
+    t = torch.tensor([[1e-40], [1e-38], [0.5], [1e-45], [1.0], [1e-39], [2.0]], dtype=torch.float64)
+    torch.testing.assert_close(sk.softmax(x, temperature=t.float()),
+                               sk.softmax(x.double(), temperature=t).float(),
                                rtol=1e-5, atol=1e-6, equal_nan=True)

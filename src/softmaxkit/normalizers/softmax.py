@@ -92,8 +92,9 @@ def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Te
     # finfo.min (or -1e38) over T < 1 became all -inf (read as nothing visible); 3 and 4 over
     # T = 1e-38 in float32 two +inf entries sharing the mass (float64: all on the 4); 0 over
     # a T whose reciprocal overflows NaN. Softmax is shift invariant, so such rows are
-    # computed as (x - m) / T with m the (detached) row maximum, as float64 sees them (in a
-    # row whose maximum is +inf or NaN, the overflowed entries only have to stay finite).
+    # computed as (x - m) / T with m the (detached) row maximum, as float64 sees them: the
+    # maxima give 0 (also where 1 / T is inf), the rest their difference over T (in a row
+    # whose maximum is +inf or NaN, the overflowed entries only have to stay finite).
     # Other rows keep z = x * (1 / T) as it is (the kernels round the same product).
     over = rows.visible & torch.isfinite(rows.x) & ~torch.isfinite(z)
     lost = over.any(-1, keepdim=True)
@@ -101,8 +102,8 @@ def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Te
         return z
     m = rows.masked_max().detach()
     finite_m = torch.isfinite(m)
-    t = rows.align(temperature, "temperature") if tensor else temperature
-    shifted = (rows.safe_x - torch.where(finite_m, m, torch.zeros_like(m))) / t
+    shifted = (rows.safe_x - torch.where(finite_m, m, torch.zeros_like(m))) * rows.align(scale, "temperature")
+    shifted = torch.where(torch.isnan(shifted), torch.zeros_like(shifted), shifted)   # 0 * inf at the maxima
     fixed = torch.where(finite_m, shifted, torch.where(over, torch.zeros_like(z), z))
     return torch.where(lost, fixed, z)
 
