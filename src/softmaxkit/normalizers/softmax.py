@@ -83,10 +83,9 @@ def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 
 def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Tensor:
-    tensor = isinstance(temperature, torch.Tensor)
-    scale = temperature.reciprocal() if tensor else 1.0 / temperature
+    scale = temperature.reciprocal() if isinstance(temperature, torch.Tensor) else 1.0 / temperature
     z = rows.safe_x * rows.align(scale, "temperature")
-    if not tensor and scale <= 1:
+    if not isinstance(scale, torch.Tensor) and scale <= 1:
         return z
     # A visible finite score whose x / T overflows is not a limit of the definition: a row of
     # finfo.min (or -1e38) over T < 1 became all -inf (read as nothing visible); 3 and 4 over
