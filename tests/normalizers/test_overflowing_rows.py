@@ -65,3 +65,30 @@ def test_ssmax_finfo_min_row_is_uniform():
 def test_rectifier_of_finfo_max_scores_gives_equal_weights(name):
     x = torch.tensor([[FMAX, FMAX, -1.0, FMAX, 0.0]])
     torch.testing.assert_close(sk.normalize(x, name), torch.tensor([[1 / 3, 1 / 3, 0.0, 1 / 3, 0.0]]))
+
+
+def _cube(x):
+    return torch.relu(x) ** 3
+
+
+def _dcube(x):
+    return 3 * torch.relu(x) ** 2
+
+
+def test_a_user_term_overflowing_float32_is_computed_in_float64():
+    """A user's ``relu(x)^3`` at ``1e13`` is ``inf`` in float32 (``inf / inf``: NaN rows before)."""
+    name = "audit_cube_l1"
+    sk.register_normalizer(name, family="sum_normalized", h=_cube, dh=_dcube, eps=1e-6)
+    try:
+        x = torch.randn(3, 5, generator=torch.Generator().manual_seed(2))
+        x[1, :2] = torch.tensor([1e13, 2e13])
+        x[2, 0] = 1e20
+        xr = x.clone().requires_grad_()
+        out = sk.normalize(xr, name)
+        torch.testing.assert_close(out.double(), sk.normalize(x.double(), name).float().double())
+        torch.testing.assert_close(out[1, :2], torch.tensor([1 / 9, 8 / 9]))
+        assert torch.equal(out[0], sk.normalize(x[:1].expand(3, 5).contiguous(), name)[0])
+        out.backward(torch.linspace(-1, 1, 15).reshape(3, 5))
+        assert torch.isfinite(xr.grad).all()
+    finally:
+        sk.unregister_normalizer(name)

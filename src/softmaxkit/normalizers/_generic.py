@@ -10,6 +10,7 @@ visible gives zeros, a visible NaN makes its row NaN, a visible ``+inf`` gives t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -102,7 +103,17 @@ def softmax_of_rows(rows: Rows, form: forms.SoftmaxOf, params: Mapping[str, Any]
 def sum_normalized_rows(rows: Rows, form: forms.SumNormalized, params: Mapping[str, Any]) -> torch.Tensor:
     """``h / (sum h + eps)`` over visible entries (signed: ``relu(h) / (sum |h| + eps)``)."""
     finite, xs = _finite(rows)
-    f = torch.where(finite, forms.call(form.h, xs, params, rows.count), torch.zeros_like(xs))
+    hx = forms.call(form.h, xs, params, rows.count)
+    wide = None
+    if rows.x.dtype == torch.float32 and _can_branch(hx):
+        lost = (finite & ~torch.isfinite(hx)).any(-1, keepdim=True)
+        if bool(lost.any()):
+            # h overflowing float32 at finite scores (a user's relu(x)^3 at 1e13: inf / inf = NaN):
+            # those rows in float64; here they are zeroed, so that no inf reaches the gradient
+            wide = (lost, sum_normalized_rows(dataclasses.replace(rows, x=rows.x.double()), form, params))
+            xs = torch.where(lost, torch.zeros_like(xs), xs)
+            hx = forms.call(form.h, xs, params, rows.count)
+    f = torch.where(finite, hx, torch.zeros_like(xs))
     num, den = (torch.relu(f), f.abs()) if form.signed else (f, f)
     total = den.sum(-1, keepdim=True)
     eps = form.epsilon(params)
@@ -116,6 +127,8 @@ def sum_normalized_rows(rows: Rows, form: forms.SumNormalized, params: Mapping[s
             c = torch.where(over & (c > 0), c, torch.ones_like(c))
             scaled = (num / c) / ((den / c).sum(-1, keepdim=True) + eps / c)
             p = torch.where(over, scaled, p)
+    if wide is not None:
+        p = torch.where(wide[0], wide[1].to(p.dtype), p)
     return torch.where(_positive_infinite_rows(rows), infinite_limit(rows.x.detach(), rows.visible), p)
 
 
