@@ -281,6 +281,10 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     batch_shape, length = logits.shape[:-1], logits.shape[-1]
     z = logits.reshape(-1, length).to(compute_dtype(logits.dtype))
     temperature = float(temperature)
+    if temperature < torch.finfo(z.dtype).tiny:
+        # T itself would round to 0 (or a denormal) in z's dtype: (z - max) / T gave 0 / 0 = NaN
+        # at the maxima and drew index V, past the vocabulary. float64 holds every positive T.
+        z = z.double()
     nucleus = top_p is not None and top_p < 1
     if top_k is not None and top_k < length:
         values, indices = _blocked_topk(z, top_k)
@@ -289,8 +293,12 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
         probs = weights / weights.sum(-1, keepdim=True)
     elif nucleus:
         assert top_p is not None  # nucleus implies it
-        _check_candidates(z.amax(-1))
-        probs, indices = _nucleus_candidates(z / temperature if temperature != 1 else z, top_p)
+        top = z.amax(-1, keepdim=True)
+        _check_candidates(top.squeeze(-1))
+        # shifted first (softmax is shift invariant): a row of finfo.min over T < 1 overflowed
+        # to all -inf, whose probabilities 0 / 0 drew an index past the vocabulary
+        shifted = z - top
+        probs, indices = _nucleus_candidates(shifted / temperature if temperature != 1 else shifted, top_p)
         weights = probs / probs[:, :1]
     else:
         top = z.amax(-1, keepdim=True)

@@ -23,7 +23,10 @@ def _check(x, k, dim):
 
 def _top(p, k, dim):
     """The documented order: decreasing value, equal values by increasing index (a stable
-    sort; ``torch.topk`` leaves the order of equal values unspecified)."""
+    sort; ``torch.topk`` leaves the order of equal values unspecified). A 0-d ``p`` is its own
+    top-1, at index 0, as ``torch.topk`` gives it."""
+    if p.dim() == 0:
+        return p, torch.zeros((), dtype=torch.int64, device=p.device)
     values, indices = torch.sort(p, dim=dim, descending=True, stable=True)
     return values.narrow(dim, 0, k), indices.narrow(dim, 0, k)
 

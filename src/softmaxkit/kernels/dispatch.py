@@ -124,8 +124,11 @@ _is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tenso
 def _traced(x) -> bool:
     """Whether ``x`` is seen through a transform (``torch.func.vmap`` / ``grad``, or
     ``torch.compile``): no data pointer to read and no data-dependent branch, so only the
-    reference (plain PyTorch ops) applies."""
-    return torch.compiler.is_compiling() or (isinstance(x, torch.Tensor) and _is_functorch_wrapped(x))
+    reference (plain PyTorch ops) applies. Also inside a forward-mode AD level
+    (``torch.autograd.forward_ad.dual_level``): the kernels' autograd functions have no
+    ``jvp`` (they raised, and the fused top-k dropped the tangent), the reference has one."""
+    return (torch.compiler.is_compiling() or forward_ad._current_level >= 0
+            or (isinstance(x, torch.Tensor) and _is_functorch_wrapped(x)))
 
 
 def _plain_last_axis(x, dim) -> bool:
@@ -461,6 +464,8 @@ def _drop_invisible_grad(y, grad):
     """The reference's log-softmax gradient from aten's: ``-inf`` outputs (masked entries,
     ``-inf`` scores) are constants, so their incoming gradient is dropped before aten's
     backward (which would give them ``g_j`` and add their ``g_j`` to every other entry's sum)."""
+    if grad is None:   # an undefined gradient (gradcheck's undefined-grad test) stays undefined
+        return None
     return grad.masked_fill(y == float("-inf"), 0)
 
 
@@ -635,7 +640,7 @@ def _logsumexp_lane(x, dim, params):
     """As :func:`_softmax_lane`, for log-sum-exp where aten wins (every row finite)."""
     keepdim = params.get("keepdim", False)
     if (type(keepdim) is not bool or not _lane_rows(x, dim) or _is_functorch_wrapped(x)
-            or _numba_wins("logsumexp", x)):
+            or forward_ad._current_level >= 0 or _numba_wins("logsumexp", x)):
         return None
     if x.requires_grad and torch.is_grad_enabled():   # aten's own gradient uses the rounded lse
         out = _LogSumExpGrad.apply(x, -1)

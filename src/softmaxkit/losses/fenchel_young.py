@@ -146,7 +146,7 @@ def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: s
         # (a row of finfo.min or -1e9 logits gave losses of 1e31 in float32).
         top = z.detach().amax(-1, keepdim=True)
         z = z - torch.where(torch.isfinite(top), top, torch.zeros((), dtype=z.dtype, device=z.device))
-    if target.is_floating_point():
+    if target.is_floating_point() and target.dim() == logits.dim():   # (other shapes: _target_terms says why)
         target = target.movedim(dim, -1)
     theta_y, omega_y, impossible = _target_terms(z, target, alpha)
     visible = z != float("-inf")

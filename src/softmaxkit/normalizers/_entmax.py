@@ -256,6 +256,7 @@ class _EntmaxFunction(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx, inputs, output):   # separate from forward: torch.func transforms need it
         ctx.save_for_backward(output, inputs[2])
+        ctx.save_for_forward(output, inputs[2])
 
     @staticmethod
     def vmap(info, in_dims, z, visible, u, method):
@@ -271,23 +272,47 @@ class _EntmaxFunction(torch.autograd.Function):
         return _EntmaxFunction.apply(z, visible, u, method), 0
 
     @staticmethod
-    def backward(ctx, grad_p):
-        p, u = ctx.saved_tensors
+    def _weights(p, u):
+        """``g = p^{2-alpha}`` on the support (0 elsewhere), its row sum (1 for an empty row),
+        the support and ``log p`` (0 off it)."""
         on = p > 0
         log_p = torch.log(torch.where(on, p, torch.ones_like(p)))
         g = torch.where(on, torch.exp((1 - u) * log_p), torch.zeros_like(p))
         g_sum = g.sum(-1, keepdim=True)
-        g_sum = torch.where(g_sum > 0, g_sum, torch.ones_like(g_sum))
+        return g, torch.where(g_sum > 0, g_sum, torch.ones_like(g_sum)), on, log_p
+
+    @staticmethod
+    def _dp_du(p, u, g, g_sum, on, log_p):
+        safe_u = torch.where(u > 0, u, torch.ones_like(u))
+        d = torch.where(u > 0, torch.expm1(u * log_p) / safe_u, log_p)
+        h = torch.where(on, _m_times_p(p, g, d, u), torch.zeros_like(p))
+        return h - g * h.sum(-1, keepdim=True) / g_sum
+
+    @staticmethod
+    def backward(ctx, grad_p):
+        p, u = ctx.saved_tensors
+        g, g_sum, on, log_p = _EntmaxFunction._weights(p, u)
         gp = g * grad_p
         grad_z = gp - g * gp.sum(-1, keepdim=True) / g_sum
         grad_u = None
         if ctx.needs_input_grad[2]:
-            safe_u = torch.where(u > 0, u, torch.ones_like(u))
-            d = torch.where(u > 0, torch.expm1(u * log_p) / safe_u, log_p)
-            h = torch.where(on, _m_times_p(p, g, d, u), torch.zeros_like(p))
-            dp_du = h - g * h.sum(-1, keepdim=True) / g_sum
+            dp_du = _EntmaxFunction._dp_du(p, u, g, g_sum, on, log_p)
             grad_u = (grad_p * dp_du).sum(-1, keepdim=True).sum_to_size(u.shape)
         return grad_z, None, grad_u, None
+
+    @staticmethod
+    def jvp(ctx, dz, _dvisible, du, _dmethod):
+        """Forward mode (``torch.func.jvp``, ``forward_ad``): the Jacobian in ``z`` is symmetric,
+        so the tangent is the backward's formula applied to ``dz``, plus ``dp/du * du``."""
+        p, u = ctx.saved_tensors
+        g, g_sum, on, log_p = _EntmaxFunction._weights(p, u)
+        out = torch.zeros_like(p)
+        if dz is not None:
+            gd = g * dz
+            out = gd - g * gd.sum(-1, keepdim=True) / g_sum
+        if du is not None:
+            out = out + _EntmaxFunction._dp_du(p, u, g, g_sum, on, log_p) * du
+        return out
 
 
 # ----------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ visible gives zeros, a visible NaN makes its row NaN, a visible ``+inf`` gives t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -73,19 +74,61 @@ def _positive_infinite_rows(rows: Rows) -> torch.Tensor:
     return (rows.visible & (rows.x == float("inf"))).any(-1, keepdim=True)
 
 
+_is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+
+
+def _can_branch(t: torch.Tensor) -> bool:
+    """Whether a data-dependent branch on ``t`` is allowed (not under compile or a torch.func transform)."""
+    return not (torch.compiler.is_compiling() or _is_functorch_wrapped(t))
+
+
 def softmax_of_rows(rows: Rows, form: forms.SoftmaxOf, params: Mapping[str, Any]) -> torch.Tensor:
-    """``softmax(g(x))`` over visible entries; ``+inf`` stays ``+inf`` (``g`` is increasing)."""
+    """``softmax(g(x))`` over visible entries; ``+inf`` stays ``+inf`` (``g`` is increasing).
+
+    In float32 (float16 / bfloat16 compute in it), a finite score whose ``g`` overflows (SSMax's
+    ``s log(n) x`` of a ``finfo.min`` fill over long rows: every entry ``-inf``, the row read
+    as empty) is not a limit of the definition: the call is then computed in float64."""
     finite, xs = _finite(rows)
-    z = torch.where(finite, forms.call(form.g, xs, params, rows.count), rows.x)
-    return softmax_rows(z, rows.visible)
+    gx = forms.call(form.g, xs, params, rows.count)
+    p = softmax_rows(torch.where(finite, gx, rows.x), rows.visible)
+    if rows.x.dtype == torch.float32 and _can_branch(gx):
+        over = (finite & ~torch.isfinite(gx)).any(-1, keepdim=True)
+        if bool(over.any()):   # those rows (only) in float64
+            gx = forms.call(form.g, xs.double(), params, rows.count.double())
+            wide = softmax_rows(torch.where(finite, gx, rows.x.double()), rows.visible)
+            p = torch.where(over, wide.to(p.dtype), p)
+    return p
 
 
 def sum_normalized_rows(rows: Rows, form: forms.SumNormalized, params: Mapping[str, Any]) -> torch.Tensor:
     """``h / (sum h + eps)`` over visible entries (signed: ``relu(h) / (sum |h| + eps)``)."""
     finite, xs = _finite(rows)
-    f = torch.where(finite, forms.call(form.h, xs, params, rows.count), torch.zeros_like(xs))
+    hx = forms.call(form.h, xs, params, rows.count)
+    wide = None
+    if rows.x.dtype == torch.float32 and _can_branch(hx):
+        lost = (finite & ~torch.isfinite(hx)).any(-1, keepdim=True)
+        if bool(lost.any()):
+            # h overflowing float32 at finite scores (a user's relu(x)^3 at 1e13: inf / inf = NaN):
+            # those rows in float64; here they are zeroed, so that no inf reaches the gradient
+            wide = (lost, sum_normalized_rows(dataclasses.replace(rows, x=rows.x.double()), form, params))
+            xs = torch.where(lost, torch.zeros_like(xs), xs)
+            hx = forms.call(form.h, xs, params, rows.count)
+    f = torch.where(finite, hx, torch.zeros_like(xs))
     num, den = (torch.relu(f), f.abs()) if form.signed else (f, f)
-    p = num / (den.sum(-1, keepdim=True) + form.epsilon(params))
+    total = den.sum(-1, keepdim=True)
+    eps = form.epsilon(params)
+    p = num / (total + eps)
+    if _can_branch(total):
+        # finite terms whose sum overflows (relu_l1 of finfo.max scores): every weight would be
+        # 0. Divided by the row's largest term first, the same quotient stays in range.
+        over = torch.isinf(total) & torch.isfinite(den).all(-1, keepdim=True)
+        if bool(over.any()):
+            c = den.detach().amax(-1, keepdim=True)
+            c = torch.where(over & (c > 0), c, torch.ones_like(c))
+            scaled = (num / c) / ((den / c).sum(-1, keepdim=True) + eps / c)
+            p = torch.where(over, scaled, p)
+    if wide is not None:
+        p = torch.where(wide[0], wide[1].to(p.dtype), p)
     return torch.where(_positive_infinite_rows(rows), infinite_limit(rows.x.detach(), rows.visible), p)
 
 

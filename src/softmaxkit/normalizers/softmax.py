@@ -85,18 +85,26 @@ def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Tensor:
     scale = temperature.reciprocal() if isinstance(temperature, torch.Tensor) else 1.0 / temperature
     z = rows.safe_x * rows.align(scale, "temperature")
-    if isinstance(temperature, torch.Tensor) or scale <= 1:
+    if not isinstance(scale, torch.Tensor) and scale <= 1:
         return z
-    # A row whose every visible entry overflows to -inf (finfo.min, or -1e38, over T < 1) is
-    # not a row with nothing visible: softmax is shift invariant, so such rows are scaled
-    # after subtracting their (detached) maximum, as a float64 computation would see them.
-    # Other rows keep z = x / T as it is (the kernels round the same product).
-    lost = rows.any_visible & ~(rows.visible & (z > float("-inf"))).any(-1, keepdim=True)
+    # A visible finite score whose x / T overflows is not a limit of the definition: a row of
+    # finfo.min (or -1e38) over T < 1 became all -inf (read as nothing visible); 3 and 4 over
+    # T = 1e-38 in float32 two +inf entries sharing the mass (float64: all on the 4); 0 over
+    # a T whose reciprocal overflows NaN. Softmax is shift invariant, so such rows are
+    # computed as (x - m) / T with m the (detached) row maximum, as float64 sees them: the
+    # maxima give 0 (also where 1 / T is inf), the rest their difference over T (in a row
+    # whose maximum is +inf or NaN, the overflowed entries only have to stay finite).
+    # Other rows keep z = x * (1 / T) as it is (the kernels round the same product).
+    over = rows.visible & torch.isfinite(rows.x) & ~torch.isfinite(z)
+    lost = over.any(-1, keepdim=True)
     if not (torch.compiler.is_compiling() or _is_functorch_wrapped(z) or bool(lost.any())):
         return z
     m = rows.masked_max().detach()
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-    return torch.where(lost, (rows.safe_x - m) * scale, z)
+    finite_m = torch.isfinite(m)
+    shifted = (rows.safe_x - torch.where(finite_m, m, torch.zeros_like(m))) * rows.align(scale, "temperature")
+    shifted = torch.where(torch.isnan(shifted), torch.zeros_like(shifted), shifted)   # 0 * inf at the maxima
+    fixed = torch.where(finite_m, shifted, torch.where(over, torch.zeros_like(z), z))
+    return torch.where(lost, fixed, z)
 
 
 _is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)

@@ -271,6 +271,10 @@ def _careful_row(x, out, scale, mode):
     for i in range(x.shape[0]):
         v = x[i] * scale
         if v != v:
+            if x[i] == x[i]:
+                # 0 * scale with 1/T overflowing: x / T overflowed, not a NaN score; the
+                # reference computes the row as (x - max) / T
+                return neg_inf, _SPECIAL_TODO
             has_nan = True
         elif v > m:
             m = v
@@ -283,6 +287,11 @@ def _careful_row(x, out, scale, mode):
                     out[i] = neg_inf if mode == LOG_PROBS else cast_like(0.0, scale)
         return nan, np.uint8(0)
     if m == -neg_inf:
+        for i in range(x.shape[0]):
+            if x[i] * scale == -neg_inf and x[i] != -neg_inf:
+                # a finite score whose x / T overflowed: not a +inf score (the reference
+                # computes the row as (x - max) / T)
+                return neg_inf, _SPECIAL_TODO
         count = 0
         for i in range(x.shape[0]):
             count += x[i] * scale == -neg_inf
