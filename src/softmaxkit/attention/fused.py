@@ -576,8 +576,10 @@ def _dv_rows(p: torch.Tensor, den: torch.Tensor | None, dout: torch.Tensor) -> t
 class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan: _Plan, q, k, v, *tensors):
-        b, h, lq, _ = plan.inp.shape
-        out = q.new_zeros(b, h, lq, v.shape[-1])
+        b, h, lq, lk = plan.inp.shape
+        out = q.new_empty(b, h, lq, v.shape[-1])
+        # each block writes its rows; the rows in no block are those that see no key
+        out[:, :, :lq if lk == 0 else (max(0, lq - lk) if plan.inp.is_causal else 0)] = 0
         params_full = dict(zip(plan.names, tensors))
         bufs = _Buffers(plan, 1)
         blocks = []
