@@ -17,8 +17,18 @@ import torch
 __all__ = [
     "check_floating", "check_dim", "check_positive", "check_at_least", "check_nonnegative",
     "check_int_in_range", "check_number", "check_finite", "check_bool", "check_known_params",
-    "check_choice", "check_count", "check_head_shape", "check_in_range",
+    "check_choice", "check_count", "check_head_shape", "check_in_range", "is_functorch_wrapped", "can_branch_on",
 ]
+
+#: Whether a tensor is seen through a ``torch.func`` transform (``vmap``, ``grad``): it has no
+#: data of its own to read or branch on.
+is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
+
+
+def can_branch_on(t: torch.Tensor) -> bool:
+    """Whether a branch on the values of ``t`` is allowed: not while ``torch.compile`` traces,
+    not under a ``torch.func`` transform."""
+    return not (torch.compiler.is_compiling() or is_functorch_wrapped(t))
 
 
 def check_floating(x: object, name: str = "x") -> None:

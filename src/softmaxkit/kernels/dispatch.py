@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad
 
+from .._checks import is_functorch_wrapped
 from . import memory
 
 BACKENDS = ("reference", "numba", "triton", "auto")
@@ -118,9 +119,6 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-_is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
-
-
 def _traced(x) -> bool:
     """Whether ``x`` is seen through a transform (``torch.func.vmap`` / ``grad``, or
     ``torch.compile``): no data pointer to read and no data-dependent branch, so only the
@@ -128,7 +126,7 @@ def _traced(x) -> bool:
     (``torch.autograd.forward_ad.dual_level``): the kernels' autograd functions have no
     ``jvp`` (they raised, and the fused top-k dropped the tangent), the reference has one."""
     return (torch.compiler.is_compiling() or forward_ad._current_level >= 0
-            or (isinstance(x, torch.Tensor) and _is_functorch_wrapped(x)))
+            or (isinstance(x, torch.Tensor) and is_functorch_wrapped(x)))
 
 
 def _plain_last_axis(x, dim) -> bool:
@@ -581,7 +579,7 @@ def _softmax_lane(x, dim, params, log=False):
     if not rows:
         return None
     if (x.numel() * x.element_size() >= memory.MIN_BYTES and forward_ad._current_level < 0
-            and not _is_functorch_wrapped(x)):
+            and not is_functorch_wrapped(x)):
         out = _huge_page_softmax(x, log)
         if _lane_bad(out, rows):
             return None
@@ -639,7 +637,7 @@ def _log_softmax_lane(x, dim, params):
 def _logsumexp_lane(x, dim, params):
     """As :func:`_softmax_lane`, for log-sum-exp where aten wins (every row finite)."""
     keepdim = params.get("keepdim", False)
-    if (type(keepdim) is not bool or not _lane_rows(x, dim) or _is_functorch_wrapped(x)
+    if (type(keepdim) is not bool or not _lane_rows(x, dim) or is_functorch_wrapped(x)
             or forward_ad._current_level >= 0 or _numba_wins("logsumexp", x)):
         return None
     if x.requires_grad and torch.is_grad_enabled():   # aten's own gradient uses the rounded lse

@@ -29,11 +29,9 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_at_least, check_finite
+from .._checks import can_branch_on, check_at_least, check_finite
 from .._rows import Rows, nonzero_or_one
 from .softmax import infinite_limit, softmax_rows
-
-_is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
 
 #: |t| below which M(t) (see :func:`_m_times_p`) is summed as a power series.
 _SERIES_CUTOFF = 0.05
@@ -337,7 +335,7 @@ def entmax_rows(z: torch.Tensor, visible: torch.Tensor, alpha) -> torch.Tensor:
         method = {2.0: "sparsemax", 1.5: "entmax15"}.get(float(alpha), "bisect")
         u = torch.full((1,) * z.dim(), float(alpha) - 1, dtype=z.dtype, device=z.device)
         p = _EntmaxFunction.apply(safe, finite, u, method)
-    if torch.compiler.is_compiling() or _is_functorch_wrapped(z) or bool((finite != visible).any()):  # (vmap, compile)
+    if not can_branch_on(z) or bool((finite != visible).any()):  # (vmap, compile)
         inf_rows = (visible & (z == float("inf"))).any(-1, keepdim=True)
         p = torch.where(inf_rows, infinite_limit(z.detach(), visible), p)
         nan_rows = (visible & torch.isnan(z)).any(-1, keepdim=True)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .. import forms
-from .._checks import check_finite, check_number
+from .._checks import can_branch_on, check_finite, check_number
 from .._rows import Rows, prepare_rows
 from ._entmax import entmax_rows, per_row
 from .softmax import infinite_limit, softmax_rows
@@ -74,14 +74,6 @@ def _positive_infinite_rows(rows: Rows) -> torch.Tensor:
     return (rows.visible & (rows.x == float("inf"))).any(-1, keepdim=True)
 
 
-_is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
-
-
-def _can_branch(t: torch.Tensor) -> bool:
-    """Whether a data-dependent branch on ``t`` is allowed (not under compile or a torch.func transform)."""
-    return not (torch.compiler.is_compiling() or _is_functorch_wrapped(t))
-
-
 def softmax_of_rows(rows: Rows, form: forms.SoftmaxOf, params: Mapping[str, Any]) -> torch.Tensor:
     """``softmax(g(x))`` over visible entries; ``+inf`` stays ``+inf`` (``g`` is increasing).
 
@@ -91,7 +83,7 @@ def softmax_of_rows(rows: Rows, form: forms.SoftmaxOf, params: Mapping[str, Any]
     finite, xs = _finite(rows)
     gx = forms.call(form.g, xs, params, rows.count)
     p = softmax_rows(torch.where(finite, gx, rows.x), rows.visible)
-    if rows.x.dtype == torch.float32 and _can_branch(gx):
+    if rows.x.dtype == torch.float32 and can_branch_on(gx):
         over = (finite & ~torch.isfinite(gx)).any(-1, keepdim=True)
         if bool(over.any()):   # those rows (only) in float64
             gx = forms.call(form.g, xs.double(), params, rows.count.double())
@@ -105,7 +97,7 @@ def sum_normalized_rows(rows: Rows, form: forms.SumNormalized, params: Mapping[s
     finite, xs = _finite(rows)
     hx = forms.call(form.h, xs, params, rows.count)
     wide = None
-    if rows.x.dtype == torch.float32 and _can_branch(hx):
+    if rows.x.dtype == torch.float32 and can_branch_on(hx):
         lost = (finite & ~torch.isfinite(hx)).any(-1, keepdim=True)
         if bool(lost.any()):
             # h overflowing float32 at finite scores (a user's relu(x)^3 at 1e13: inf / inf = NaN):
@@ -118,7 +110,7 @@ def sum_normalized_rows(rows: Rows, form: forms.SumNormalized, params: Mapping[s
     total = den.sum(-1, keepdim=True)
     eps = form.epsilon(params)
     p = num / (total + eps)
-    if _can_branch(total):
+    if can_branch_on(total):
         # finite terms whose sum overflows (relu_l1 of finfo.max scores): every weight would be
         # 0. Divided by the row's largest term first, the same quotient stays in range.
         over = torch.isinf(total) & torch.isfinite(den).all(-1, keepdim=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._checks import check_bool, check_positive
+from .._checks import can_branch_on, check_bool, check_positive
 from .._rows import Rows, nonzero_or_one, prepare_rows
 from ..forms import SoftmaxOf
 from ..kernels import dispatch
@@ -97,7 +97,7 @@ def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Te
     # Other rows keep z = x * (1 / T) as it is (the kernels round the same product).
     over = rows.visible & torch.isfinite(rows.x) & ~torch.isfinite(z)
     lost = over.any(-1, keepdim=True)
-    if not (torch.compiler.is_compiling() or _is_functorch_wrapped(z) or bool(lost.any())):
+    if can_branch_on(z) and not bool(lost.any()):
         return z
     m = rows.masked_max().detach()
     finite_m = torch.isfinite(m)
@@ -107,7 +107,6 @@ def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Te
     return torch.where(lost, fixed, z)
 
 
-_is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
 
 
 # ----------------------------------------------------------------------------------------
