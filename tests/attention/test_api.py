@@ -220,3 +220,18 @@ def test_hidden_scores_that_overflow_a_piece_leave_gradients_finite(name, method
             torch.testing.assert_close(got, want)
     finally:
         sk.unregister_normalizer("user_exp_gate")
+
+
+def test_parameter_checks_hold_on_every_call():
+    """Accepted number parameters are remembered per normalizer, row length and dtype, so a call
+    with the same ones skips the check; bad values and a k beyond a shorter row still raise."""
+    q, k, v = _qkv(lq=4, lk=6)
+    for _ in range(2):
+        sk.attention(q, k, v, "ssmax", s=0.5)
+        with pytest.raises(ValueError, match="s"):
+            sk.attention(q, k, v, "ssmax", s=float("nan"))
+    sk.attention(q, k, v, "sparse_softmax", k=5)
+    short = _qkv(lq=4, lk=3)
+    with pytest.raises(ValueError, match="k"):
+        sk.attention(*short, "sparse_softmax", k=5)
+    sk.attention(q.float(), k.float(), v.float(), "sparse_softmax", k=5)

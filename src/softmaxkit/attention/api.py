@@ -48,10 +48,34 @@ def validate_params(spec: NormalizerSpec, params: dict, shape: tuple[int, int, i
 
     Tensors that vary per query or key are checked by the dense reference that uses them."""
     b, h, lk = shape
-    dummy = torch.zeros(b, h, 1, max(lk, 2), dtype=dtype, device=device)
     checked = {n: val for n, val in params.items()
                if not isinstance(val, torch.Tensor) or (n != COUNT and _per_head_of(val, spec.param(n).size, b, h))}
+    key = _validation_key(spec, checked, max(lk, 2), dtype, device)
+    if key is not None and _VALIDATED.get(key) is spec:
+        return
+    dummy = torch.zeros(b, h, 1, max(lk, 2), dtype=dtype, device=device)
     spec.fn(dummy, dim=-1, mask=None, **checked)
+    if key is not None:
+        if len(_VALIDATED) >= 1024:
+            _VALIDATED.clear()
+        _VALIDATED[key] = spec
+
+
+#: Parameter sets (numbers only) the reference has accepted, by normalizer, row length, dtype
+#: and device type: a call with the same ones is not checked again (the check runs the
+#: reference on a row per head, a fixed cost of about 0.2 ms on every attention call).
+_VALIDATED: dict = {}
+
+
+def _validation_key(spec: NormalizerSpec, checked: dict, length: int, dtype: torch.dtype, device) -> tuple | None:
+    if any(isinstance(val, torch.Tensor) for val in checked.values()):
+        return None
+    key = (id(spec), tuple(sorted(checked.items())), length, dtype, torch.device(device).type)
+    try:
+        hash(key)
+    except TypeError:   # a parameter given as a list or another unhashable value
+        return None
+    return key
 
 
 def _sdpa_factor(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> float | None:

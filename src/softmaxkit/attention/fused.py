@@ -712,6 +712,8 @@ def _tile_pieces(spec: NormalizerSpec, kind: str, inp: AttentionInputs, linear: 
 def _pack(values, inp: AttentionInputs) -> torch.Tensor:
     """Parameters (numbers or tensors broadcastable to ``(B, H, 1, 1)``) as ``(B, H, P)``."""
     b, h, _, _ = inp.shape
+    if values and not any(isinstance(v, torch.Tensor) for v in values):   # numbers: one small tensor
+        return torch.tensor([float(v) for v in values], dtype=inp.q.dtype, device=inp.q.device).expand(b, h, -1)
     cols = [v.detach().to(dtype=inp.q.dtype, device=inp.q.device) if isinstance(v, torch.Tensor)
             else torch.tensor(float(v), dtype=inp.q.dtype, device=inp.q.device) for v in values]
     cols = [c.reshape((1,) * (4 - c.dim()) + tuple(c.shape)).expand(b, h, 1, 1).reshape(b, h) for c in cols]
