@@ -83,14 +83,15 @@ def softmax_table(shapes) -> Table:
         t_torch = median_time(functools.partial(torch.softmax, x, -1), REPEATS)
         algo = {a: median_time(functools.partial(functions.softmax, x, algorithm=a), REPEATS)
                 for a in ("three_pass", "two_pass", "online")}
-        t_kernel = algo[functions.DEFAULT_ALGORITHM]
+        t_kernel = algo[functions.default_algorithm(shape[-1])]
         table.add("x".join(map(str, shape)), t_torch * 1e3, t_kernel * 1e3, t_copy * 1e3, t_torch / t_kernel,
                   t_kernel / t_copy, t_torch / t_copy, algo["three_pass"] / t_copy, algo["two_pass"] / t_copy,
                   algo["online"] / t_copy, algo["three_pass"] / algo["two_pass"])
         del x
         gc.collect()
     table.add_headline("softmax forward", "torch.softmax", table.rows[0][1] / table.rows[0][2], table.rows[0][0])
-    table.notes = (f"kernel = default algorithm ({functions.DEFAULT_ALGORITHM}). Targets: kernel x copy <= 2 and "
+    table.notes = (f"kernel = default algorithm ({functions.DEFAULT_ALGORITHM}; three_pass for rows of at most "
+                   f"{functions._k.BLOCK} entries). Targets: kernel x copy <= 2 and "
                    "speedup >= 4 at 4096x32768; three-pass / two-pass > 1 means two-pass is faster "
                    "(Dukhan & Ablavatski 2020: 1.18 with AVX2 on out-of-cache rows). " + _header_note())
     return table

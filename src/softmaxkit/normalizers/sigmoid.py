@@ -109,25 +109,26 @@ def _numba_pieces():
     from numba import njit
 
     from ..kernels.cpu._exp import exp_nonpositive_fast
-    from ..kernels.cpu._intrinsics import cast_like
+    from ..kernels.cpu._intrinsics import cast_like, divide_finite
     from ..kernels.cpu.pieces import NumbaPieces
 
     @njit(cache=True, inline="always")
     def row(n, par):
         return (par[1] if par[0] != 0 else -np.log(n)) + par[2]
 
-    # e = exp(-|z|) <= 1: sigmoid(z) = 1 / (1 + e) for z >= 0, e / (1 + e) below, never overflowing
+    # e = exp(-|z|) <= 1: sigmoid(z) = 1 / (1 + e) for z >= 0, e / (1 + e) below, never
+    # overflowing; the divisor lies in [1, 2] (its square in [1, 4])
     @njit(cache=True, inline="always")
     def h(x, a, par):
         z = x + a
         e = exp_nonpositive_fast(-abs(z))
-        return (cast_like(1.0, x) if z >= 0 else e) / (cast_like(1.0, x) + e)
+        return divide_finite(cast_like(1.0, x) if z >= 0 else e, cast_like(1.0, x) + e)
 
     @njit(cache=True, inline="always")
     def dh(x, a, par):
         e = exp_nonpositive_fast(-abs(x + a))
         d = cast_like(1.0, x) + e
-        return e / (d * d)
+        return divide_finite(e, d * d)
 
     def values(params):
         bias = params["bias"]

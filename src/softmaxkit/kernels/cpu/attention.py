@@ -56,7 +56,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._exp import exp_nonpositive_fast
-from ._intrinsics import cast_like, fmax
+from ._intrinsics import cast_like, fmax, wide_vectors
 
 #: nnan lets LLVM vectorise the max reductions; a NaN score still makes its row NaN through
 #: the sum of exponentials.
@@ -76,6 +76,7 @@ def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g, 
     masked = hidden.shape[0] > 0
     ninf = cast_like(-np.inf, s[0, 0])
     for r in prange(s.shape[0]):
+        wide_vectors()
         end = lim[r]
         row = s[r, :end]
         full = s[r]
@@ -113,6 +114,7 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of,
     masked = hidden.shape[0] > 0
     ninf = cast_like(-np.inf, s[0, 0])
     for r in prange(s.shape[0]):
+        wide_vectors()
         end = lim[r]
         row = s[r, :end]
         full = s[r]
@@ -159,6 +161,7 @@ def factor_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g, sink
     ninf = cast_like(-np.inf, s[0, 0])
     zero = cast_like(0.0, s[0, 0])
     for r in prange(s.shape[0]):
+        wide_vectors()
         end = lim[r]
         row = s[r, :end]
         full = s[r]
@@ -189,6 +192,7 @@ def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, g, 
     ninf = cast_like(-np.inf, s[0, 0])
     zero = cast_like(0.0, s[0, 0])
     for r in prange(s.shape[0]):
+        wide_vectors()
         end = lim[r]
         row = s[r, :end]
         full = s[r]
@@ -263,6 +267,7 @@ def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, w
     ``(dp W - sum_i w_i dp_i) / W`` (see :func:`sum_normalized_backward`; ``dd`` is unused)."""
     masked = hidden.shape[0] > 0
     for r in prange(s.shape[0]):
+        wide_vectors()
         end = lim[r]
         row = s[r, :end]
         full = s[r]
@@ -294,6 +299,7 @@ def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, w
 def sum_normalized_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, h, eps):
     masked = hidden.shape[0] > 0
     for r in prange(s.shape[0]):
+        wide_vectors()
         end = lim[r]
         row = s[r, :end]
         full = s[r]
@@ -321,6 +327,7 @@ def sum_normalized_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row
     (``dd`` is unused here)."""
     masked = hidden.shape[0] > 0
     for r in prange(s.shape[0]):
+        wide_vectors()
         end = lim[r]
         row = s[r, :end]
         full = s[r]
@@ -361,6 +368,7 @@ def signed_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, h, eps)
     ninf = cast_like(-np.inf, s[0, 0])
     zero = cast_like(0.0, s[0, 0])
     for r in prange(s.shape[0]):
+        wide_vectors()
         end = lim[r]
         row = s[r, :end]
         full = s[r]
@@ -391,6 +399,7 @@ def signed_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, h, 
     ninf = cast_like(-np.inf, s[0, 0])
     zero = cast_like(0.0, s[0, 0])
     for r in prange(s.shape[0]):
+        wide_vectors()
         end = lim[r]
         row = s[r, :end]
         full = s[r]
@@ -443,6 +452,7 @@ def signed_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, h, 
 def elementwise_forward(s, lim, hidden, cnt, par, rows_per_head, row_of, h):
     masked = hidden.shape[0] > 0
     for r in prange(s.shape[0]):
+        wide_vectors()
         end = lim[r]
         row = s[r, :end]
         full = s[r]
@@ -461,6 +471,7 @@ def elementwise_forward(s, lim, hidden, cnt, par, rows_per_head, row_of, h):
 def elementwise_backward(s, dp, lim, hidden, cnt, par, rows_per_head, row_of, h, dh, apply_d):
     masked = hidden.shape[0] > 0
     for r in prange(s.shape[0]):
+        wide_vectors()
         end = lim[r]
         row = s[r, :end]
         full = s[r]

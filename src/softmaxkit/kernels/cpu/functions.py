@@ -19,12 +19,20 @@ from .. import memory
 from . import FLAG_TODO, call_kernel, keep_torch_threads, sync_threads
 from . import softmax as _k
 
-#: The algorithm used when none is asked for: the fastest in the kernel benchmark.
+#: The algorithm used when none is asked for: the fastest in the kernel benchmark on rows
+#: longer than one block (:data:`softmax.BLOCK` entries); a row of at most one block stays
+#: in L1, where rereading it costs less than the two-pass bookkeeping (and its scratch
+#: arrays, allocated per row), so such rows take ``three_pass``.
 DEFAULT_ALGORITHM = "two_pass"
 
 
-def _algorithm_code(algorithm: str | None) -> int:
-    name = DEFAULT_ALGORITHM if algorithm is None else algorithm
+def default_algorithm(n: int) -> str:
+    """The algorithm used for rows of ``n`` entries when none is asked for."""
+    return "three_pass" if n <= _k.BLOCK else DEFAULT_ALGORITHM
+
+
+def _algorithm_code(algorithm: str | None, n: int) -> int:
+    name = default_algorithm(n) if algorithm is None else algorithm
     if name not in _k.ALGORITHMS:
         raise ValueError(f"algorithm must be one of {sorted(_k.ALGORITHMS)}, got {algorithm!r}")
     return _k.ALGORITHMS[name]
@@ -132,14 +140,14 @@ class _LogSumExpFunction(torch.autograd.Function):
 
 def softmax(x: torch.Tensor, temperature: float = 1.0, algorithm: str | None = None):
     """``(softmax(x / temperature), todo)`` along the last axis."""
-    return _SoftmaxFunction.apply(x, 1.0 / temperature, _algorithm_code(algorithm), _k.PROBS)
+    return _SoftmaxFunction.apply(x, 1.0 / temperature, _algorithm_code(algorithm, x.shape[-1]), _k.PROBS)
 
 
 def log_softmax(x: torch.Tensor, temperature: float = 1.0, algorithm: str | None = None):
     """``(log_softmax(x / temperature), todo)`` along the last axis (two-pass runs as online)."""
-    return _SoftmaxFunction.apply(x, 1.0 / temperature, _algorithm_code(algorithm), _k.LOG_PROBS)
+    return _SoftmaxFunction.apply(x, 1.0 / temperature, _algorithm_code(algorithm, x.shape[-1]), _k.LOG_PROBS)
 
 
 def logsumexp(x: torch.Tensor, algorithm: str | None = None):
     """``(log sum exp, todo)`` over the last axis (the axis removed)."""
-    return _LogSumExpFunction.apply(x, _algorithm_code(algorithm))
+    return _LogSumExpFunction.apply(x, _algorithm_code(algorithm, x.shape[-1]))

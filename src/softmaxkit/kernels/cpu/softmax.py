@@ -22,7 +22,10 @@ the first pass that computes it also stores it in the output (``exp(x - m)`` for
 three-pass, ``exp(x - m_b)`` with the block maximum for online, ``m_i 2^{n_i - N_b}``
 with the block's largest exponent for two-pass), and the last pass only rescales
 (by ``1/s``, ``e^{m_b - m}/d`` or ``2^{N_b - N}/S`` per block); this is the "reloading"
-form of each algorithm in Dukhan & Ablavatski's terms.
+form of each algorithm in Dukhan & Ablavatski's terms. The three-pass and online sums use
+``exp_nonpositive_fast`` (float32: within 2 ulp, no compensated sums; measured error of the
+probabilities within 1.2x of ``torch.softmax``'s against float64), and the loops run on
+512-bit vectors where the CPU has AVX-512 (:func:`._intrinsics.wide_vectors`).
 
 Rows the fast path does not handle (a NaN, a ``+inf``, every entry ``-inf``, or, for
 two-pass, magnitudes beyond :data:`TWO_PASS_LIMIT`) are finished by a scalar routine
@@ -42,8 +45,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._exp import exp, exp_nonpositive, exp_nonpositive_fast, exp_parts, pow2
-from ._intrinsics import cast_like, fmax
+from ._exp import exp, exp_nonpositive_fast, exp_parts, pow2
+from ._intrinsics import cast_like, fmax, wide_vectors
 
 THREE_PASS, TWO_PASS, ONLINE = 0, 1, 2
 ALGORITHMS = {"three_pass": THREE_PASS, "two_pass": TWO_PASS, "online": ONLINE}
@@ -75,6 +78,7 @@ FLAG_TODO = np.uint8(2)
 # here, but the NaN also makes the row's sum NaN, which sends the row to _careful_row.
 @njit(fastmath={"reassoc", "nsz", "nnan"}, cache=True, error_model="numpy")
 def _max(x, init):
+    wide_vectors()
     m = init
     for i in range(x.shape[0]):
         m = fmax(m, x[i])
@@ -92,9 +96,10 @@ def merge_state(m, d, mb, db):
 
 @njit(fastmath=_FAST_NO_FMA, cache=True, error_model="numpy")
 def _sum_exp(x, scale, shift):
+    wide_vectors()
     s = shift - shift
     for i in range(x.shape[0]):
-        s += exp_nonpositive(x[i] * scale - shift)
+        s += exp_nonpositive_fast(x[i] * scale - shift)
     return s
 
 
@@ -102,9 +107,10 @@ def _sum_exp(x, scale, shift):
 def _store_exp(x, out, scale, shift):
     """``out = exp(x scale - shift)``; returns the sum. (Loops run over slices from 0:
     numba then knows the index is non-negative and LLVM vectorises them.)"""
+    wide_vectors()
     s = shift - shift
     for i in range(x.shape[0]):
-        e = exp_nonpositive(x[i] * scale - shift)
+        e = exp_nonpositive_fast(x[i] * scale - shift)
         out[i] = e
         s += e
     return s
@@ -112,12 +118,14 @@ def _store_exp(x, out, scale, shift):
 
 @njit(fastmath=_FAST, cache=True, error_model="numpy")
 def _rescale(out, factor):
+    wide_vectors()
     for i in range(out.shape[0]):
         out[i] *= factor
 
 
 @njit(cache=True, error_model="numpy")
 def _write_log_probs(x, out, scale, shift, log_sum):
+    wide_vectors()
     for i in range(x.shape[0]):
         out[i] = (x[i] * scale - shift) - log_sum
 
@@ -127,6 +135,7 @@ def _write_log_probs(x, out, scale, shift, log_sum):
 @njit(fastmath=_FAST | {"nnan"}, cache=True, error_model="numpy")
 def _block_parts(x, out, expo, scale, limit):
     """Mantissas of ``e^{x scale}`` into ``out``, exponents into ``expo``; (max exponent, out of range)."""
+    wide_vectors()
     nmax = -limit - limit
     vmax = nmax
     for i in range(x.shape[0]):
@@ -142,6 +151,7 @@ def _block_parts(x, out, expo, scale, limit):
 @njit(fastmath=_FAST, cache=True, error_model="numpy")
 def _block_pair_sum(out, expo, nmax):
     """``out_i = m_i 2^{n_i - nmax}`` on the block; returns their sum."""
+    wide_vectors()
     s = nmax - nmax
     for i in range(out.shape[0]):
         e = out[i] * pow2(expo[i] - nmax, nmax)
@@ -381,6 +391,7 @@ def normalize_rows(x, out, lse, special, scale, algorithm, mode):
 
 @njit(fastmath=_FAST, cache=True, error_model="numpy")
 def _dot(a, b):
+    wide_vectors()
     s = a[0] - a[0]
     for i in range(a.shape[0]):
         s += a[i] * b[i]
@@ -389,6 +400,7 @@ def _dot(a, b):
 
 @njit(fastmath=_FAST, cache=True, error_model="numpy")
 def _visible_sum(y, g):
+    wide_vectors()
     s = g[0] - g[0]
     neg_inf = cast_like(-np.inf, s)
     for i in range(y.shape[0]):
@@ -405,6 +417,7 @@ def backward_rows(y, g, dx, special, scale, mode):
     """
     rows, n = y.shape
     for r in prange(rows):
+        wide_vectors()
         yr = y[r]
         gr = g[r]
         dr = dx[r]

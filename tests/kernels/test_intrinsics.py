@@ -1,0 +1,64 @@
+"""The LLVM-level helpers of the numba kernels: 512-bit vectors and the estimated division."""
+
+import numpy as np
+import pytest
+from numba import njit
+
+from softmaxkit.kernels.cpu._exp import exp_nonpositive_fast
+from softmaxkit.kernels.cpu._intrinsics import WIDE_VECTORS, divide_finite, wide_vectors
+
+_FAST = {"nsz", "contract", "arcp", "reassoc", "nnan"}
+
+
+@njit(fastmath=_FAST, error_model="numpy")
+def _exp_sum_wide(x, out):
+    wide_vectors()
+    total = x[0] - x[0]
+    for i in range(x.shape[0]):
+        e = exp_nonpositive_fast(x[i])
+        out[i] = e
+        total += e
+    return total
+
+
+@njit(fastmath=_FAST, error_model="numpy")
+def _exp_sum_default(x, out):
+    total = x[0] - x[0]
+    for i in range(x.shape[0]):
+        e = exp_nonpositive_fast(x[i])
+        out[i] = e
+        total += e
+    return total
+
+
+@njit(fastmath=_FAST, error_model="numpy")
+def _divide(a, b, out):
+    for i in range(a.shape[0]):
+        out[i] = divide_finite(a[i], b[i])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_wide_vectors_changes_the_registers_not_the_values(dtype):
+    x = -np.abs(np.random.default_rng(0).standard_normal(1001) * 30).astype(dtype)
+    x[::97] = -np.inf
+    wide, default = np.empty_like(x), np.empty_like(x)
+    s_wide, s_default = _exp_sum_wide(x, wide), _exp_sum_default(x, default)
+    np.testing.assert_array_equal(wide, default)   # elementwise: the same operations per lane
+    assert s_wide == pytest.approx(s_default, rel=10 * float(np.finfo(dtype).eps))   # only the summation order
+    assembly = next(iter(_exp_sum_wide.inspect_asm().values()))
+    assert ("zmm" in assembly) == WIDE_VECTORS
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_divide_finite_is_within_two_ulp_of_the_rounded_quotient(dtype):
+    rng = np.random.default_rng(1)
+    a = (rng.standard_normal(4099) * 10.0 ** rng.integers(-30, 30, 4099)).astype(dtype)
+    b = (rng.uniform(1, 4, 4099) * np.where(rng.random(4099) < 0.5, -1, 1)).astype(dtype)
+    a[:5] = [0, np.finfo(dtype).tiny, np.finfo(dtype).max / 4, -1, 1]
+    out = np.empty_like(a)
+    _divide(a, b, out)
+    exact = (a.astype(np.float64) / b.astype(np.float64)).astype(dtype)
+    ulp = np.spacing(np.abs(exact).astype(dtype))
+    assert np.all(np.abs(out.astype(np.float64) - exact) <= 2 * ulp)
+    if dtype == np.float64:
+        np.testing.assert_array_equal(out, a / b)   # no estimate in double precision
