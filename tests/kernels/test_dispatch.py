@@ -164,3 +164,28 @@ def test_aten_logsumexp_double_backward():
     mask = torch.tensor([True, True, False, True, True])
     assert torch.autograd.gradgradcheck(lambda t: sk.logsumexp(t, mask=mask), (x,))
     assert torch.autograd.gradgradcheck(lambda t: sk.logsumexp(t.t(), dim=0), (x,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_softmax_lane_gradient_at_minus_inf_entries(dtype):
+    """The aten lane's log-softmax (below the huge-page size) takes the numba backward, which
+    gives -inf outputs the reference's zero gradient and leaves them out of the row sums;
+    double backward, vmap and forward-mode AD still hold."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(7, 3, 40, generator=g, dtype=dtype) * 5
+    x[1, 2, :13] = float("-inf")
+    x[4, 0, 39] = float("-inf")
+    gy = torch.randn(x.shape, generator=g, dtype=dtype)
+    outs = []
+    for backend in ("auto", "reference"):
+        xi = x.clone().requires_grad_()
+        with sk.use_backend(backend):
+            y = sk.log_softmax(xi)
+        outs.append((y, torch.autograd.grad(y, xi, gy)[0]))
+    torch.testing.assert_close(outs[0][0], outs[1][0])
+    torch.testing.assert_close(outs[0][1], outs[1][1])
+    assert (outs[0][1][1, 2, :13] == 0).all()
+    xd = torch.randn(3, 9, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(sk.log_softmax, (xd,))
+    assert torch.autograd.gradgradcheck(sk.log_softmax, (xd,))
+    torch.testing.assert_close(torch.vmap(sk.log_softmax)(x), torch.log_softmax(x, -1))

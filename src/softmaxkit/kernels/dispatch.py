@@ -182,24 +182,49 @@ SMALL_NUMEL = 1 << 21
 #: when ``x`` requires grad under grad mode. Thread counts not listed (not measured) use
 #: aten.
 #:
-#: Measured 2026-11-30 on the shared 2-core development machine (Intel Xeon, torch
-#: 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, with
+#: Measured 2026-12-01 on the shared 2-core development machine (Intel Xeon, Emerald
+#: Rapids, AVX-512; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, with
 #:   ``PYTHONPATH=src python -m softmaxkit.bench.dispatch --crossovers --threads 1 2``
-#: which prints the per-shape table and this set. Result: softmax and log_softmax never
-#: won (kernel / torch medians 1.01-9.5 per class: aten's vectorised row kernels are as
-#: fast on large rows and the kernels' per-call cost loses on the rest), so ``auto``
-#: leaves them to aten. torch.logsumexp is a composite of five full-size ops; on large
-#: inputs the one-pass kernel took 0.34-0.66 of its time (medians per class), on single
-#: rows, short rows and small inputs it lost (1.0-2.9).
-NUMBA_WINS: frozenset = frozenset({
+#: which prints the per-shape table and this set. Since the kernels run on 512-bit vectors
+#: (:func:`softmaxkit.kernels.cpu._intrinsics.wide_vectors`) and take the three-pass
+#: algorithm on rows of one block, they beat aten on large inputs for log-softmax (kernel /
+#: torch medians 0.64-0.90 per class), float64 softmax (0.60-0.66) and log-sum-exp
+#: (0.27-0.44), and on short rows for float64 log-softmax and log-sum-exp. They lose on one
+#: row (2.3-6.2: aten splits nothing either, and the kernel pays a parallel launch) and on
+#: few long rows (8 x 50257: 1.1-2.0), and float32 softmax stays with aten everywhere
+#: (medians 0.89-1.70, with single shapes up to 1.68).
+NUMBA_WINS = frozenset({
+    ('log_softmax', 'float32', 'fwd', 'large', 1),
+    ('log_softmax', 'float32', 'fwd', 'large', 2),
+    ('log_softmax', 'float32', 'fwd+bwd', 'large', 1),
+    ('log_softmax', 'float32', 'fwd+bwd', 'large', 2),
+    ('log_softmax', 'float64', 'fwd', 'large', 1),
+    ('log_softmax', 'float64', 'fwd', 'large', 2),
+    ('log_softmax', 'float64', 'fwd', 'short rows', 1),
+    ('log_softmax', 'float64', 'fwd', 'short rows', 2),
+    ('log_softmax', 'float64', 'fwd+bwd', 'large', 1),
+    ('log_softmax', 'float64', 'fwd+bwd', 'large', 2),
+    ('log_softmax', 'float64', 'fwd+bwd', 'short rows', 1),
     ('logsumexp', 'float32', 'fwd', 'large', 1),
     ('logsumexp', 'float32', 'fwd', 'large', 2),
+    ('logsumexp', 'float32', 'fwd', 'short rows', 1),
     ('logsumexp', 'float32', 'fwd+bwd', 'large', 1),
     ('logsumexp', 'float32', 'fwd+bwd', 'large', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 2),
     ('logsumexp', 'float64', 'fwd', 'large', 1),
     ('logsumexp', 'float64', 'fwd', 'large', 2),
+    ('logsumexp', 'float64', 'fwd', 'short rows', 1),
+    ('logsumexp', 'float64', 'fwd', 'short rows', 2),
+    ('logsumexp', 'float64', 'fwd', 'small', 1),
     ('logsumexp', 'float64', 'fwd+bwd', 'large', 1),
     ('logsumexp', 'float64', 'fwd+bwd', 'large', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'small', 1),
+    ('softmax', 'float64', 'fwd', 'large', 1),
+    ('softmax', 'float64', 'fwd', 'large', 2),
+    ('softmax', 'float64', 'fwd+bwd', 'large', 1),
 })
 #: The rule that makes a crossover cell a win (see :data:`NUMBA_WINS`).
 WIN_MEDIAN = 0.9
@@ -570,58 +595,66 @@ def _softmax_lane(x, dim, params, log=False):
     """The common call (auto backend, a plain contiguous CPU float32/float64 tensor, the
     last axis, no mask, temperature 1) in the fewest Python steps: the aten op, then one
     read of each row's first output entry (:mod:`.cpu.scan`). None when the call needs
-    :func:`plan` (an argument is unusual, or a row needs the reference: the rare path then
-    recomputes)."""
+    :func:`plan` (an argument is unusual, the numba kernel wins there (:data:`NUMBA_WINS`),
+    or a row needs the reference: the rare path then recomputes)."""
     t = params.get("temperature", 1.0)
     if (type(t) is not float and type(t) is not int) or t != 1:
         return None
     rows = _lane_rows(x, dim)
-    if not rows:
+    if not rows or _numba_wins("log_softmax" if log else "softmax", x):
         return None
-    if (x.numel() * x.element_size() >= memory.MIN_BYTES and forward_ad._current_level < 0
-            and not is_functorch_wrapped(x)):
+    plain = forward_ad._current_level < 0 and not is_functorch_wrapped(x)   # (an autograd.Function applies)
+    if plain and x.numel() * x.element_size() >= memory.MIN_BYTES:
         out = _huge_page_softmax(x, log)
-        if _lane_bad(out, rows):
-            return None
-        return out
-    out = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
-    if _lane_bad(out, rows):
-        return None
-    return _reference_log_softmax_grad(out) if log else out
+        return None if _lane_bad(out, rows) else out
+    if plain and log and x.requires_grad and torch.is_grad_enabled() and numba_available():
+        out = _HugePageSoftmax.apply(x, log, False)
+    else:
+        out = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
+        if log:
+            out = _reference_log_softmax_grad(out)
+    return None if _lane_bad(out, rows) else out
 
 
 class _HugePageSoftmax(torch.autograd.Function):
-    """aten's softmax / log-softmax (last axis, contiguous), forward and backward, each
-    writing into a fresh output backed by huge pages (:mod:`softmaxkit.kernels.memory`): on a
-    large input most of aten's own time is page faults on its fresh output. A log-softmax
-    with ``-inf`` outputs gets the reference's gradient (see :func:`_drop_invisible_grad`)."""
+    """aten's softmax / log-softmax (last axis, contiguous), forward and backward, writing into
+    fresh outputs backed by huge pages (:mod:`softmaxkit.kernels.memory`, when ``huge``): on
+    a large input most of aten's own time is page faults on its fresh output. A log-softmax
+    gets the reference's gradient at ``-inf`` outputs (see :func:`_drop_invisible_grad`):
+    from the numba backward kernel, which handles them in its one pass, or else from aten's
+    backward after a pass that looks for them."""
 
     @staticmethod
-    def forward(ctx, x, log):
-        out = memory.empty_like(x)
+    def forward(ctx, x, log, huge=True):
+        out = memory.empty_like(x) if huge else torch.empty_like(x)
         (torch.log_softmax if log else torch.softmax)(x, -1, out=out)
         ctx.save_for_backward(out)
         ctx.log = log
+        ctx.numba = log and numba_available()
         # -inf outputs (or NaN rows, which the caller recomputes) need the reference's gradient
-        ctx.invisible = log and not float(out.amin()) > float("-inf")
+        ctx.invisible = log and not ctx.numba and not float(out.amin()) > float("-inf")
         return out
 
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        if ctx.invisible:
-            grad = _drop_invisible_grad(y, grad)
         if torch.is_grad_enabled():   # create_graph: the same formula as differentiable ops
             if ctx.log:
-                return grad - torch.exp(y) * grad.sum(-1, keepdim=True), None
-            return y * (grad - (grad * y).sum(-1, keepdim=True)), None
+                grad = _drop_invisible_grad(y, grad)
+                return grad - torch.exp(y) * grad.sum(-1, keepdim=True), None, None
+            return y * (grad - (grad * y).sum(-1, keepdim=True)), None, None
+        if ctx.numba:
+            from .cpu import functions
+            return functions.log_softmax_backward(y, grad), None, None
+        if ctx.invisible:
+            grad = _drop_invisible_grad(y, grad)
         grad = grad.contiguous()
         dx = memory.empty_like(y)
         if ctx.log:
             torch.ops.aten._log_softmax_backward_data.out(grad, y, -1, y.dtype, out=dx)
         else:
             torch.ops.aten._softmax_backward_data.out(grad, y, -1, y.dtype, grad_input=dx)
-        return dx, None
+        return dx, None, None
 
 
 def _huge_page_softmax(x, log):

@@ -33,7 +33,7 @@ def keep_torch_threads(kernel, *args) -> None:
     then run every later torch op on an oversubscribed team."""
     threads = torch.get_num_threads()
     try:
-        kernel(*args)
+        compiled_call(kernel, *args)
     finally:
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
@@ -53,13 +53,17 @@ def call_kernel(op: str, kernel, *args) -> None:
 _ENTRY_POINTS: dict = {}
 
 
+_SCALARS = (int, float, bool, np.float32, np.float64, np.int64, np.int32, np.uint8, np.bool_)
+
+
 def _arg_key(arg):
     if isinstance(arg, np.ndarray):
         flags = arg.flags
         return (arg.dtype.char, arg.ndim, flags.c_contiguous, flags.writeable, flags.aligned)
     if isinstance(arg, Dispatcher):
         return id(arg)
-    return type(arg)
+    kind = type(arg)
+    return kind if kind in _SCALARS else None   # None: a type the key cannot tell apart (a tuple)
 
 
 def compiled_call(kernel, *args) -> None:
@@ -71,6 +75,9 @@ def compiled_call(kernel, *args) -> None:
     entry keeps alive; the Python type of a scalar)."""
     key = (id(kernel),) + tuple(map(_arg_key, args))
     entry = _ENTRY_POINTS.get(key)
+    if entry is None and None in key:
+        kernel(*args)
+        return
     if entry is None:
         kernel(*args)   # compiles on first use
         signature = tuple(kernel.typeof_pyval(arg) for arg in args)

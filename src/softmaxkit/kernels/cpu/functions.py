@@ -43,6 +43,13 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
     return x.detach().reshape(-1, n)
 
 
+def _as_dtype(scale: float, dtype):
+    if -1e38 < scale < 1e38:
+        return dtype(scale)
+    with np.errstate(over="ignore"):   # 1/T beyond the dtype's range: inf, as the reference's x * (1/T)
+        return dtype(scale)
+
+
 def _run_forward(x: torch.Tensor, scale: float, algorithm: int, mode: int):
     sync_threads()
     x2 = _rows(x)
@@ -51,8 +58,7 @@ def _run_forward(x: torch.Tensor, scale: float, algorithm: int, mode: int):
     lse = torch.empty(rows, dtype=x.dtype)
     special = torch.full((rows,), FLAG_TODO, dtype=torch.uint8)
     out = memory.empty_like(x2) if mode != _k.LSE else torch.empty((1, 0), dtype=x.dtype)
-    with np.errstate(over="ignore"):   # 1/T beyond the dtype's range: inf, as the reference's x * (1/T)
-        scale_x = dtype(scale)
+    scale_x = _as_dtype(scale, dtype)
     call_kernel(("softmax", "log_softmax", "logsumexp")[mode], _k.normalize_rows, x2.numpy(), out.numpy(),
                 lse.numpy(), special.numpy(), scale_x, algorithm, mode)
     todo = special == FLAG_TODO
@@ -69,8 +75,7 @@ def _run_backward(y2: torch.Tensor, grad: torch.Tensor, special: torch.Tensor, s
     g2 = grad.detach().reshape(y2.shape).contiguous()
     dx = memory.empty_like(y2)
     dtype = y2.numpy().dtype.type
-    with np.errstate(over="ignore"):
-        scale_x = dtype(scale)
+    scale_x = _as_dtype(scale, dtype)
     keep_torch_threads(_k.backward_rows, y2.numpy(), g2.numpy(), dx.numpy(), special.numpy(), scale_x, mode)
     return dx
 
@@ -85,6 +90,16 @@ def _differentiable_backward(y, grad, special, scale, mode):
         total = torch.where(visible, grad, torch.zeros_like(grad)).sum(-1, keepdim=True)
         dx = torch.where(visible, grad - torch.exp(y) * total, torch.zeros_like(grad))
     return torch.where(keep, dx * scale, torch.zeros_like(dx))
+
+
+def log_softmax_backward(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """The reference's log-softmax gradient from the output ``y`` (last axis, every row with a
+    finite maximum): ``dx = g - e^y sum g`` over the entries with ``y > -inf``, 0 at the
+    others, in one pass per row (aten's backward gives a ``-inf`` entry ``g_j`` and adds it to
+    the row's sum, so it needs a separate pass to find them)."""
+    y2 = _rows(y)
+    special = torch.zeros(y2.shape[0], dtype=torch.uint8)
+    return _run_backward(y2, grad, special, 1.0, _k.LOG_PROBS).reshape(y.shape)
 
 
 class _SoftmaxFunction(torch.autograd.Function):
