@@ -167,10 +167,13 @@ def test_aten_logsumexp_double_backward():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_log_softmax_lane_gradient_at_minus_inf_entries(dtype):
-    """The aten lane's log-softmax (below the huge-page size) takes the numba backward, which
-    gives -inf outputs the reference's zero gradient and leaves them out of the row sums;
-    double backward, vmap and forward-mode AD still hold."""
+@pytest.mark.parametrize("numba_backward", [True, False])
+def test_log_softmax_lane_gradient_at_minus_inf_entries(monkeypatch, dtype, numba_backward):
+    """The aten lane's log-softmax (below the huge-page size) takes the numba backward from
+    NUMBA_BACKWARD_ROWS rows on, which gives -inf outputs the reference's zero gradient and
+    leaves them out of the row sums; on fewer rows aten's backward after a hook. Either way
+    the gradient is the reference's, and double backward and vmap hold."""
+    monkeypatch.setattr(dispatch, "NUMBA_BACKWARD_ROWS", 1 if numba_backward else 10**9)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(7, 3, 40, generator=g, dtype=dtype) * 5
     x[1, 2, :13] = float("-inf")
@@ -182,6 +185,7 @@ def test_log_softmax_lane_gradient_at_minus_inf_entries(dtype):
         with sk.use_backend(backend):
             y = sk.log_softmax(xi)
         outs.append((y, torch.autograd.grad(y, xi, gy)[0]))
+    assert outs[0][0].grad_fn.name().startswith("_HugePageSoftmax") == numba_backward
     torch.testing.assert_close(outs[0][0], outs[1][0])
     torch.testing.assert_close(outs[0][1], outs[1][1])
     assert (outs[0][1][1, 2, :13] == 0).all()

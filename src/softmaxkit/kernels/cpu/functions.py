@@ -59,7 +59,8 @@ def _run_forward(x: torch.Tensor, scale: float, algorithm: int, mode: int):
     special = torch.full((rows,), FLAG_TODO, dtype=torch.uint8)
     out = memory.empty_like(x2) if mode != _k.LSE else torch.empty((1, 0), dtype=x.dtype)
     scale_x = _as_dtype(scale, dtype)
-    call_kernel(("softmax", "log_softmax", "logsumexp")[mode], _k.normalize_rows, x2.numpy(), out.numpy(),
+    kernel = _k.normalize_rows if rows > 1 else _k.normalize_rows_serial
+    call_kernel(("softmax", "log_softmax", "logsumexp")[mode], kernel, x2.numpy(), out.numpy(),
                 lse.numpy(), special.numpy(), scale_x, algorithm, mode)
     todo = special == FLAG_TODO
     if bool(todo.any()):

@@ -387,6 +387,12 @@ def normalize_rows(x, out, lse, special, scale, algorithm, mode):
         special[r] = flag
 
 
+#: :func:`normalize_rows` without the parallel launch (``prange`` runs as ``range``), for a
+#: single row: the launch, and the OpenMP workers it leaves spinning on the cores the
+#: caller's next operations need, cost more than the second thread gains on one row.
+normalize_rows_serial = njit(cache=True, error_model="numpy")(normalize_rows.py_func)
+
+
 # ---- backward -------------------------------------------------------------------------
 
 @njit(fastmath=_FAST, cache=True, error_model="numpy")
