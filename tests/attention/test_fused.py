@@ -547,3 +547,32 @@ def test_multimax_with_a_finfo_min_mask_fill():
     got = sk.attention(q, k, v, "multimax", attn_mask=mask, method="fused")
     want = sk.attention(q, k, v, "multimax", attn_mask=mask, method="dense")
     torch.testing.assert_close(got, want)
+
+
+# one normalizer per row kernel: elementwise, sum-normalized, signed, softmax_of (with and
+# without a sink), factor, weighted, threshold
+@pytest.mark.parametrize("name", ["sigmoid", "softplus_l1", "softpick", "ssmax", "softmax_sink", "sa_softmax",
+                                  "stablemax", "sparsemax"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_nan_score_reaches_the_same_entries_as_dense(name, dtype):
+    """A NaN score (here the last visible key of one query, and every later query's) gives a
+    NaN output where the dense reference has one, and leaves the other rows exact, outputs and
+    the gradients of the other head: the row kernels' fast-math (nnan) must not turn it into a
+    number or an empty row. (Where a NaN lands in the gradients of its own head follows from
+    how each path multiplies zeros by it, as in any two torch implementations, and is not
+    compared.)"""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 40, 8, generator=g, dtype=dtype) for _ in range(3))
+    k[0, 0, 5, 3] = float("nan")
+    dout = torch.randn(q.shape, generator=g, dtype=dtype)
+    results = []
+    for method in ("fused", "dense"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = sk.attention(*leaves, name, is_causal=True, method=method)
+        results.append((out.detach(), torch.autograd.grad(out, leaves[0], dout)[0]))
+    (out, dq), (want, want_dq) = results
+    tol = 1e-10 if dtype == torch.float64 else 2e-5
+    assert torch.equal(out.isnan(), want.isnan())
+    assert out[0, 0, 5:].isnan().all() and not out[0, 0, :5].isnan().any() and not out[0, 1].isnan().any()
+    torch.testing.assert_close(out.nan_to_num(), want.nan_to_num(), rtol=tol, atol=tol)
+    torch.testing.assert_close(dq[0, 1], want_dq[0, 1], rtol=tol, atol=tol)

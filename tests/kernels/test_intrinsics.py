@@ -5,7 +5,7 @@ import pytest
 from numba import njit
 
 from softmaxkit.kernels.cpu._exp import exp_nonpositive_fast
-from softmaxkit.kernels.cpu._intrinsics import WIDE_VECTORS, divide_finite, wide_vectors
+from softmaxkit.kernels.cpu._intrinsics import WIDE_VECTORS, divide_finite, is_nan, wide_vectors
 
 _FAST = {"nsz", "contract", "arcp", "reassoc", "nnan"}
 
@@ -35,6 +35,23 @@ def _exp_sum_default(x, out):
 def _divide(a, b, out):
     for i in range(a.shape[0]):
         out[i] = divide_finite(a[i], b[i])
+
+
+@njit(fastmath=_FAST, error_model="numpy")
+def _nan_flags(x, out):
+    for i in range(x.shape[0]):
+        out[i] = is_nan(x[i])   # (x != x here may fold to False under nnan)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_is_nan_holds_under_nnan(dtype):
+    x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, np.finfo(dtype).max,
+                  np.finfo(dtype).tiny / 4] * 5, dtype=dtype)
+    x[3] = np.frombuffer(np.array([-1], dtype=np.int32 if dtype == np.float32 else np.int64).tobytes(),
+                         dtype=dtype)[0]   # all bits set: a NaN with the sign bit
+    out = np.zeros(x.shape, dtype=np.bool_)
+    _nan_flags(x, out)
+    np.testing.assert_array_equal(out, np.isnan(x))
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

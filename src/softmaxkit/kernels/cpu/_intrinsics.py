@@ -122,3 +122,26 @@ def divide_finite(typingctx, a, b):
     def codegen(context, builder, signature, args):
         return builder.fdiv(args[0], args[1], flags=("fast",))
     return a(a, b), codegen
+
+
+@intrinsic
+def is_nan(typingctx, x):
+    """Whether ``x`` is NaN, tested on its bits (exponent all ones, mantissa not zero).
+
+    Kernels compiled with ``nnan`` (which lets LLVM vectorise max reductions) may fold any
+    floating-point NaN test to False (numba puts the kernel's fast-math flags on every
+    ``fcmp``, this one's too), and a select on a computed value may then pick either side.
+    An integer test on the bits of a value loaded from memory (a raw score) cannot be folded,
+    so a kernel can route rows holding a NaN to code that propagates it as the reference does.
+    """
+    if not isinstance(x, types.Float):
+        return None
+    width = 32 if x == types.float32 else 64
+    magnitude = (1 << (width - 1)) - 1
+    infinity = 0x7F800000 if width == 32 else 0x7FF0000000000000
+
+    def codegen(context, builder, signature, args):
+        kind = ir.IntType(width)
+        bits = builder.and_(builder.bitcast(args[0], kind), ir.Constant(kind, magnitude))
+        return builder.icmp_unsigned(">", bits, ir.Constant(kind, infinity))
+    return types.boolean(x), codegen

@@ -56,7 +56,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._exp import exp_nonpositive_fast
-from ._intrinsics import cast_like, fmax, wide_vectors
+from ._intrinsics import cast_like, fmax, is_nan, wide_vectors
 
 #: nnan lets LLVM vectorise the max reductions; a NaN score still makes its row NaN through
 #: the sum of exponentials.
@@ -67,6 +67,30 @@ _FAST = {"nsz", "contract", "arcp", "reassoc", "nnan"}
 def _zero_tail(row, start):
     for j in range(start, row.shape[0]):
         row[j] = 0.0
+
+
+@njit(cache=False, error_model="numpy", inline="always")
+def _has_nan(row, hidden, r, masked):
+    """Whether a visible raw score of ``row`` is NaN (read before the row is overwritten)."""
+    found = 0
+    if masked:
+        for j in range(row.shape[0]):
+            found |= 1 if is_nan(row[j]) and not hidden[r, j] else 0
+    else:
+        for j in range(row.shape[0]):
+            found |= 1 if is_nan(row[j]) else 0
+    return found != 0
+
+
+@njit(cache=False, error_model="numpy", inline="always")
+def _nan_row(full, end, hidden, r, masked):
+    """A row of a normalised family with a NaN score, as the reference has it: its normaliser is
+    NaN, so every visible weight (and gradient) is NaN; hidden entries and the tail 0."""
+    nan = cast_like(np.nan, full[0])
+    zero = cast_like(0.0, full[0])
+    for j in range(end):
+        full[j] = zero if masked and hidden[r, j] else nan
+    _zero_tail(full, end)
 
 
 # ---- softmax_of ------------------------------------------------------------------------
@@ -82,6 +106,10 @@ def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g, 
         full = s[r]
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
+        if _has_nan(row, hidden, r, masked):
+            _nan_row(full, end, hidden, r, masked)
+            den[r] = 1.0
+            continue
         extra = sink(n, hp)
         m = extra
         if masked:
@@ -122,6 +150,10 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of,
         dfull = dp[r]
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
+        if _has_nan(row, hidden, r, masked):
+            _nan_row(full, end, hidden, r, masked)
+            _nan_row(dfull, end, hidden, r, masked)
+            continue
         d0 = dd[r]
         extra = sink(n, hp)
         m = extra
@@ -167,6 +199,10 @@ def factor_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, g, sink
         full = s[r]
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
+        if _has_nan(row, hidden, r, masked):
+            _nan_row(full, end, hidden, r, masked)
+            den[r] = 1.0
+            continue
         extra = sink(n, hp)
         m = _max_of(row, hidden, r, masked, g, n, hp, extra)
         if m == ninf:
@@ -200,6 +236,10 @@ def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, g, 
         dfull = dp[r]
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
+        if _has_nan(row, hidden, r, masked):
+            _nan_row(full, end, hidden, r, masked)
+            _nan_row(dfull, end, hidden, r, masked)
+            continue
         d0 = dd[r]
         extra = sink(n, hp)
         m = _max_of(row, hidden, r, masked, g, n, hp, extra)
@@ -275,6 +315,10 @@ def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, w
         dfull = dp[r]
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
+        if _has_nan(row, hidden, r, masked):
+            _nan_row(full, end, hidden, r, masked)
+            _nan_row(dfull, end, hidden, r, masked)
+            continue
         zero = cast_like(0.0, n)
         total, weighted = _piece_sums(row, drow, hidden, r, masked, w, n, hp)
         inv = cast_like(1.0, n) / total if total > 0 else zero
@@ -305,6 +349,10 @@ def sum_normalized_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of,
         full = s[r]
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
+        if _has_nan(row, hidden, r, masked):
+            _nan_row(full, end, hidden, r, masked)
+            den[r] = 1.0
+            continue
         zero = cast_like(0.0, n)
         total = zero
         for j in range(row.shape[0]):
@@ -335,6 +383,10 @@ def sum_normalized_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row
         dfull = dp[r]
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
+        if _has_nan(row, hidden, r, masked):
+            _nan_row(full, end, hidden, r, masked)
+            _nan_row(dfull, end, hidden, r, masked)
+            continue
         zero = cast_like(0.0, n)
         total, weighted = _piece_sums(row, drow, hidden, r, masked, h, n, hp)
         den = total + eps
@@ -374,6 +426,10 @@ def signed_forward(s, den, lim, hidden, cnt, par, rows_per_head, row_of, h, eps)
         full = s[r]
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
+        if _has_nan(row, hidden, r, masked):
+            _nan_row(full, end, hidden, r, masked)
+            den[r] = 1.0
+            continue
         m = _max_of(row, hidden, r, masked, _identity_map, n, hp, ninf)
         if m == ninf:
             _zero_tail(full, 0)
@@ -407,6 +463,10 @@ def signed_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, row_of, h, 
         dfull = dp[r]
         hp = par[r // rows_per_head]
         n = row_of(cnt[r], hp)
+        if _has_nan(row, hidden, r, masked):
+            _nan_row(full, end, hidden, r, masked)
+            _nan_row(dfull, end, hidden, r, masked)
+            continue
         d0 = dd[r]
         m = _max_of(row, hidden, r, masked, _identity_map, n, hp, ninf)
         if m == ninf:
@@ -460,7 +520,9 @@ def elementwise_forward(s, lim, hidden, cnt, par, rows_per_head, row_of, h):
         n = row_of(cnt[r], hp)
         zero = cast_like(0.0, n)
         for j in range(row.shape[0]):
-            f = h(row[j], n, hp)
+            x = row[j]
+            f = h(x, n, hp)
+            f = x if is_nan(x) else f   # (the kernel's nnan would let h turn a NaN into a number)
             if masked:
                 f = zero if hidden[r, j] else f
             row[j] = f
@@ -486,6 +548,9 @@ def elementwise_backward(s, dp, lim, hidden, cnt, par, rows_per_head, row_of, h,
             d = drow[j]
             if apply_d:
                 d = dh(x, n, hp) * d
+            if is_nan(x):
+                f = x
+                d = x
             if masked:
                 f = zero if hidden[r, j] else f
                 d = zero if hidden[r, j] else d
