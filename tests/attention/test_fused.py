@@ -576,3 +576,22 @@ def test_a_nan_score_reaches_the_same_entries_as_dense(name, dtype):
     assert out[0, 0, 5:].isnan().all() and not out[0, 0, :5].isnan().any() and not out[0, 1].isnan().any()
     torch.testing.assert_close(out.nan_to_num(), want.nan_to_num(), rtol=tol, atol=tol)
     torch.testing.assert_close(dq[0, 1], want_dq[0, 1], rtol=tol, atol=tol)
+
+
+def test_the_row_kernels_check_for_nan_only_where_a_score_may_be_nan():
+    g = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(2, 2, 16, 8, generator=g) for _ in range(3))
+
+    def may_be_nan(q=q, k=k, mask=None, scale=None):
+        return fused._scores_may_be_nan(prepare(q, k, v, is_causal=False, attn_mask=mask, scale=scale))
+
+    assert not may_be_nan()
+    assert not may_be_nan(mask=torch.zeros(16, 16).masked_fill(torch.eye(16, dtype=torch.bool), float("-inf")))
+    for bad in (float("nan"), float("inf")):
+        q_bad = q.clone()
+        q_bad[1, 0, 3, 2] = bad
+        assert may_be_nan(q=q_bad)
+        assert may_be_nan(k=q_bad)
+    assert may_be_nan(q=q * 1e19, k=k * 1e19)   # products beyond float32's range
+    assert may_be_nan(mask=torch.zeros(16, 16).index_fill(0, torch.tensor([4]), float("nan")))
+    assert not may_be_nan(q=q * 1e17, k=k * 1e17, scale=1e-30)   # the scale keeps the products finite

@@ -121,7 +121,7 @@ def test_softmax_rows_forward_and_backward(dtype):
     want = torch.softmax(s.masked_fill(~vis, float("-inf")), -1).nan_to_num(0.0)
     got = s.clone()
     den = np.empty(s.shape[0], dtype=s.numpy().dtype)
-    rows.softmax_of_forward(got.numpy(), den, lim, hidden, cnt, par, s.shape[0], IDENTITY.row, IDENTITY.fn,
+    rows.softmax_of_forward(got.numpy(), den, lim, hidden, cnt, par, s.shape[0], True, IDENTITY.row, IDENTITY.fn,
                             IDENTITY.sink)
     tol = 1e-13 if dtype == torch.float64 else 1e-6
     torch.testing.assert_close(got / torch.from_numpy(den)[:, None], want, rtol=tol, atol=tol)
@@ -131,7 +131,7 @@ def test_softmax_rows_forward_and_backward(dtype):
     dp = torch.randn(s.shape, generator=gen, dtype=dtype)
     dd = (want * dp).sum(-1)
     p, ds = s.clone(), dp.clone()
-    rows.softmax_of_backward(p.numpy(), ds.numpy(), dd.numpy(), lim, hidden, cnt, par, s.shape[0], IDENTITY.row,
+    rows.softmax_of_backward(p.numpy(), ds.numpy(), dd.numpy(), lim, hidden, cnt, par, s.shape[0], True, IDENTITY.row,
                              IDENTITY.fn, IDENTITY.dfn, IDENTITY.sink, True)
     torch.testing.assert_close(p, want, rtol=tol, atol=tol)
     torch.testing.assert_close(ds, want * (dp - dd[:, None]), rtol=tol, atol=tol)
@@ -148,12 +148,12 @@ def test_sum_normalized_and_elementwise_rows(dtype):
     got = s.clone()
     den = np.empty(s.shape[0], dtype=s.numpy().dtype)
     eps = s.numpy().dtype.type(1e-3)
-    rows.sum_normalized_forward(got.numpy(), den, lim, hidden, cnt, par, s.shape[0], relu_l1.row, relu_l1.fn, eps)
+    rows.sum_normalized_forward(got.numpy(), den, lim, hidden, cnt, par, s.shape[0], True, relu_l1.row, relu_l1.fn, eps)
     tol = 1e-13 if dtype == torch.float64 else 1e-6
     torch.testing.assert_close(got, f, rtol=tol, atol=tol)
     torch.testing.assert_close(torch.from_numpy(den)[:, None], total, rtol=tol, atol=tol)
     got = s.clone()
-    rows.elementwise_forward(got.numpy(), lim, hidden, cnt, par, s.shape[0], relu_l1.row, relu_l1.fn)
+    rows.elementwise_forward(got.numpy(), lim, hidden, cnt, par, s.shape[0], True, relu_l1.row, relu_l1.fn)
     torch.testing.assert_close(got, f, rtol=tol, atol=tol)
 
 
@@ -233,7 +233,7 @@ def test_rule_normalizers_rows_against_their_reference(name, dtype):
     dd = (want * dp.double()).sum(-1).to(dtype)
     got, den = s.clone(), np.empty(s.shape[0], dtype=s.numpy().dtype)
     p, ds = s.clone(), dp.clone()
-    args = (lim, hidden, cnt, par, s.shape[0], pieces.row)
+    args = (lim, hidden, cnt, par, s.shape[0], True, pieces.row)
     if name == "softpick":
         eps = s.numpy().dtype.type(params["eps"])
         rows.signed_forward(got.numpy(), den, *args, pieces.fn, eps)
@@ -271,7 +271,7 @@ def test_compiled_call_picks_the_specialisation_of_each_kind_of_arguments():
                 cnt = np.maximum(lim, 1).astype(dtype)
                 par = np.zeros((2, 3), dtype=dtype)
                 want = tile.copy() if contiguous else base.copy()[:, ::2]   # the same layout
-                rows.elementwise_forward(want, lim, hidden, cnt, par, 3, pieces.row, pieces.fn)
+                rows.elementwise_forward(want, lim, hidden, cnt, par, 3, True, pieces.row, pieces.fn)
                 got = tile.copy() if contiguous else base.copy()[:, ::2]
-                compiled_call(rows.elementwise_forward, got, lim, hidden, cnt, par, 3, pieces.row, pieces.fn)
+                compiled_call(rows.elementwise_forward, got, lim, hidden, cnt, par, 3, True, pieces.row, pieces.fn)
                 np.testing.assert_array_equal(got, want)

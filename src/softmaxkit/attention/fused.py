@@ -222,6 +222,13 @@ class _Plan:
     tiles: Any = None
     #: each head's packed parameters for the row kernels, ``(B, H, P)``
     packed: torch.Tensor | None = None
+    #: whether a score may be NaN (:func:`_scores_may_be_nan`), found on first use
+    _may_be_nan: bool | None = None
+
+    def scores_may_be_nan(self) -> bool:
+        if self._may_be_nan is None:
+            self._may_be_nan = _scores_may_be_nan(self.inp)
+        return self._may_be_nan
 
     def blocks(self):
         inp = self.inp
@@ -722,8 +729,23 @@ def _pack(values, inp: AttentionInputs) -> torch.Tensor:
     return torch.stack(cols, -1).contiguous()
 
 
+def _scores_may_be_nan(inp: AttentionInputs) -> bool:
+    """Whether a score ``(q k^T) scale + mask`` may be NaN: a NaN or infinite entry of q or k,
+    products that may overflow (``max|q| max|k| D scale`` beyond a quarter of the dtype's
+    range), or a NaN in an additive mask. One reduction over q and k per call, against a
+    pass over every score per tile in the row kernels (``check_nan``)."""
+    q, k = inp.q, inp.k
+    with torch.no_grad():
+        q_max = float(q.abs().amax()) if q.numel() else 0.0
+        k_max = float(k.abs().amax()) if k.numel() else 0.0
+        bound = q_max * k_max * q.shape[-1] * abs(inp.scale)
+        if not bound < torch.finfo(q.dtype).max / 4:   # (NaN and inf included)
+            return True
+        return inp.additive_mask is not None and bool(inp.additive_mask.isnan().any())
+
+
 def _tile_args(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
-    """``(s, lim, hidden, cnt, par, rows_per_head)`` of the row kernels for the tile ``s``; all
+    """``(s, lim, hidden, cnt, par, rows_per_head, check_nan)`` of the row kernels for the tile ``s``; all
     but ``s`` are kept on the block for the backward pass (numpy: cheaper than torch for
     these few hundred numbers)."""
     nb, nh, rows, c = s.shape
@@ -751,7 +773,7 @@ def _tile_args(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
         hidden = _NOTHING_HIDDEN
     assert plan.packed is not None
     par = plan.packed[blk.b0:blk.b1, blk.h0:blk.h1].reshape(heads, -1).contiguous().numpy()
-    kept = (np.tile(lim, heads), hidden, cnt, par, rows)
+    kept = (np.tile(lim, heads), hidden, cnt, par, rows, plan.scores_may_be_nan())
     blk.stats["tile"] = kept
     return (tile,) + kept
 
