@@ -73,7 +73,8 @@ def _ov_cast_like(value, like):
 def _host_has_avx512() -> bool:
     import llvmlite.binding as ll
     from numba import config
-    features = config.CPU_FEATURES if config.CPU_FEATURES else ll.get_host_cpu_features().flatten()
+    # NUMBA_CPU_FEATURES, when set, is what numba compiles for (config sets it at import)
+    features = getattr(config, "CPU_FEATURES", None) or ll.get_host_cpu_features().flatten()
     return "+avx512f" in features.split(",")
 
 
