@@ -336,6 +336,46 @@ def _careful_row(x, out, scale, mode):
 
 # ---- the kernel --------------------------------------------------------------------
 
+@njit(cache=True, error_model="numpy")
+def _normalize_row(x, out, lse, special, scale, algorithm, mode, r):
+    """Row ``r`` of :func:`normalize_rows`."""
+    n = x.shape[1]
+    xr = x[r]
+    outr = out[r] if mode != LSE else out[0]
+    if n == 0:
+        if mode == LSE:
+            lse[r] = cast_like(-np.inf, scale)
+        special[r] = 0
+        return
+    if mode == PROBS:
+        if algorithm == THREE_PASS:
+            ok = _three_pass_probs(xr, outr, scale)
+        elif algorithm == TWO_PASS:
+            ok = _two_pass_probs(xr, outr, scale, np.empty(BLOCK, x.dtype),
+                                 np.empty((n + BLOCK - 1) // BLOCK, x.dtype))
+        else:
+            ok = _online_probs(xr, outr, scale, np.empty((n + BLOCK - 1) // BLOCK, x.dtype))
+        if ok:
+            special[r] = 0
+            return
+    else:
+        if algorithm == THREE_PASS:
+            m, s, ok = _three_pass_stats(xr, scale)
+        else:
+            m, s, ok = _online_stats(xr, scale)
+        if ok:
+            if mode == LOG_PROBS:
+                _write_log_probs(xr, outr, scale, m, np.log(s))
+            else:
+                lse[r] = m + np.log(s)
+            special[r] = 0
+            return
+    value, flag = _careful_row(xr, outr, scale, mode)
+    if mode == LSE:
+        lse[r] = value
+    special[r] = flag
+
+
 @njit(parallel=True, cache=True, error_model="numpy")
 def normalize_rows(x, out, lse, special, scale, algorithm, mode):
     """Softmax (``mode`` PROBS), log-softmax (LOG_PROBS) or log-sum-exp (LSE) of each row.
@@ -349,48 +389,19 @@ def normalize_rows(x, out, lse, special, scale, algorithm, mode):
         scale: ``1 / temperature``, same dtype as ``x``.
         algorithm: THREE_PASS, TWO_PASS or ONLINE.
     """
-    rows, n = x.shape
-    for r in prange(rows):
-        xr = x[r]
-        outr = out[r] if mode != LSE else out[0]
-        if n == 0:
-            if mode == LSE:
-                lse[r] = cast_like(-np.inf, scale)
-            special[r] = 0
-            continue
-        if mode == PROBS:
-            if algorithm == THREE_PASS:
-                ok = _three_pass_probs(xr, outr, scale)
-            elif algorithm == TWO_PASS:
-                ok = _two_pass_probs(xr, outr, scale, np.empty(BLOCK, x.dtype),
-                                     np.empty((n + BLOCK - 1) // BLOCK, x.dtype))
-            else:
-                ok = _online_probs(xr, outr, scale, np.empty((n + BLOCK - 1) // BLOCK, x.dtype))
-            if ok:
-                special[r] = 0
-                continue
-        else:
-            if algorithm == THREE_PASS:
-                m, s, ok = _three_pass_stats(xr, scale)
-            else:
-                m, s, ok = _online_stats(xr, scale)
-            if ok:
-                if mode == LOG_PROBS:
-                    _write_log_probs(xr, outr, scale, m, np.log(s))
-                else:
-                    lse[r] = m + np.log(s)
-                special[r] = 0
-                continue
-        value, flag = _careful_row(xr, outr, scale, mode)
-        if mode == LSE:
-            lse[r] = value
-        special[r] = flag
+    for r in prange(x.shape[0]):
+        _normalize_row(x, out, lse, special, scale, algorithm, mode, r)
 
 
-#: :func:`normalize_rows` without the parallel launch (``prange`` runs as ``range``), for a
-#: single row: the launch, and the OpenMP workers it leaves spinning on the cores the
-#: caller's next operations need, cost more than the second thread gains on one row.
-normalize_rows_serial = njit(cache=True, error_model="numpy")(normalize_rows.py_func)
+@njit(cache=True, error_model="numpy")
+def normalize_rows_serial(x, out, lse, special, scale, algorithm, mode):
+    """:func:`normalize_rows` without the parallel launch, for a single row: the launch, and
+    the OpenMP workers it leaves spinning on the cores the caller's next operations need,
+    cost more than a second thread gains on one row. (A function of its own: numba's disk
+    cache names entries by the function's name, so a serial compilation of
+    ``normalize_rows`` itself would share, and overwrite, the parallel one's entries.)"""
+    for r in range(x.shape[0]):
+        _normalize_row(x, out, lse, special, scale, algorithm, mode, r)
 
 
 # ---- backward -------------------------------------------------------------------------
