@@ -611,7 +611,7 @@ def _softmax_lane(x, dim, params, log=False):
         return None if _lane_bad(out, rows) else out
     if plain and log and rows >= NUMBA_BACKWARD_ROWS and x.requires_grad and torch.is_grad_enabled() \
             and numba_available():
-        out = _HugePageSoftmax.apply(x, log, False)
+        out = _AtenSoftmax.apply(x, log, False)
     else:
         out = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
         if log:
@@ -619,10 +619,11 @@ def _softmax_lane(x, dim, params, log=False):
     return None if _lane_bad(out, rows) else out
 
 
-class _HugePageSoftmax(torch.autograd.Function):
-    """aten's softmax / log-softmax (last axis, contiguous), forward and backward, writing into
-    fresh outputs backed by huge pages (:mod:`softmaxkit.kernels.memory`, when ``huge``): on
-    a large input most of aten's own time is page faults on its fresh output. A log-softmax
+class _AtenSoftmax(torch.autograd.Function):
+    """aten's softmax / log-softmax (last axis, contiguous), forward and backward; with ``huge``
+    (large inputs) each writes into a fresh output backed by huge pages
+    (:mod:`softmaxkit.kernels.memory`): on a large input most of aten's own time is page
+    faults on its fresh output. A log-softmax
     gets the reference's gradient at ``-inf`` outputs (see :func:`_drop_invisible_grad`):
     from the numba backward kernel, which handles them in its one pass, or else from aten's
     backward after a pass that looks for them."""
@@ -662,7 +663,7 @@ class _HugePageSoftmax(torch.autograd.Function):
 
 def _huge_page_softmax(x, log):
     if x.requires_grad and torch.is_grad_enabled():
-        return _HugePageSoftmax.apply(x, log)
+        return _AtenSoftmax.apply(x, log)
     return (torch.log_softmax if log else torch.softmax)(x, -1, out=memory.empty_like(x))
 
 
