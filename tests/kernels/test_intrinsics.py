@@ -10,25 +10,21 @@ from softmaxkit.kernels.cpu._intrinsics import WIDE_VECTORS, divide_finite, is_n
 _FAST = {"nsz", "contract", "arcp", "reassoc", "nnan"}
 
 
-@njit(fastmath=_FAST, error_model="numpy")
-def _exp_sum_wide(x, out):
-    wide_vectors()
-    total = x[0] - x[0]
-    for i in range(x.shape[0]):
-        e = exp_nonpositive_fast(x[i])
-        out[i] = e
-        total += e
-    return total
+def _exp_sum(wide):
+    @njit(fastmath=_FAST, error_model="numpy")
+    def exp_sum(x, out):
+        if wide:   # a constant of the closure: compiled in or out
+            wide_vectors()
+        total = x[0] - x[0]
+        for i in range(x.shape[0]):
+            e = exp_nonpositive_fast(x[i])
+            out[i] = e
+            total += e
+        return total
+    return exp_sum
 
 
-@njit(fastmath=_FAST, error_model="numpy")
-def _exp_sum_default(x, out):
-    total = x[0] - x[0]
-    for i in range(x.shape[0]):
-        e = exp_nonpositive_fast(x[i])
-        out[i] = e
-        total += e
-    return total
+_exp_sum_wide, _exp_sum_default = _exp_sum(True), _exp_sum(False)
 
 
 @njit(fastmath=_FAST, error_model="numpy")
