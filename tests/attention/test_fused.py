@@ -128,9 +128,11 @@ def _scenario(kind, gen):
     return q, k, v, causal, mask
 
 
-def _run(q, k, v, name, causal, mask, params, method):
+def _run(q, k, v, name, causal, mask, params, method, block_size=BLOCK):
+    """Output and gradients (q, k, v, learnable parameters) of a weighted sum of the output;
+    ``block_size`` (fused only): None is the path's own default."""
     out = sk.attention(q, k, v, name, is_causal=causal, attn_mask=mask, method=method,
-                       block_size=BLOCK if method == "fused" else None, **params)
+                       block_size=block_size if method == "fused" else None, **params)
     weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
     tensors = [q, k, v] + [t for t in params.values() if isinstance(t, torch.Tensor) and t.requires_grad]
     return out, torch.autograd.grad((out * weight).sum(), tensors)
@@ -179,12 +181,9 @@ def test_head_groups_and_default_blocks(name, monkeypatch):
     params = _params(name, True, q.shape[1], gen)
     dense, dense_grads = _run(q, k, v, name, causal, mask, params, "dense")
     monkeypatch.setattr(fused, "TILE_ELEMENTS", 2 * fused.MIN_BLOCK_Q * k.shape[2])
-    out = sk.attention(q, k, v, name, is_causal=causal, attn_mask=mask, method="fused", **params)
-    weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
-    tensors = [q, k, v] + [t for t in params.values() if isinstance(t, torch.Tensor)]
-    grads = torch.autograd.grad((out * weight).sum(), tensors)
+    out, grads = _run(q, k, v, name, causal, mask, params, "fused", block_size=None)
     torch.testing.assert_close(out, dense, rtol=0, atol=1e-10)
-    for gs, gd in zip(grads, dense_grads):
+    for gs, gd in zip(grads, dense_grads, strict=True):
         torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)
 
 
@@ -203,12 +202,9 @@ def test_tiles_of_several_batch_entries(name, per_tile, monkeypatch):
         monkeypatch.setattr(fused, "ROW_KERNEL_TILE_ELEMENTS", fused.MIN_BLOCK_Q * h * lk)
     assert fused._geometry(inp, True)[2] == (b if per_tile == "several batch entries" else 1)
     dense, dense_grads = _run(q, k, v, name, causal, mask, params, "dense")
-    out = sk.attention(q, k, v, name, is_causal=causal, attn_mask=mask, method="fused", **params)
-    weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
-    tensors = [q, k, v] + [t for t in params.values() if isinstance(t, torch.Tensor)]
-    grads = torch.autograd.grad((out * weight).sum(), tensors)
+    out, grads = _run(q, k, v, name, causal, mask, params, "fused", block_size=None)
     torch.testing.assert_close(out, dense, rtol=0, atol=1e-10)
-    for gs, gd in zip(grads, dense_grads):
+    for gs, gd in zip(grads, dense_grads, strict=True):
         torch.testing.assert_close(gs, gd, rtol=0, atol=1e-10)
 
 

@@ -229,6 +229,8 @@ WIN_WORST = 1.15
 
 
 _WIN_OPS = frozenset(key[0] for key in NUMBA_WINS)
+#: (op, dtype name) pairs with at least one win: the lane's cheap first test
+_WIN_OP_DTYPES = frozenset(key[:2] for key in NUMBA_WINS)
 
 
 def shape_class(rows: int, n: int) -> str:
@@ -603,7 +605,8 @@ def _softmax_lane(x, dim, params, log=False):
     if (type(t) is not float and type(t) is not int) or t != 1:
         return None
     rows = _lane_rows(x, dim)
-    if not rows or _numba_wins("log_softmax" if log else "softmax", x):
+    op = "log_softmax" if log else "softmax"
+    if not rows or ((op, _DTYPE_NAMES[x.dtype]) in _WIN_OP_DTYPES and _numba_wins(op, x)):
         return None
     plain = forward_ad._current_level < 0 and not is_functorch_wrapped(x)   # (an autograd.Function applies)
     if plain and x.numel() * x.element_size() >= memory.MIN_BYTES:
