@@ -412,8 +412,8 @@ def _bwd_kv(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DK, DV_OUT,
         if SKIP:
             live = tl.max(tl.max(vis.to(tl.int32), 1), 0) > 0
         if live:
-            qt = tl.load(Q + (bh * Lq + offs_m[None, :]) * D + offs_d[:, None],
-                         mask=row_ok[None, :] & (offs_d[:, None] < D), other=0.0)
+            q = tl.load(Q + (bh * Lq + offs_m[:, None]) * D + offs_d[None, :],
+                        mask=row_ok[:, None] & (offs_d[None, :] < D), other=0.0)
             do = tl.load(DO + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :],
                          mask=row_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
             st = STATS + (bh * Lq + offs_m) * 4
@@ -424,16 +424,19 @@ def _bwd_kv(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DK, DV_OUT,
             delta = tl.load(DELTA + bh * Lq + offs_m, mask=row_ok, other=0.0)[None, :]
             n = _row_count(CNT, bh, offs_m, Lq, Lk, HAS_CNT, CAUSAL)[None, :]
             vis_t = tl.trans(vis)
-            x = _scores(k, qt, scale, tl.trans(add), vis_t, MASK_KIND, DOT_PREC, UPCAST)
+            # q k^T, as the forward and the dq kernel compute it, then transposed: k q^T sums
+            # each score in another order, and a piece with a steep g (MultiMax's quadratic
+            # term at large scores) turns that rounding into weights that differ from the forward's
+            x = tl.trans(_scores(q, tl.trans(k), scale, add, vis, MASK_KIND, DOT_PREC, UPCAST))
             dp = _dot(v, tl.trans(do), DOT_PREC, UPCAST).to(tl.float32)
             p, gz, dx = _tile_grads(x, vis_t, offs_n[:, None], n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
                                     FAMILY, ALPHA_KIND)
             if P_LOWP:
                 dv += _dot(p.to(do.dtype), do, DOT_PREC, UPCAST)
-                dk += _dot(dx.to(qt.dtype), tl.trans(qt), DOT_PREC, UPCAST)
+                dk += _dot(dx.to(q.dtype), q, DOT_PREC, UPCAST)
             else:
                 dv += _dot(p, do.to(tl.float32), DOT_PREC, UPCAST)
-                dk += _dot(dx, tl.trans(qt).to(tl.float32), DOT_PREC, UPCAST)
+                dk += _dot(dx, q.to(tl.float32), DOT_PREC, UPCAST)
     mask_k = col_ok[:, None] & (offs_d[None, :] < D)
     tl.store(DK + (bh * Lk + offs_n[:, None]) * D + offs_d[None, :], dk * scale, mask=mask_k)
     tl.store(DV_OUT + (bh * Lk + offs_n[:, None]) * DV + offs_dv[None, :], dv,
