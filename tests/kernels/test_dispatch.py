@@ -90,8 +90,9 @@ def test_uncovered_inputs_go_to_the_reference(case):
 
 def test_public_functions_route_through_the_dispatch(monkeypatch):
     calls = []
-    original = functions.softmax
-    monkeypatch.setattr(functions, "softmax", lambda *a, **k: calls.append(1) or original(*a, **k))
+    for name in ("softmax", "forward_only"):   # with and without a gradient to record
+        original = getattr(functions, name)
+        monkeypatch.setattr(functions, name, lambda *a, _f=original, **k: calls.append(1) or _f(*a, **k))
     x = torch.randn(8, 300)
     with sk.use_backend("numba"):
         p = sk.softmax(x)

@@ -116,3 +116,32 @@ def test_double_backward_float64():
     with sk.use_backend("numba"):
         for name in OPS:
             assert torch.autograd.gradgradcheck(OPS[name], (x,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mode", [0, 1, 2])   # PROBS, LOG_PROBS, LSE
+def test_forward_only_is_the_full_forward_or_declines(mode, dtype):
+    x, special = adversarial(n=700, dtype=dtype)
+    full = (functions.softmax, functions.log_softmax, functions.logsumexp)[mode]
+    rows = [x[r:r + 1] for r in range(x.shape[0])] + [x, x.reshape(2, 5, -1)]
+    compared = 0
+    for t in rows:
+        for _ in range(2):   # the first call compiles and caches the entry point; the second uses it
+            out = functions.forward_only(t, mode)
+            if out is None:
+                continue
+            expected, todo = full(t)
+            assert not todo.any()   # forward_only returns a result only when every row was done
+            assert out.shape == expected.shape and out.dtype == dtype
+            torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+            compared += 1
+    assert compared >= 2 * 8   # the ordinary single rows at least
+
+
+def test_forward_only_takes_no_gradient_and_keeps_the_input():
+    x = torch.randn(3, 50, requires_grad=True)
+    before = x.detach().clone()
+    out = functions.forward_only(x, 0, 0.5)
+    assert out is not None and not out.requires_grad and out.grad_fn is None
+    torch.testing.assert_close(out, torch.softmax(before * 0.5, -1))
+    assert torch.equal(x.detach(), before)

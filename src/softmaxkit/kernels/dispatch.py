@@ -360,6 +360,11 @@ def _numba_params(op, x, params) -> bool:
 
 def _run_numba(op, reference, x, params, mask=None):
     algorithm = _current.get().algorithm
+    if op in _KERNEL_MODES and x.numel() and x.is_contiguous():
+        t = float(params.get("temperature", 1.0))
+        out = _kernel_forward(op, x, 1.0 / t, algorithm)
+        if out is not None:
+            return out.unsqueeze(-1) if params.get("keepdim", False) else out
     if op in ("softmax", "log_softmax"):
         from .cpu import functions
         fn = functions.softmax if op == "softmax" else functions.log_softmax
@@ -605,9 +610,11 @@ def _softmax_lane(x, dim, params, log=False):
     if (type(t) is not float and type(t) is not int) or t != 1:
         return None
     rows = _lane_rows(x, dim)
-    op = "log_softmax" if log else "softmax"
-    if not rows or ((op, _DTYPE_NAMES[x.dtype]) in _WIN_OP_DTYPES and _numba_wins(op, x)):
+    if not rows:
         return None
+    op = "log_softmax" if log else "softmax"
+    if (op, _DTYPE_NAMES[x.dtype]) in _WIN_OP_DTYPES and _numba_wins(op, x):
+        return _kernel_forward(op, x)
     plain = forward_ad._current_level < 0 and not is_functorch_wrapped(x)   # (an autograd.Function applies)
     if plain and x.numel() * x.element_size() >= memory.MIN_BYTES:
         out = _huge_page_softmax(x, log)
@@ -670,6 +677,21 @@ def _huge_page_softmax(x, log):
     return (torch.log_softmax if log else torch.softmax)(x, -1, out=memory.empty_like(x))
 
 
+def _kernel_forward(op, x, scale=1.0, algorithm=None):
+    """The numba kernel's forward result for a lane input (:func:`_lane_rows`) when no
+    gradient is recorded, through :func:`softmaxkit.kernels.cpu.functions.forward_only`;
+    None (the full path then runs) when a gradient is wanted, the tensor is seen through a
+    transform, or a row needs the reference."""
+    if (x.requires_grad and torch.is_grad_enabled()) or forward_ad._current_level >= 0 \
+            or is_functorch_wrapped(x):
+        return None
+    from .cpu import functions
+    return functions.forward_only(x, _KERNEL_MODES[op], scale, algorithm)
+
+
+_KERNEL_MODES = {"softmax": 0, "log_softmax": 1, "logsumexp": 2}   # softmax.PROBS, LOG_PROBS, LSE
+
+
 def _log_softmax_lane(x, dim, params):
     return _softmax_lane(x, dim, params, log=True)
 
@@ -678,8 +700,11 @@ def _logsumexp_lane(x, dim, params):
     """As :func:`_softmax_lane`, for log-sum-exp where aten wins (every row finite)."""
     keepdim = params.get("keepdim", False)
     if (type(keepdim) is not bool or not _lane_rows(x, dim) or is_functorch_wrapped(x)
-            or forward_ad._current_level >= 0 or _numba_wins("logsumexp", x)):
+            or forward_ad._current_level >= 0):
         return None
+    if _numba_wins("logsumexp", x):
+        out = _kernel_forward("logsumexp", x)
+        return out if out is None or not keepdim else out.unsqueeze(-1)
     if x.requires_grad and torch.is_grad_enabled():   # aten's own gradient uses the rounded lse
         out = _LogSumExpGrad.apply(x, -1)
         out = out if keepdim else out.squeeze(-1)

@@ -66,6 +66,14 @@ def _arg_key(arg):
     return kind if kind in _SCALARS else None   # None: a type the key cannot tell apart (a tuple)
 
 
+def entry_point(kernel, *args):
+    """The compiled entry point of ``kernel``'s specialisation for ``args`` (after a call
+    that compiled it), or None where numba converts an argument on each call. Calling it
+    skips the dispatcher's typing of every argument; the caller keeps the argument types."""
+    compiled = kernel.overloads.get(tuple(kernel.typeof_pyval(arg) for arg in args))
+    return None if compiled is None else compiled.entry_point
+
+
 def compiled_call(kernel, *args) -> None:
     """``kernel(*args)`` through the entry point of the specialisation that matches the
     arguments, found once per kind of arguments: numba's dispatcher types every argument on
@@ -80,11 +88,10 @@ def compiled_call(kernel, *args) -> None:
         return
     if entry is None:
         kernel(*args)   # compiles on first use
-        signature = tuple(kernel.typeof_pyval(arg) for arg in args)
-        compiled = kernel.overloads.get(signature)
-        if compiled is not None:   # (None: numba converted an argument; the dispatcher keeps doing so)
+        entry = entry_point(kernel, *args)
+        if entry is not None:   # (None: numba converted an argument; the dispatcher keeps doing so)
             held = tuple(arg for arg in args if isinstance(arg, Dispatcher))
-            _ENTRY_POINTS[key] = (compiled.entry_point, kernel, held)
+            _ENTRY_POINTS[key] = (entry, kernel, held)
         return
     entry[0](*args)
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from .. import memory
-from . import FLAG_TODO, call_kernel, keep_torch_threads, sync_threads
+from . import FLAG_TODO, call_kernel, entry_point, keep_torch_threads, sync_threads
 from . import softmax as _k
 
 #: The algorithm used when none is asked for: the fastest in the kernel benchmark on rows
@@ -101,6 +101,56 @@ def log_softmax_backward(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
     y2 = _rows(y)
     special = torch.zeros(y2.shape[0], dtype=torch.uint8)
     return _run_backward(y2, grad, special, 1.0, _k.LOG_PROBS).reshape(y.shape)
+
+
+_FORWARD_ENTRIES: dict = {}
+_NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
+
+
+def forward_only(x: torch.Tensor, mode: int, scale: float = 1.0, algorithm: str | None = None):
+    """The forward kernel's result for ``x`` in the fewest Python steps, with no autograd
+    record: the probabilities (``mode`` PROBS), log-probabilities (LOG_PROBS) or the row
+    log-sum-exps (LSE, shape ``x.shape[:-1]``) along the last axis. None when a row was left
+    to the reference (the caller then takes the full path, which recomputes it).
+
+    ``x`` is a C-contiguous CPU float32 / float64 tensor with at least one row of at least
+    one entry. One row runs the serial kernel (no parallel launch); the entry point of the
+    kernel's specialisation is looked up once per (kernel, dtype), not typed per call."""
+    n = x.shape[-1]
+    rows = x.numel() // n
+    dtype = _NP_DTYPES[x.dtype]
+    xn = (x.detach() if x.requires_grad else x).numpy().reshape(rows, n)
+    if mode == _k.LSE:
+        out, on = None, np.empty((1, 0), dtype)
+    else:
+        out = memory.empty_like(x) if x.numel() * x.element_size() >= memory.MIN_BYTES else torch.empty_like(x)
+        on = out.numpy().reshape(rows, n)
+    lse = np.empty(rows, dtype)
+    special = np.full(rows, FLAG_TODO, np.uint8)
+    args = (xn, on, lse, special, _as_dtype(scale, dtype), _algorithm_code(algorithm, n), mode)
+    if rows == 1:
+        kernel = _k.normalize_rows_serial
+    else:
+        kernel = _k.normalize_rows
+        sync_threads()
+    entry = _FORWARD_ENTRIES.get((kernel, dtype))
+    if entry is None:
+        call_kernel(("softmax", "log_softmax", "logsumexp")[mode], kernel, *args)
+        _FORWARD_ENTRIES[(kernel, dtype)] = entry_point(kernel, *args)
+    else:
+        threads = torch.get_num_threads()
+        try:
+            entry(*args)
+        except Exception:
+            return None   # the full path reruns the kernel and reports the error
+        finally:
+            if rows > 1 and torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
+    if (special[0] if rows == 1 else special.max()) == FLAG_TODO:
+        return None
+    if mode == _k.LSE:
+        return torch.from_numpy(lse).reshape(x.shape[:-1])
+    return out
 
 
 class _SoftmaxFunction(torch.autograd.Function):
