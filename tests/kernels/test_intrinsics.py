@@ -5,6 +5,7 @@ import pytest
 from numba import njit
 
 from softmaxkit.kernels.cpu._exp import exp_nonpositive_fast
+from softmaxkit.kernels.cpu import _intrinsics
 from softmaxkit.kernels.cpu._intrinsics import WIDE_VECTORS, divide_finite, is_nan, wide_vectors
 
 _FAST = {"nsz", "contract", "arcp", "reassoc", "nnan"}
@@ -75,3 +76,12 @@ def test_divide_finite_is_within_two_ulp_of_the_rounded_quotient(dtype):
     assert np.all(np.abs(out.astype(np.float64) - exact) <= 2 * ulp)
     if dtype == np.float64:
         np.testing.assert_array_equal(out, a / b)   # no estimate in double precision
+
+
+@pytest.mark.parametrize("features, isa", [
+    ("+avx512f,+avx2,+fma,+sse4.2", "avx512"), ("+avx2,+fma,-avx512f", "avx2"),
+    ("+avx2,-fma", "other"), ("+sse4.2,+neon", "other")])
+def test_vector_isa_reads_the_features_numba_compiles_for(monkeypatch, features, isa):
+    from numba import config
+    monkeypatch.setattr(config, "CPU_FEATURES", features, raising=False)
+    assert _intrinsics._host_vector_isa() == isa

@@ -48,6 +48,15 @@ def test_shape_classes():
     assert set(dispatch.SHAPE_CLASSES) >= {key[3] for key in dispatch.NUMBA_WINS}
 
 
+def test_every_crossover_table_names_known_cells_and_the_host_uses_its_own():
+    for table in dispatch.WINS_BY_ISA.values():
+        for op, dtype, pass_, cls, threads in table:
+            assert op in ("softmax", "log_softmax", "logsumexp") and dtype in ("float32", "float64")
+            assert pass_ in ("fwd", "fwd+bwd") and cls in dispatch.SHAPE_CLASSES
+            assert type(threads) is int and threads >= 1
+    assert dispatch.NUMBA_WINS == dispatch.WINS_BY_ISA.get(dispatch.VECTOR_ISA, frozenset())
+
+
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
 def test_vmap_and_func_grad_take_the_reference(op):
     """Under torch.func transforms there is no data pointer and no data-dependent branch:

@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> None:
         table, wins = crossovers(tuple(args.threads), repeats=3 if args.quick else 5,
                                  shapes=QUICK_SHAPES if args.quick else None)
         print(table.to_markdown())
-        print("\nNUMBA_WINS = frozenset({")
+        print(f"\n# vector instruction set: {dispatch.VECTOR_ISA} (the WINS_BY_ISA entry this is for)")
+        print("NUMBA_WINS = frozenset({")
         for key in sorted(wins):
             print(f"    {key!r},")
         print("})")

@@ -52,6 +52,7 @@ from torch.autograd import forward_ad
 
 from .._checks import is_functorch_wrapped
 from . import memory
+from .cpu._intrinsics import VECTOR_ISA
 
 BACKENDS = ("reference", "numba", "triton", "auto")
 OPS = ("softmax", "log_softmax", "logsumexp", "sparsemax", "entmax15", "entmax", "softmax_topk",
@@ -175,18 +176,19 @@ SMALL_NUMEL = 1 << 21
 
 
 #: Cells (op, dtype, pass, shape class, threads) where the numba kernel measurably beat
-#: aten; everywhere else ``auto`` calls aten. A cell is a win when, over the shapes of
-#: the class in the dispatch benchmark's grid, the median of kernel time / torch time is
-#: <= :data:`WIN_MEDIAN` and none is above :data:`WIN_WORST` (medians of interleaved runs
-#: in shuffled order). ``pass`` is ``"fwd"`` when no gradient is recorded, ``"fwd+bwd"``
-#: when ``x`` requires grad under grad mode. Thread counts not listed (not measured) use
-#: aten.
+#: aten, per vector instruction set numba compiles for (:data:`VECTOR_ISA`); everywhere
+#: else ``auto`` calls aten. A cell is a win when, over the shapes of the class in the
+#: dispatch benchmark's grid, the median of kernel time / torch time is <= :data:`WIN_MEDIAN`
+#: and none is above :data:`WIN_WORST` (medians of interleaved runs in shuffled order).
+#: ``pass`` is ``"fwd"`` when no gradient is recorded, ``"fwd+bwd"`` when ``x`` requires
+#: grad under grad mode. Thread counts not listed (not measured) use aten, and so does
+#: every cell on an instruction set with no table (``"other"``). Each table is printed by
+#:   ``python -m softmaxkit.bench.dispatch --crossovers --threads 1 2``
+#: on a machine of its kind.
 #:
-#: Measured 2026-12-01 on the shared 2-core development machine (Intel Xeon, Emerald
-#: Rapids, AVX-512; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, with
-#:   ``PYTHONPATH=src python -m softmaxkit.bench.dispatch --crossovers --threads 1 2``
-#: which prints the per-shape table and the set of winning cells. Since the kernels run on
-#: 512-bit vectors (:func:`softmaxkit.kernels.cpu._intrinsics.wide_vectors`) and take the
+#: AVX-512: measured 2026-12-01 on the shared 2-core development machine (Intel Xeon,
+#: Emerald Rapids; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads. Since the kernels run
+#: on 512-bit vectors (:func:`softmaxkit.kernels.cpu._intrinsics.wide_vectors`) and take the
 #: three-pass algorithm on rows of one block, they beat aten on large float64 inputs
 #: (softmax and log-softmax, kernel / torch medians 0.60-0.71 per class), on float64 short
 #: rows (log-softmax, log-sum-exp) and for log-sum-exp on large inputs (0.27-0.44: aten's is
@@ -197,7 +199,7 @@ SMALL_NUMEL = 1 << 21
 #: pages): the kernel then took 1.27-1.41x torch's time on 16-25 MiB inputs and 1.38x on
 #: short rows, so they stay with aten; the float64 and large log-sum-exp wins held
 #: (0.26-0.99).
-NUMBA_WINS = frozenset({
+_WINS_AVX512 = frozenset({
     ('log_softmax', 'float64', 'fwd', 'large', 1),
     ('log_softmax', 'float64', 'fwd', 'large', 2),
     ('log_softmax', 'float64', 'fwd', 'short rows', 1),
@@ -223,6 +225,49 @@ NUMBA_WINS = frozenset({
     ('softmax', 'float64', 'fwd', 'large', 2),
     ('softmax', 'float64', 'fwd+bwd', 'large', 1),
 })
+
+#: AVX2: measured 2026-12-01 on the shared 2-core development machine of that day (AMD
+#: EPYC, AVX2 and FMA, no AVX-512; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, in two
+#: runs of the command above; a cell is listed when it met the rule in both (29 cells; 5 and
+#: 8 more met it in one run only). On 256-bit vectors, with the three-pass algorithm
+#: (:data:`softmaxkit.kernels.cpu.functions.DEFAULT_ALGORITHM`), the kernels beat aten on
+#: large inputs in float32 as well (softmax forward, kernel / torch median 0.42 on 1 thread,
+#: 0.81 on 2; log-softmax 0.52 / 0.84) and float64 (softmax 0.47 / 0.49), and log-sum-exp
+#: almost everywhere past one row (0.28-0.39 on large inputs). One row stays with aten
+#: (1.2-3.4: the Python around the kernel).
+_WINS_AVX2 = frozenset({
+    ('log_softmax', 'float32', 'fwd', 'large', 1),
+    ('log_softmax', 'float32', 'fwd+bwd', 'large', 1),
+    ('log_softmax', 'float32', 'fwd+bwd', 'large', 2),
+    ('log_softmax', 'float64', 'fwd+bwd', 'large', 1),
+    ('logsumexp', 'float32', 'fwd', 'large', 1),
+    ('logsumexp', 'float32', 'fwd', 'large', 2),
+    ('logsumexp', 'float32', 'fwd', 'short rows', 1),
+    ('logsumexp', 'float32', 'fwd', 'short rows', 2),
+    ('logsumexp', 'float32', 'fwd', 'small', 1),
+    ('logsumexp', 'float32', 'fwd', 'small', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'large', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'large', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'small', 1),
+    ('logsumexp', 'float64', 'fwd', 'large', 1),
+    ('logsumexp', 'float64', 'fwd', 'large', 2),
+    ('logsumexp', 'float64', 'fwd', 'short rows', 1),
+    ('logsumexp', 'float64', 'fwd', 'short rows', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'large', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'large', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'small', 1),
+    ('softmax', 'float32', 'fwd', 'large', 1),
+    ('softmax', 'float32', 'fwd', 'large', 2),
+    ('softmax', 'float32', 'fwd', 'small', 1),
+    ('softmax', 'float64', 'fwd', 'large', 1),
+    ('softmax', 'float64', 'fwd', 'large', 2),
+})
+WINS_BY_ISA = {"avx512": _WINS_AVX512, "avx2": _WINS_AVX2}
+NUMBA_WINS = WINS_BY_ISA.get(VECTOR_ISA, frozenset())
 #: The rule that makes a crossover cell a win (see :data:`NUMBA_WINS`).
 WIN_MEDIAN = 0.9
 WIN_WORST = 1.15
@@ -794,6 +839,7 @@ __all__ = [
     "AUTO_MIN_NUMEL",
     "BACKENDS",
     "NUMBA_WINS",
+    "WINS_BY_ISA",
     "OPS",
     "SHAPE_CLASSES",
     "current_backend",

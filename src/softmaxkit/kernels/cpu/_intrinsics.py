@@ -70,16 +70,22 @@ def _ov_cast_like(value, like):
     return impl
 
 
-def _host_has_avx512() -> bool:
+def _host_vector_isa() -> str:
     import llvmlite.binding as ll
     from numba import config
     # NUMBA_CPU_FEATURES, when set, is what numba compiles for (config sets it at import)
-    features = getattr(config, "CPU_FEATURES", None) or ll.get_host_cpu_features().flatten()
-    return "+avx512f" in features.split(",")
+    features = set((getattr(config, "CPU_FEATURES", None) or ll.get_host_cpu_features().flatten()).split(","))
+    if "+avx512f" in features:
+        return "avx512"
+    return "avx2" if {"+avx2", "+fma"} <= features else "other"
 
 
+#: The widest vector instruction set numba compiles the kernels for: ``"avx512"``,
+#: ``"avx2"`` (with FMA) or ``"other"``. Which kernel beats aten depends on it
+#: (:data:`softmaxkit.kernels.dispatch.NUMBA_WINS`).
+VECTOR_ISA = _host_vector_isa()
 #: Whether :func:`wide_vectors` asks for 512-bit vectors (the CPU numba compiles for has AVX-512).
-WIDE_VECTORS = _host_has_avx512()
+WIDE_VECTORS = VECTOR_ISA == "avx512"
 
 
 @intrinsic
