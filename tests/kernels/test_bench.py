@@ -35,3 +35,22 @@ def test_bench_dispatch_quick_runs(monkeypatch, capsys):
     monkeypatch.setattr(bench_dispatch, "run", lambda quick=False: tables)
     assert main(["bench", "dispatch", "--quick"]) == 0
     assert "sk (auto backend) against torch and the numba kernel" in capsys.readouterr().out
+
+
+def test_crossovers_pool_runs_per_shape_and_name_known_cells(monkeypatch):
+    """``--crossovers --runs 2``: a row per run and shape; the win rule sees each shape once,
+    as the median of its runs (here forced: the kernel's ratios 0.5 then 2.0 give 1.25,
+    a loss, where either run alone would decide the other way)."""
+    from softmaxkit.bench import dispatch as bench_dispatch
+    from softmaxkit.kernels import dispatch
+
+    cells = len(bench_dispatch.OPS) * len(bench_dispatch.PASSES) * len(bench_dispatch.DTYPES)
+    timings = iter([(1.0, 0.5)] * cells + [(1.0, 2.0)] * cells)   # run 1, then run 2
+    monkeypatch.setattr(bench_dispatch, "interleaved_medians", lambda fns, repeats: next(timings))
+    shapes = [("vocab", (2, 4096))]
+    table, wins = bench_dispatch.crossovers(threads=(1,), repeats=1, shapes=shapes, runs=2)
+    assert len(table.rows) == 2 * cells and {row[0] for row in table.rows} == {1, 2}
+    assert wins == frozenset()   # every cell: ratios 0.5 (run 1) or 2.0 (run 2) -> median 1.25
+    timings = iter([(1.0, 0.5)] * 1000)
+    table, wins = bench_dispatch.crossovers(threads=(1,), repeats=1, shapes=shapes, runs=2)
+    assert len(wins) == cells and all(key[3] == dispatch.shape_class(2, 4096) for key in wins)

@@ -212,42 +212,48 @@ def page_fault_table(shape, repeats: int) -> Table:
     return table
 
 
-def crossovers(threads=(1, 2), repeats: int = 5, shapes=None) -> tuple[Table, frozenset]:
+def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1) -> tuple[Table, frozenset]:
     """Measure the numba kernel against aten per (op, dtype, pass, shape class, threads).
 
-    A cell is a win when, over the shapes of its class, the median of kernel time /
-    torch time is <= ``dispatch.WIN_MEDIAN`` and none is above ``dispatch.WIN_WORST``.
-    Returns the table and the set of winning keys (the value of
-    :data:`softmaxkit.kernels.dispatch.NUMBA_WINS`).
+    The grid is measured ``runs`` times over; each shape's ratio is the median of its runs.
+    A cell is a win when, over the shapes of its class, the median of kernel time / torch
+    time is <= ``dispatch.WIN_MEDIAN`` and none is above ``dispatch.WIN_WORST``.
+    Returns the table (a row per run and shape) and the set of winning keys (the value of
+    :data:`softmaxkit.kernels.dispatch.NUMBA_WINS` for this machine's vector instruction set).
     """
     shapes = FULL_SHAPES if shapes is None else shapes
     table = Table("numba kernel against aten, per shape", [
-        "threads", "shape", "class", "op", "dtype", "pass", "torch ms", "kernel ms", "kernel / torch"])
-    ratios: dict[tuple, list[float]] = {}
+        "run", "threads", "shape", "class", "op", "dtype", "pass", "torch ms", "kernel ms", "kernel / torch"])
+    ratios: dict[tuple, dict[tuple, list[float]]] = {}
     before = torch.get_num_threads()
     try:
-        for t in threads:
-            torch.set_num_threads(t)
-            for _, shape in shapes:
-                cls = dispatch.shape_class(math.prod(shape[:-1]), shape[-1])
-                for dtype in DTYPES:
-                    for pass_ in PASSES:
-                        x = _inputs(shape, dtype, pass_)
-                        for op in OPS:
-                            fns = [_callable(_TORCH[op], x, pass_),
-                                   _callable(_in_backend("numba", _sk(op)), x, pass_)]
-                            t_torch, t_kernel = interleaved_medians(fns, repeats)
-                            name = str(dtype).replace("torch.", "")
-                            table.add(t, "x".join(map(str, shape)), cls, op, name, pass_, t_torch * 1e3,
-                                      t_kernel * 1e3, t_kernel / t_torch)
-                            ratios.setdefault((op, name, pass_, cls, t), []).append(t_kernel / t_torch)
-                        del x
-                        gc.collect()
+        for run_index in range(1, runs + 1):
+            for t in threads:
+                torch.set_num_threads(t)
+                for _, shape in shapes:
+                    cls = dispatch.shape_class(math.prod(shape[:-1]), shape[-1])
+                    for dtype in DTYPES:
+                        for pass_ in PASSES:
+                            x = _inputs(shape, dtype, pass_)
+                            for op in OPS:
+                                fns = [_callable(_TORCH[op], x, pass_),
+                                       _callable(_in_backend("numba", _sk(op)), x, pass_)]
+                                t_torch, t_kernel = interleaved_medians(fns, repeats)
+                                name = str(dtype).replace("torch.", "")
+                                table.add(run_index, t, "x".join(map(str, shape)), cls, op, name, pass_,
+                                          t_torch * 1e3, t_kernel * 1e3, t_kernel / t_torch)
+                                cell = ratios.setdefault((op, name, pass_, cls, t), {})
+                                cell.setdefault(shape, []).append(t_kernel / t_torch)
+                            del x
+                            gc.collect()
     finally:
         torch.set_num_threads(before)
-    wins = frozenset(key for key, r in ratios.items()
-                     if statistics.median(r) <= dispatch.WIN_MEDIAN and max(r) <= dispatch.WIN_WORST)
-    return table, wins
+    wins = set()
+    for key, per_shape in ratios.items():
+        r = [statistics.median(v) for v in per_shape.values()]
+        if statistics.median(r) <= dispatch.WIN_MEDIAN and max(r) <= dispatch.WIN_WORST:
+            wins.add(key)
+    return table, frozenset(wins)
 
 
 def run(quick: bool = False) -> list[Table]:
@@ -265,10 +271,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--crossovers", action="store_true",
                         help="measure kernel against aten per shape class and print NUMBA_WINS")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--runs", type=int, default=1,
+                        help="crossovers: measure the grid this many times, each shape's ratio the median")
     args = parser.parse_args(argv)
     if args.crossovers:
         table, wins = crossovers(tuple(args.threads), repeats=3 if args.quick else 5,
-                                 shapes=QUICK_SHAPES if args.quick else None)
+                                 shapes=QUICK_SHAPES if args.quick else None, runs=args.runs)
         print(table.to_markdown())
         print(f"\n# vector instruction set: {dispatch.VECTOR_ISA} (the WINS_BY_ISA entry this is for)")
         print("NUMBA_WINS = frozenset({")

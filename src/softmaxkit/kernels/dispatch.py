@@ -183,7 +183,7 @@ SMALL_NUMEL = 1 << 21
 #: ``pass`` is ``"fwd"`` when no gradient is recorded, ``"fwd+bwd"`` when ``x`` requires
 #: grad under grad mode. Thread counts not listed (not measured) use aten, and so does
 #: every cell on an instruction set with no table (``"other"``). Each table is printed by
-#:   ``python -m softmaxkit.bench.dispatch --crossovers --threads 1 2``
+#:   ``python -m softmaxkit.bench.dispatch --crossovers --threads 1 2 [--runs 2]``
 #: on a machine of its kind.
 #:
 #: AVX-512: measured 2026-12-01 on the shared 2-core development machine (Intel Xeon,
@@ -227,18 +227,21 @@ _WINS_AVX512 = frozenset({
 })
 
 #: AVX2: measured 2026-12-01 on the shared 2-core development machine of that day (AMD
-#: EPYC, AVX2 and FMA, no AVX-512; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, in two
-#: runs of the command above; a cell is listed when it met the rule in both (29 cells; 5 and
-#: 8 more met it in one run only). On 256-bit vectors, with the three-pass algorithm
-#: (:data:`softmaxkit.kernels.cpu.functions.DEFAULT_ALGORITHM`), the kernels beat aten on
-#: large inputs in float32 as well (softmax forward, kernel / torch median 0.42 on 1 thread,
-#: 0.81 on 2; log-softmax 0.52 / 0.84) and float64 (softmax 0.47 / 0.49), and log-sum-exp
-#: almost everywhere past one row (0.28-0.39 on large inputs). One row stays with aten
-#: (1.2-3.4: the Python around the kernel).
+#: EPYC, AVX2 and FMA, no AVX-512; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, two
+#: runs pooled as ``--runs 2`` pools them (each shape's ratio the median of its runs; single
+#: cells moved by up to 2x between the runs). On 256-bit vectors, with the three-pass
+#: algorithm (:data:`softmaxkit.kernels.cpu.functions.DEFAULT_ALGORITHM`), the kernels beat
+#: aten on large inputs in float32 as well (softmax forward, kernel / torch median 0.42 on 1
+#: thread, 0.81 on 2; log-softmax 0.52 / 0.84) and float64 (softmax 0.47 / 0.49), and
+#: log-sum-exp almost everywhere past one row (0.28-0.39 on large inputs). One row stays
+#: with aten (1.2-3.4: the Python around the kernel).
 _WINS_AVX2 = frozenset({
     ('log_softmax', 'float32', 'fwd', 'large', 1),
+    ('log_softmax', 'float32', 'fwd', 'large', 2),
     ('log_softmax', 'float32', 'fwd+bwd', 'large', 1),
     ('log_softmax', 'float32', 'fwd+bwd', 'large', 2),
+    ('log_softmax', 'float64', 'fwd', 'large', 1),
+    ('log_softmax', 'float64', 'fwd', 'large', 2),
     ('log_softmax', 'float64', 'fwd+bwd', 'large', 1),
     ('logsumexp', 'float32', 'fwd', 'large', 1),
     ('logsumexp', 'float32', 'fwd', 'large', 2),
@@ -255,16 +258,20 @@ _WINS_AVX2 = frozenset({
     ('logsumexp', 'float64', 'fwd', 'large', 2),
     ('logsumexp', 'float64', 'fwd', 'short rows', 1),
     ('logsumexp', 'float64', 'fwd', 'short rows', 2),
+    ('logsumexp', 'float64', 'fwd', 'small', 1),
+    ('logsumexp', 'float64', 'fwd', 'small', 2),
     ('logsumexp', 'float64', 'fwd+bwd', 'large', 1),
     ('logsumexp', 'float64', 'fwd+bwd', 'large', 2),
     ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 1),
     ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 2),
     ('logsumexp', 'float64', 'fwd+bwd', 'small', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'small', 2),
     ('softmax', 'float32', 'fwd', 'large', 1),
     ('softmax', 'float32', 'fwd', 'large', 2),
     ('softmax', 'float32', 'fwd', 'small', 1),
     ('softmax', 'float64', 'fwd', 'large', 1),
     ('softmax', 'float64', 'fwd', 'large', 2),
+    ('softmax', 'float64', 'fwd+bwd', 'large', 2),
 })
 WINS_BY_ISA = {"avx512": _WINS_AVX512, "avx2": _WINS_AVX2}
 NUMBA_WINS = WINS_BY_ISA.get(VECTOR_ISA, frozenset())
