@@ -280,6 +280,12 @@ WIN_MEDIAN = 0.9
 WIN_WORST = 1.15
 
 
+#: float32 rows from this length go to the numba kernel whatever the table says, for
+#: accuracy: aten's float32 softmax sums a row in one running sum (a row of 10**6 entries
+#: summed to 1 +- 1.8e-4 on the AVX2 machine), the kernels per block of 2048 (4.6e-7).
+LONG_FLOAT32_ROW = 1 << 18
+
+
 _WIN_OPS = frozenset(key[0] for key in NUMBA_WINS)
 #: (op, dtype name) pairs with at least one win: the lane's cheap first test
 _WIN_OP_DTYPES = frozenset(key[:2] for key in NUMBA_WINS)
@@ -298,6 +304,8 @@ _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 def _numba_wins(op, x, threads=None) -> bool:
+    if x.dtype is torch.float32 and x.shape[-1] >= LONG_FLOAT32_ROW:
+        return True
     wants_grad = torch.is_grad_enabled() and x.requires_grad
     threads = torch.get_num_threads() if threads is None else threads
     n = x.shape[-1]
@@ -331,7 +339,8 @@ def plan(op: str, x, dim=-1, mask=None, **params) -> str:
                 and x.dtype in _NUMBA_DTYPES and _plain_params(op, params)):
             nd = x.dim()
             if nd and -nd <= dim < nd and x.layout is torch.strided and not x.is_nested:
-                if op in _WIN_OPS and _numba_wins(op, x) and _numba_covers(x, dim, None, backend):
+                if ((op in _WIN_OPS or x.shape[-1] >= LONG_FLOAT32_ROW) and _numba_wins(op, x)
+                        and _numba_covers(x, dim, None, backend)):
                     return "numba"
                 return "aten"
         if (NUMBA_WINS and type(x) is torch.Tensor and x.is_cpu and mask is None and x.dtype in _NUMBA_DTYPES
@@ -665,7 +674,8 @@ def _softmax_lane(x, dim, params, log=False):
     if not rows:
         return None
     op = "log_softmax" if log else "softmax"
-    if (op, _DTYPE_NAMES[x.dtype]) in _WIN_OP_DTYPES and _numba_wins(op, x):
+    if ((op, _DTYPE_NAMES[x.dtype]) in _WIN_OP_DTYPES or x.shape[-1] >= LONG_FLOAT32_ROW) \
+            and _numba_wins(op, x):
         return _kernel_forward(op, x)
     plain = forward_ad._current_level < 0 and not is_functorch_wrapped(x)   # (an autograd.Function applies)
     if plain and x.numel() * x.element_size() >= memory.MIN_BYTES:

@@ -21,14 +21,15 @@ from . import softmax as _k
 from ._intrinsics import VECTOR_ISA
 
 #: The algorithm used when none is asked for, per vector instruction set
-#: (:data:`._intrinsics.VECTOR_ISA`): the fastest in the kernel benchmark on rows longer
-#: than one block (:data:`softmax.BLOCK` entries). With AVX-512 (Xeon, Emerald Rapids) that
-#: was ``two_pass``; with AVX2 (AMD EPYC, measured 2026-12-01, 1 and 2 threads, rows of 32000
-#: to 1048576 in float32 and float64) ``three_pass`` was the fastest or within 5% in every
-#: case, ``two_pass`` 5-35% slower. A row of at most one block stays in L1, where rereading it
-#: costs less than the two-pass bookkeeping (and its scratch arrays, allocated per row), so
-#: such rows take ``three_pass`` everywhere.
-DEFAULT_ALGORITHM = "two_pass" if VECTOR_ISA == "avx512" else "three_pass"
+#: (:data:`._intrinsics.VECTOR_ISA`), on rows longer than one block (:data:`softmax.BLOCK`
+#: entries). With AVX-512 (Xeon, Emerald Rapids) ``two_pass`` was the fastest. With AVX2 (AMD
+#: EPYC, measured 2026-12-01, 1 and 2 threads, rows of 32000 to 1048576 in float32 and
+#: float64) ``online`` and ``three_pass`` were within 5% of each other and ``two_pass`` 5-35%
+#: slower; ``online`` sums per block, so a float32 row of a million entries still sums to 1
+#: within 1e-5 (``three_pass``'s single running sum drifted by 1.8e-4). A row of at most one
+#: block stays in L1, where rereading it costs less than the blockwise bookkeeping (and its
+#: scratch arrays, allocated per row), so such rows take ``three_pass`` everywhere.
+DEFAULT_ALGORITHM = "two_pass" if VECTOR_ISA == "avx512" else "online"
 
 
 def default_algorithm(n: int) -> str:
