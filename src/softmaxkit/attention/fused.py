@@ -584,15 +584,19 @@ class _FusedAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan: _Plan, q, k, v, *tensors):
         b, h, lq, lk = plan.inp.shape
-        out = q.new_empty(b, h, lq, v.shape[-1])
+        shape = (b, h, lq, v.shape[-1])   # written whole: huge pages on the CPU, not a fault per 4 KiB
+        out = memory.empty(shape, q.dtype, min_bytes=memory.HUGE_PAGE) if q.is_cpu else q.new_empty(shape)
         # each block writes its rows; the rows in no block are those that see no key
         out[:, :, :lq if lk == 0 else (max(0, lq - lk) if plan.inp.is_causal else 0)] = 0
         params_full = dict(zip(plan.names, tensors))
         bufs = _Buffers(plan, 1)
-        blocks = []
+        blocks = list(plan.blocks())
+        block_params = [_block_params(plan, params_full, blk) for blk in blocks]
         with torch.no_grad():
-            for blk in plan.blocks():
-                params = _block_params(plan, params_full, blk)
+            if plan.tiles is not None:
+                for blk, params in zip(blocks, block_params):
+                    _tile_meta(plan, blk, params)
+            for blk, params in zip(blocks, block_params):
                 s = _scores(plan, bufs, blk)
                 vb = v[blk.b0:blk.b1, blk.h0:blk.h1, :blk.c]
                 if plan.tiles is not None:
@@ -604,7 +608,6 @@ class _FusedAttention(torch.autograd.Function):
                     torch.div(o, den, out=out[blk.b0:blk.b1, blk.h0:blk.h1, blk.r0:blk.r1])
                 else:
                     out[blk.b0:blk.b1, blk.h0:blk.h1, blk.r0:blk.r1] = o if den is None else o / den
-                blocks.append(blk)
         ctx.plan = plan
         ctx.blocks = blocks
         ctx.save_for_backward(q, k, v, out, *tensors)
@@ -736,25 +739,43 @@ def _scores_may_be_nan(inp: AttentionInputs) -> bool:
     pass over every score per tile in the row kernels (``check_nan``)."""
     q, k = inp.q, inp.k
     with torch.no_grad():
-        q_max = float(q.abs().amax()) if q.numel() else 0.0
-        k_max = float(k.abs().amax()) if k.numel() else 0.0
+        q_max, k_max = _largest_magnitude(q), _largest_magnitude(k)
         bound = q_max * k_max * q.shape[-1] * abs(inp.scale)
         if not bound < torch.finfo(q.dtype).max / 4:   # (NaN and inf included)
             return True
         return inp.additive_mask is not None and bool(inp.additive_mask.isnan().any())
 
 
+def _largest_magnitude(t: torch.Tensor) -> float:
+    """``max |t|`` (NaN if ``t`` holds one; 0 when empty) from one ``aminmax`` pass, without the
+    temporary of ``t.abs()`` (whose fresh pages cost more than the reduction)."""
+    if t.numel() == 0:
+        return 0.0
+    low, high = torch.aminmax(t)
+    low, high = float(low), float(high)
+    return high if low != low or high != high else max(-low, high)
+
+
 def _tile_args(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
-    """``(s, lim, hidden, cnt, par, rows_per_head, check_nan)`` of the row kernels for the tile ``s``; all
-    but ``s`` are kept on the block for the backward pass (numpy: cheaper than torch for
-    these few hundred numbers)."""
+    """``(s, lim, hidden, cnt, par, rows_per_head, check_nan)`` of the row kernels for the tile ``s``
+    (as ``(rows, keys)``); all but ``s`` from :func:`_tile_meta`."""
     nb, nh, rows, c = s.shape
-    heads = nb * nh   # the tile's rows: (batch entry, head, query), one head after another
-    tile = s.view(heads * rows, c).numpy()
+    return (s.view(nb * nh * rows, c).numpy(),) + _tile_meta(plan, blk, params)
+
+
+def _tile_meta(plan: _Plan, blk: _Block, params: dict) -> tuple:
+    """``(lim, hidden, cnt, par, rows_per_head, check_nan)`` of the row kernels for the block's tile,
+    kept on the block for the backward pass (numpy: cheaper than torch for these few hundred
+    numbers). The forward computes them for every block before the first GEMM: right after a
+    tile's GEMM (megabytes written) each of these small Python and numpy steps ran 10-20x
+    slower than with warm caches (0.4-0.6 ms a block, measured at L=4096)."""
     kept = blk.stats.get("tile")
     if kept is not None:
-        return (tile,) + kept
-    dtype = tile.dtype
+        return kept
+    nb, nh = blk.b1 - blk.b0, blk.h1 - blk.h0
+    rows, c = blk.r1 - blk.r0, blk.c
+    heads = nb * nh   # the tile's rows: (batch entry, head, query), one head after another
+    dtype = np.float32 if plan.inp.q.dtype == torch.float32 else np.float64
     if plan.inp.is_causal:
         off = plan.inp.shape[3] - plan.inp.shape[2]
         lim = np.clip(np.arange(blk.r0 + off + 1, blk.r1 + off + 1, dtype=np.int64), 0, c)
@@ -764,7 +785,7 @@ def _tile_args(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
         cnt = np.tile(np.maximum(lim, 1).astype(dtype), heads)
     elif blk.count is not None:
         count = forms.effective_count(params, blk.count)
-        cnt = torch.as_tensor(count, dtype=s.dtype).expand(nb, nh, rows, 1).reshape(-1).contiguous().numpy()
+        cnt = torch.as_tensor(count, dtype=plan.inp.q.dtype).expand(nb, nh, rows, 1).reshape(-1).contiguous().numpy()
     else:  # the pieces do not read n
         cnt = np.ones(heads * rows, dtype=dtype)
     if blk.hidden is not None:
@@ -775,7 +796,7 @@ def _tile_args(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
     par = plan.packed[blk.b0:blk.b1, blk.h0:blk.h1].reshape(heads, -1).contiguous().numpy()
     kept = (np.tile(lim, heads), hidden, cnt, par, rows, plan.scores_may_be_nan())
     blk.stats["tile"] = kept
-    return (tile,) + kept
+    return kept
 
 
 def _run_kernel(kernel, *args) -> None:
