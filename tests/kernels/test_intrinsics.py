@@ -6,7 +6,7 @@ from numba import njit
 
 from softmaxkit.kernels.cpu._exp import exp_nonpositive_fast
 from softmaxkit.kernels.cpu import _intrinsics
-from softmaxkit.kernels.cpu._intrinsics import WIDE_VECTORS, divide_finite, is_nan, wide_vectors
+from softmaxkit.kernels.cpu._intrinsics import WIDE_VECTORS, divide_finite, held_constant, is_nan, wide_vectors
 
 _FAST = {"nsz", "contract", "arcp", "reassoc", "nnan"}
 
@@ -85,3 +85,36 @@ def test_vector_isa_reads_the_features_numba_compiles_for(monkeypatch, features,
     from numba import config
     monkeypatch.setattr(config, "CPU_FEATURES", features, raising=False)
     assert _intrinsics._host_vector_isa() == isa
+
+
+@njit(fastmath=_FAST, error_model="numpy")
+def _horner_held(x, out):
+    for i in range(x.shape[0]):
+        r = x[i]
+        out[i] = (held_constant(np.float32(0.25)) * r + held_constant(np.float32(-1.5))) * r + held_constant(np.float32(3.0))
+
+
+@njit(fastmath=_FAST, error_model="numpy")
+def _horner_plain(x, out):
+    for i in range(x.shape[0]):
+        r = x[i]
+        out[i] = (np.float32(0.25) * r + np.float32(-1.5)) * r + np.float32(3.0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_held_constant_is_the_constant_bit_for_bit(dtype):
+    @njit(error_model="numpy")
+    def hold(x):
+        return held_constant(x)
+    for value in (0.0, -0.0, 1.5, -87.33654, 1e-45, 3.4e38, np.inf, -np.inf):
+        v = dtype(value)
+        assert dtype(hold(v)).tobytes() == v.tobytes()   # (numba returns a Python float)
+    assert np.isnan(hold(dtype(np.nan)))
+
+
+def test_a_loop_over_held_constants_gives_the_plain_loop_result():
+    x = np.random.default_rng(0).standard_normal(1037).astype(np.float32)
+    held, plain = np.empty_like(x), np.empty_like(x)
+    _horner_held(x, held)
+    _horner_plain(x, plain)
+    np.testing.assert_array_equal(held, plain)

@@ -81,7 +81,7 @@ def _numba_pieces():
     from numba.extending import overload
 
     from ..kernels.cpu._exp import exp_nonpositive_fast
-    from ..kernels.cpu._intrinsics import cast_like, divide_finite
+    from ..kernels.cpu._intrinsics import cast_like, divide_finite, held_constant
     from ..kernels.cpu.pieces import NumbaPieces
 
     def log1p_unit(e):
@@ -92,12 +92,13 @@ def _numba_pieces():
         terms = 7 if e == types.float32 else 19
 
         def impl(e):
-            s = divide_finite(e, cast_like(2.0, e) + e)   # e in [0, 1]
+            two = held_constant(cast_like(2.0, e))
+            s = divide_finite(e, two + e)   # e in [0, 1]
             s2 = s * s
-            q = cast_like(1.0 / (2 * terms - 1), e)
+            q = held_constant(cast_like(1.0 / (2 * terms - 1), e))
             for k in range(terms - 2, -1, -1):
-                q = q * s2 + cast_like(1.0 / (2 * k + 1), e)
-            return cast_like(2.0, e) * s * q
+                q = q * s2 + held_constant(cast_like(1.0 / (2 * k + 1), e))
+            return two * s * q
         return impl
 
     @njit(cache=True, inline="always")

@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from ._intrinsics import _bits_f32, _bits_f64, _f32_from_bits, _f64_from_bits
+from ._intrinsics import _bits_f32, _bits_f64, _f32_from_bits, _f64_from_bits, held_constant
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -95,17 +95,24 @@ def _reduce32(x):
 
 
 @njit(fastmath={"contract"}, cache=True, error_model="numpy")
+def _poly32(r):
+    # q(r), exp(r) = 1 + r + r^2 q(r) on |r| <= ln2 / 2. Constants through held_constant (here and
+    # in the reductions): kept across the caller's loop, not re-broadcast every iteration.
+    q = held_constant(_F_Q5)
+    q = q * r + held_constant(_F_Q4)
+    q = q * r + held_constant(_F_Q3)
+    q = q * r + held_constant(_F_Q2)
+    q = q * r + held_constant(_F_Q1)
+    return q * r + held_constant(_F_Q0)
+
+
+@njit(fastmath={"contract"}, cache=True, error_model="numpy")
 def _reduce32_clamped(xc):
-    t = xc * _F_LOG2E + _F_MAGIC
-    n = t - _F_MAGIC
-    r, r_err = _two_sum(xc - n * _F_LN2_HI, -(n * _F_LN2_LO))
-    q = _F_Q5
-    q = q * r + _F_Q4
-    q = q * r + _F_Q3
-    q = q * r + _F_Q2
-    q = q * r + _F_Q1
-    q = q * r + _F_Q0
-    return _one_plus(r, r * r * q + r_err), t, n
+    magic = held_constant(_F_MAGIC)
+    t = xc * held_constant(_F_LOG2E) + magic
+    n = t - magic
+    r, r_err = _two_sum(xc - n * held_constant(_F_LN2_HI), -(n * held_constant(_F_LN2_LO)))
+    return _one_plus(r, r * r * _poly32(r) + r_err), t, n
 
 
 @njit(fastmath={"contract"}, cache=True, error_model="numpy")
@@ -135,34 +142,29 @@ def _exp_parts32(x):
     # selects, not min/max: a NaN argument must come out as a NaN mantissa
     xc = np.float32(-2.0e6) if x < np.float32(-2.0e6) else x
     xc = np.float32(2.0e6) if xc > np.float32(2.0e6) else xc
-    t = xc * _F_LOG2E + _F_ROUND
-    n = t - _F_ROUND
-    r, r_err = _two_sum(xc - n * _F_LN2_HI, -(n * _F_LN2_LO))
-    q = _F_Q5
-    q = q * r + _F_Q4
-    q = q * r + _F_Q3
-    q = q * r + _F_Q2
-    q = q * r + _F_Q1
-    q = q * r + _F_Q0
-    return _one_plus(r, r * r * q + r_err), n
+    rounding = held_constant(_F_ROUND)
+    t = xc * held_constant(_F_LOG2E) + rounding
+    n = t - rounding
+    r, r_err = _two_sum(xc - n * held_constant(_F_LN2_HI), -(n * held_constant(_F_LN2_LO)))
+    return _one_plus(r, r * r * _poly32(r) + r_err), n
 
 
 # ---- float64 -------------------------------------------------------------------------
 
 @njit(fastmath={"contract"}, cache=True, error_model="numpy")
 def _tail64(r):
-    q = _D_Q[11]
-    q = q * r + _D_Q[10]
-    q = q * r + _D_Q[9]
-    q = q * r + _D_Q[8]
-    q = q * r + _D_Q[7]
-    q = q * r + _D_Q[6]
-    q = q * r + _D_Q[5]
-    q = q * r + _D_Q[4]
-    q = q * r + _D_Q[3]
-    q = q * r + _D_Q[2]
-    q = q * r + _D_Q[1]
-    q = q * r + _D_Q[0]
+    q = held_constant(_D_Q[11])
+    q = q * r + held_constant(_D_Q[10])
+    q = q * r + held_constant(_D_Q[9])
+    q = q * r + held_constant(_D_Q[8])
+    q = q * r + held_constant(_D_Q[7])
+    q = q * r + held_constant(_D_Q[6])
+    q = q * r + held_constant(_D_Q[5])
+    q = q * r + held_constant(_D_Q[4])
+    q = q * r + held_constant(_D_Q[3])
+    q = q * r + held_constant(_D_Q[2])
+    q = q * r + held_constant(_D_Q[1])
+    q = q * r + held_constant(_D_Q[0])
     return r * r * q
 
 
@@ -285,18 +287,13 @@ def exp_array(x, out, nonpositive):
 def _exp_nonpositive32_fast(x):
     # the reduction and polynomial of _exp_nonpositive32 without the compensated sums
     # (TwoSum of the reduced argument, Fast2Sum of 1 + r): within 2 ulp, ~10 operations fewer
-    xc = _F_LOW if x < _F_LOW else x
-    t = xc * _F_LOG2E + _F_MAGIC
-    n = t - _F_MAGIC
-    r = (xc - n * _F_LN2_HI) - n * _F_LN2_LO
-    q = _F_Q5
-    q = q * r + _F_Q4
-    q = q * r + _F_Q3
-    q = q * r + _F_Q2
-    q = q * r + _F_Q1
-    q = q * r + _F_Q0
-    e = (_F_ONE + (r + r * r * q)) * _f32_from_bits(np.int32(_bits_f32(t) << 23))
-    return _F_ZERO if x < _F_LOW else e
+    low, magic = held_constant(_F_LOW), held_constant(_F_MAGIC)
+    xc = low if x < low else x
+    t = xc * held_constant(_F_LOG2E) + magic
+    n = t - magic
+    r = (xc - n * held_constant(_F_LN2_HI)) - n * held_constant(_F_LN2_LO)
+    e = (held_constant(_F_ONE) + (r + r * r * _poly32(r))) * _f32_from_bits(np.int32(_bits_f32(t) << 23))
+    return _F_ZERO if x < low else e
 
 
 def exp_nonpositive_fast(x):

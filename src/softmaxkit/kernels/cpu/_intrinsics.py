@@ -56,6 +56,32 @@ def fmax(typingctx, a, b):
     return a(a, b), codegen
 
 
+@intrinsic
+def held_constant(typingctx, x):
+    """``x``, a float constant, kept in a register (or a stack slot) across the loop that uses
+    it, off AVX-512.
+
+    numba compiles with LLVM's large code model, where every use of a vector constant inside
+    a loop is rematerialised as an address load and a broadcast from the constant pool (two
+    instructions per constant per iteration), rather than kept live. On AVX2 the float32
+    exponential's dozen constants doubled its loop. Passing each through
+    ``llvm.arithmetic.fence`` (a no-op in the generated code; LICM hoists it) makes the value
+    opaque to rematerialisation, so it is held or reloaded straight into the arithmetic as a
+    memory operand. The result is bit for bit the same. With AVX-512 (32 registers, embedded
+    broadcasts) the constant is left as it is.
+    """
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, signature, args):
+        if WIDE_VECTORS:
+            return args[0]
+        t = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.arithmetic.fence", [t], ir.FunctionType(t, [t]))
+        return builder.call(fn, args)
+    return x(x), codegen
+
+
 def cast_like(value, like):
     """``value`` converted to the type of ``like`` (inside numba code): keeps float32 kernels float32."""
     raise NotImplementedError("call from numba-compiled code")
