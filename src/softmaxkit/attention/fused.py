@@ -751,8 +751,8 @@ def _largest_magnitude(t: torch.Tensor) -> float:
     temporary of ``t.abs()`` (whose fresh pages cost more than the reduction)."""
     if t.numel() == 0:
         return 0.0
-    low, high = torch.aminmax(t)
-    low, high = float(low), float(high)
+    extremes = torch.aminmax(t)
+    low, high = float(extremes.min), float(extremes.max)
     return high if low != low or high != high else max(-low, high)
 
 
