@@ -1,5 +1,6 @@
 """Fused softmax_topk / log_softmax_topk: same values and indices as softmax then topk."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -82,3 +83,18 @@ def test_requires_grad_keeps_the_graph():
         values, _ = sk.softmax_topk(x, 3)
     values.sum().backward()
     assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_kth_largest_by_heap_matches_a_sort(dtype):
+    from softmaxkit.kernels.cpu.topk import _kth_largest
+
+    rng = np.random.default_rng(3)
+    cases = [rng.standard_normal(2004), np.round(rng.standard_normal(500)), np.full(64, 2.5),
+             np.concatenate([np.full(40, -np.inf), rng.standard_normal(30)]), np.arange(50.0)[::-1],
+             np.arange(50.0)]
+    for v in cases:
+        v = v.astype(dtype)
+        for k in sorted({1, 2, 7, 50, len(v)} & set(range(1, len(v) + 1))):
+            heap = np.empty(k, dtype)
+            assert _kth_largest(v, k, heap) == np.sort(v)[::-1][k - 1]
