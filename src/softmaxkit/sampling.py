@@ -125,7 +125,8 @@ _TOPK_BLOCK = 64
 
 
 def _blocked_topk(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact top-``k`` of each row of a 2-d ``z``, sorted descending, in plain torch.
+    """Exact top-``k`` of each row of a 2-d ``z``, sorted descending: the numba kernel where it
+    runs (:func:`_kernel_topk`), else in plain torch as follows.
 
     Split the row into blocks of :data:`_TOPK_BLOCK` and take each block's maximum. Let
     ``t`` be the ``k``-th largest block maximum: ``k`` entries are ``>= t``, so every
@@ -138,6 +139,9 @@ def _blocked_topk(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = length // _TOPK_BLOCK
     if blocks <= 2 * k:
         return torch.topk(z, k, dim=-1)
+    found = _kernel_topk(z, k)
+    if found is not None:
+        return found
     main = z[:, :blocks * _TOPK_BLOCK].reshape(rows, blocks, _TOPK_BLOCK)
     best_blocks = main.amax(-1).topk(k, dim=-1, sorted=False).indices
     offsets = torch.arange(_TOPK_BLOCK, device=z.device)
@@ -147,6 +151,24 @@ def _blocked_topk(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         candidates = torch.cat([candidates, tail], dim=-1)
     values, position = z.gather(-1, candidates).topk(k, dim=-1)
     return values, candidates.gather(-1, position)
+
+
+def _kernel_topk(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The same search in one numba kernel (:func:`softmaxkit.kernels.cpu.topk.topk`: chunk maxima
+    and the search in one read of each row, equal values by increasing index) on a contiguous
+    CPU float32/float64 ``z`` under the ``auto`` or ``numba`` backend; None elsewhere, or when a
+    row holds a NaN or a ``+inf`` logit (the torch search then runs, and the caller's checks
+    see the row as torch orders it). At 64 x 128256, k = 50 on 2 AVX2 cores: about 2x faster
+    than the ``amax`` and two ``topk`` calls."""
+    from .kernels import dispatch
+
+    if (z.device.type != "cpu" or z.dtype not in (torch.float32, torch.float64) or not z.is_contiguous()
+            or dispatch.current_backend() not in ("auto", "numba") or not dispatch.numba_available()
+            or torch.compiler.is_compiling()):
+        return None
+    from .kernels.cpu import topk as cpu_topk
+
+    return cpu_topk.topk(z, k)
 
 
 #: The fused kernel's heap pays per insertion: at 64 x 128256 (logits randn * 2, 2 threads) it

@@ -98,3 +98,49 @@ def test_kth_largest_by_heap_matches_a_sort(dtype):
         for k in sorted({1, 2, 7, 50, len(v)} & set(range(1, len(v) + 1))):
             heap = np.empty(k, dtype)
             assert _kth_largest(v, k, heap) == np.sort(v)[::-1][k - 1]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_plain_topk_kernel_matches_torch_topk(dtype, threads):
+    from softmaxkit.kernels.cpu.topk import topk
+
+    torch.manual_seed(0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for rows, n, k in [(5, 128256, 50), (3, 6500 + 17, 5), (2, 50257, 1)]:
+            z = torch.randn(rows, n, dtype=dtype)
+            z[0, :3000] = float("-inf")   # a masked stretch: still exact
+            values, indices = topk(z, k)
+            ref_values, ref_indices = torch.topk(z, k)
+            assert torch.equal(values, ref_values) and torch.equal(indices, ref_indices)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_plain_topk_kernel_orders_ties_by_index_and_declines_nan_and_inf():
+    from softmaxkit.kernels.cpu.topk import topk
+
+    z = torch.round(torch.randn(3, 20000, generator=torch.Generator().manual_seed(1)) * 2)
+    values, indices = topk(z, 50)
+    for r in range(3):
+        expected = sorted(range(z.shape[1]), key=lambda j: (-z[r, j].item(), j))[:50]
+        assert indices[r].tolist() == expected
+        assert torch.equal(values[r], z[r, expected])
+    almost_empty = torch.full((1, 20000), float("-inf"))
+    almost_empty[0, 9999] = -1e9
+    values, indices = topk(almost_empty, 4)
+    assert values[0, 0] == -1e9 and indices[0].tolist() == [9999, 0, 1, 2]
+    for bad in (float("nan"), float("inf")):
+        z = torch.randn(4, 20000)
+        z[2, 123] = bad
+        assert topk(z, 5) is None
+
+
+def test_sample_top_k_through_the_kernel_still_rejects_nan_and_inf_logits():
+    for bad in (float("nan"), float("inf")):
+        z = torch.randn(4, 20000)
+        z[1, 77] = bad
+        with pytest.raises(ValueError, match="logits"):
+            sk.sampling.sample(z, top_k=5, generator=torch.Generator().manual_seed(0))

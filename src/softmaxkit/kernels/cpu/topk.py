@@ -26,7 +26,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ._intrinsics import cast_like
+from ._intrinsics import cast_like, fmax, wide_vectors
 from .softmax import _max, _sum_exp, merge_state
 
 BLOCK = 2048
@@ -108,6 +108,29 @@ def _push(hv, hi, k, filled, v, i):
 
 
 @njit(cache=True, error_model="numpy")
+def _search_chunks(x, k, hv, hi, chunk_max, bound):
+    """Push every entry ``>= bound`` of the chunks whose maximum reaches ``bound`` into the
+    size-``k`` heap ``(hv, hi)`` (filled from empty)."""
+    n = x.shape[0]
+    filled = 0
+    for c in range((n + CHUNK - 1) // CHUNK):
+        if chunk_max[c] >= bound:
+            for i in range(c * CHUNK, min(c * CHUNK + CHUNK, n)):
+                if x[i] >= bound:
+                    filled = _push(hv, hi, k, filled, x[i], i)
+
+
+@njit(cache=True, error_model="numpy")
+def _search_bound(chunk_max, k, scratch):
+    """The k-th largest chunk maximum, a lower bound on the k-th largest entry (``k`` different
+    chunks reach it), or ``-inf`` when there are at most ``k`` chunks."""
+    chunks = chunk_max.shape[0]
+    if chunks > k:
+        return _kth_largest(chunk_max, k, scratch)
+    return cast_like(-np.inf, chunk_max[0])
+
+
+@njit(cache=True, error_model="numpy")
 def _row_topk(x, k, hv, hi, chunk_max):
     """Online (m, d) and the top-k scores/indices of one row (heap order); returns (m, d, ok)."""
     n = x.shape[0]
@@ -128,18 +151,9 @@ def _row_topk(x, k, hv, hi, chunk_max):
             m, d = merge_state(m, d, mb, _sum_exp(x[start:stop], one, mb))
     if not (m > neg_inf and d > 0 and d < -neg_inf and d == d):
         return m, d, False
-    # The k-th largest chunk maximum is a lower bound on the k-th largest entry (k
-    # different chunks reach it), so only chunks reaching it can hold the top k.
+    # only chunks reaching the bound can hold the top k (hv is the bound's scratch, then the heap)
     chunks = (n + CHUNK - 1) // CHUNK
-    bound = neg_inf
-    if chunks > k:
-        bound = _kth_largest(chunk_max[:chunks], k, hv)   # (hv is filled from scratch below)
-    filled = 0
-    for c in range(chunks):
-        if chunk_max[c] >= bound:
-            for i in range(c * CHUNK, min(c * CHUNK + CHUNK, n)):
-                if x[i] >= bound:
-                    filled = _push(hv, hi, k, filled, x[i], i)
+    _search_chunks(x, k, hv, hi, chunk_max, _search_bound(chunk_max[:chunks], k, hv))
     return m, d, True
 
 
@@ -220,6 +234,84 @@ def softmax_topk_rows(x, k, values, indices, special, log):
             values[r, j] = vals[j]
             indices[r, j] = si[j]
         special[r] = 0
+
+
+@njit(fastmath={"reassoc", "nsz", "nnan"}, cache=True, error_model="numpy")
+def _chunk_maxima(x, chunk_max):
+    """Each chunk's maximum into ``chunk_max``, and the row's sum, in one vectorised pass (a fixed
+    chunk length, so no call or remainder loop per chunk). The maxima ignore a NaN (``nnan``, as
+    the softmax kernels' maxima); the sum carries it, as the softmax kernels' sums do."""
+    wide_vectors()
+    n = x.shape[0]
+    full = n // CHUNK
+    total = cast_like(0.0, x[0])
+    for c in range(full):
+        base = c * CHUNK
+        m = x[base]
+        s = cast_like(0.0, x[0])
+        for i in range(CHUNK):
+            v = x[base + i]
+            m = fmax(m, v)
+            s += v
+        chunk_max[c] = m
+        total += s
+    if full * CHUNK < n:
+        m = x[full * CHUNK]
+        for i in range(full * CHUNK, n):
+            m = fmax(m, x[i])
+            total += x[i]
+        chunk_max[full] = m
+    return total
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def topk_rows(x, k, values, indices, special):
+    """The ``k`` largest entries of each row and their indices, sorted by decreasing value, equal
+    values by increasing index; one read of the row (chunk maxima) and a search of the chunks
+    that reach the k-th largest chunk maximum (:func:`_row_topk` without the normaliser).
+
+    ``special``: 0 once a row is written, 1 for a row with a NaN or a ``+inf`` entry (left to the
+    caller; also a finite row whose sum overflows where a ``-inf`` entry meets it, which is rare)."""
+    rows, n = x.shape
+    chunks = (n + CHUNK - 1) // CHUNK
+    for r in prange(rows):
+        xr = x[r]
+        chunk_max = np.empty(chunks, x.dtype)
+        total = _chunk_maxima(xr, chunk_max)
+        top = chunk_max.max()
+        if total != total or top == np.inf:   # a NaN (the sum keeps it), or +inf
+            special[r] = 1
+            continue
+        hv = np.empty(k, x.dtype)
+        hi = np.empty(k, np.int64)
+        _search_chunks(xr, k, hv, hi, chunk_max, _search_bound(chunk_max, k, hv))
+        by_index = np.argsort(hi)
+        hv, hi = hv[by_index], hi[by_index]
+        order = np.argsort(-hv, kind="mergesort")   # stable: equal values keep increasing index
+        for j in range(k):
+            values[r, j] = hv[order[j]]
+            indices[r, j] = hi[order[j]]
+        special[r] = 0
+
+
+def topk(x, k: int):
+    """``(values, indices)`` of the ``k`` largest entries of each row of a 2-d C-contiguous CPU
+    float32/float64 tensor (``k <= x.shape[1]``), sorted by decreasing value, equal values by
+    increasing index; None when a row holds a NaN or a ``+inf`` entry (the caller's torch path
+    then decides)."""
+    import torch
+
+    from . import call_kernel, sync_threads
+
+    sync_threads()
+    rows = x.shape[0]
+    values = torch.empty((rows, k), dtype=x.dtype)
+    indices = torch.empty((rows, k), dtype=torch.int64)
+    special = torch.full((rows,), 2, dtype=torch.uint8)
+    call_kernel("topk", topk_rows, x.detach().numpy(), k, values.numpy(), indices.numpy(), special.numpy())
+    if bool((special != 0).any()):
+        return None
+    return values, indices
 
 
 def softmax_topk(x, k: int, log: bool = False):
