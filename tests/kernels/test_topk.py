@@ -96,8 +96,8 @@ def test_kth_largest_by_heap_matches_a_sort(dtype):
     for v in cases:
         v = v.astype(dtype)
         for k in sorted({1, 2, 7, 50, len(v)} & set(range(1, len(v) + 1))):
-            heap = np.empty(k, dtype)
-            assert _kth_largest(v, k, heap) == np.sort(v)[::-1][k - 1]
+            heap, scratch = np.empty(k, dtype), np.empty(k, np.int64)
+            assert _kth_largest(v, k, heap, scratch) == np.sort(v)[::-1][k - 1]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

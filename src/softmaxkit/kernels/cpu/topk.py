@@ -59,34 +59,21 @@ def _sift_down(hv, hi, k, pos):
 
 
 @njit(cache=True, error_model="numpy")
-def _sift_down_values(h, k, pos):
-    """:func:`_sift_down` for a min-heap of values alone."""
-    while True:
-        left = 2 * pos + 1
-        if left >= k:
-            return
-        child = left + 1 if left + 1 < k and h[left + 1] < h[left] else left
-        if h[child] < h[pos]:
-            h[pos], h[child] = h[child], h[pos]
-            pos = child
-        else:
-            return
-
-
-@njit(cache=True, error_model="numpy")
-def _kth_largest(v, k, heap):
+def _kth_largest(v, k, heap, scratch):
     """The ``k``-th largest of ``v`` (``k <= len(v)``; no NaN), keeping a min-heap of the ``k``
-    largest so far in ``heap``: one comparison per entry past the first ``k``, against
-    ``np.partition``'s copy and selection (27 us against about 5 for the 2004 chunk maxima of
-    a 128256-entry row)."""
+    largest so far in ``heap`` (``scratch``: the heap's index array, all equal here, so that
+    :func:`_sift_down` compares values alone): one comparison per entry past the first ``k``,
+    against ``np.partition``'s copy and selection (27 us against about 5 for the 2004 chunk
+    maxima of a 128256-entry row)."""
     for i in range(k):
         heap[i] = v[i]
+        scratch[i] = 0
     for p in range(k // 2 - 1, -1, -1):
-        _sift_down_values(heap, k, p)
+        _sift_down(heap, scratch, k, p)
     for i in range(k, v.shape[0]):
         if v[i] > heap[0]:
             heap[0] = v[i]
-            _sift_down_values(heap, k, 0)
+            _sift_down(heap, scratch, k, 0)
     return heap[0]
 
 
@@ -153,12 +140,12 @@ def _search_chunks(x, k, hv, hi, chunk_max, bound):
 
 
 @njit(cache=True, error_model="numpy")
-def _search_bound(chunk_max, k, scratch):
+def _search_bound(chunk_max, k, hv, hi):
     """The k-th largest chunk maximum, a lower bound on the k-th largest entry (``k`` different
-    chunks reach it), or ``-inf`` when there are at most ``k`` chunks."""
+    chunks reach it), or ``-inf`` when there are at most ``k`` chunks (``hv``, ``hi``: scratch)."""
     chunks = chunk_max.shape[0]
     if chunks > k:
-        return _kth_largest(chunk_max, k, scratch)
+        return _kth_largest(chunk_max, k, hv, hi)
     return cast_like(-np.inf, chunk_max[0])
 
 
@@ -183,9 +170,9 @@ def _row_topk(x, k, hv, hi, chunk_max):
             m, d = merge_state(m, d, mb, _sum_exp(x[start:stop], one, mb))
     if not (m > neg_inf and d > 0 and d < -neg_inf and d == d):
         return m, d, False
-    # only chunks reaching the bound can hold the top k (hv is the bound's scratch, then the heap)
+    # only chunks reaching the bound can hold the top k (hv, hi: the bound's scratch, then the heap)
     chunks = (n + CHUNK - 1) // CHUNK
-    _search_chunks(x, k, hv, hi, chunk_max, _search_bound(chunk_max[:chunks], k, hv))
+    _search_chunks(x, k, hv, hi, chunk_max, _search_bound(chunk_max[:chunks], k, hv, hi))
     return m, d, True
 
 
@@ -287,7 +274,7 @@ def topk_rows(x, k, values, indices, special):
             continue
         hv = np.empty(k, x.dtype)
         hi = np.empty(k, np.int64)
-        _search_chunks(xr, k, hv, hi, chunk_max, _search_bound(chunk_max, k, hv))
+        _search_chunks(xr, k, hv, hi, chunk_max, _search_bound(chunk_max, k, hv, hi))
         by_index = np.argsort(hi)
         hv, hi = hv[by_index], hi[by_index]
         order = np.argsort(-hv, kind="mergesort")   # stable: equal values keep increasing index
