@@ -144,3 +144,21 @@ def test_sample_top_k_through_the_kernel_still_rejects_nan_and_inf_logits():
         z[1, 77] = bad
         with pytest.raises(ValueError, match="logits"):
             sk.sampling.sample(z, top_k=5, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("fill", [-1e9, "min", "max", float("-inf"), "tiny"])
+def test_plain_topk_kernel_is_exact_on_mask_fills(dtype, fill):
+    from softmaxkit.kernels.cpu.topk import topk
+
+    info = torch.finfo(dtype)
+    value = {"min": info.min, "max": info.max, "tiny": info.smallest_normal / 4}.get(fill, fill)
+    z = torch.randn(4, 5000 + 33, dtype=dtype, generator=torch.Generator().manual_seed(2)).to(dtype)
+    z[0, 300:] = value    # a masked stretch
+    z[1] = value          # a whole row of the fill
+    z[2, ::7] = value     # scattered
+    values, indices = topk(z, 17)   # (a finfo.max row overflows its sum to +inf: still computed)
+    for r in range(4):
+        expected = sorted(range(z.shape[1]), key=lambda j: (-z[r, j].item(), j))[:17]
+        assert indices[r].tolist() == expected
+        assert torch.equal(values[r], z[r, expected])

@@ -95,17 +95,17 @@ def _push(hv, hi, k, filled, v, i):
 
 
 @njit(fastmath={"reassoc", "nsz", "nnan"}, cache=True, error_model="numpy")
-def _chunk_maxima(x, start, stop, chunk_max):
-    """The maximum of each chunk of ``x[start:stop]`` (``start`` a multiple of :data:`CHUNK`) into
-    ``chunk_max[start // CHUNK:]``; returns ``(largest, sum of x[start:stop])``. One vectorised
-    pass with a fixed chunk length (a call per chunk cost more than its 64 entries). The maxima
-    ignore a NaN (``nnan``, as the softmax kernels' maxima); the sum carries it. (In
-    :func:`_row_topk`, which needs no sum, a :func:`_max` call per chunk measured faster.)"""
+def _chunk_maxima(x, chunk_max):
+    """The maximum of each chunk of ``x`` into ``chunk_max``; returns ``(largest, sum of x)``. One
+    vectorised pass with a fixed chunk length (a call per chunk cost more than its 64 entries
+    here; in :func:`_row_topk`, which needs no sum, a :func:`_max` call per chunk measured
+    faster). The maxima ignore a NaN (``nnan``, as the softmax kernels' maxima); the sum carries it."""
     wide_vectors()
+    n = x.shape[0]
     top = cast_like(-np.inf, x[0])
     total = cast_like(0.0, x[0])
-    c = start
-    while c + CHUNK <= stop:
+    c = 0
+    while c + CHUNK <= n:
         m = x[c]
         s = cast_like(0.0, x[0])
         for i in range(CHUNK):
@@ -116,9 +116,9 @@ def _chunk_maxima(x, start, stop, chunk_max):
         top = fmax(top, m)
         total += s
         c += CHUNK
-    if c < stop:
+    if c < n:
         m = x[c]
-        for i in range(c, stop):
+        for i in range(c, n):
             m = fmax(m, x[i])
             total += x[i]
         chunk_max[c // CHUNK] = m
@@ -268,7 +268,7 @@ def topk_rows(x, k, values, indices, special):
     for r in prange(rows):
         xr = x[r]
         chunk_max = np.empty(chunks, x.dtype)
-        top, total = _chunk_maxima(xr, 0, n, chunk_max)
+        top, total = _chunk_maxima(xr, chunk_max)
         if total != total or top == np.inf:   # a NaN (the sum keeps it), or +inf
             special[r] = 1
             continue
