@@ -286,11 +286,6 @@ WIN_WORST = 1.15
 LONG_FLOAT32_ROW = 1 << 18
 
 
-_WIN_OPS = frozenset(key[0] for key in NUMBA_WINS)
-#: (op, dtype name) pairs with at least one win: the lane's cheap first test
-_WIN_OP_DTYPES = frozenset(key[:2] for key in NUMBA_WINS)
-
-
 def shape_class(rows: int, n: int) -> str:
     """The class (:data:`SHAPE_CLASSES`) of ``rows`` rows of ``n`` entries."""
     if rows <= 1:
@@ -303,15 +298,31 @@ def shape_class(rows: int, n: int) -> str:
 _DTYPE_NAMES = {torch.float32: "float32", torch.float64: "float64"}
 
 
+def _win_classes(table) -> dict:
+    """:data:`NUMBA_WINS` as ``(op, dtype, wants grad, threads) -> shape classes``: the
+    lookup the per-call check makes before it computes the shape class."""
+    by_name = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
+    out: dict = {}
+    for op, dtype, pass_, cls, threads in table:
+        out.setdefault((op, by_name[dtype], pass_ == "fwd+bwd", threads), set()).add(cls)
+    return {key: frozenset(classes) for key, classes in out.items()}
+
+
+_WIN_CLASSES = _win_classes(NUMBA_WINS)
+#: Whether any one-row cell is a win (none measured so far: the lane then skips the lookup)
+_ONE_ROW_WINS = any(key[3] == "one row" for key in NUMBA_WINS)
+_F32 = torch.float32
+
+
 def _numba_wins(op, x, threads=None) -> bool:
-    if x.dtype is torch.float32 and x.shape[-1] >= LONG_FLOAT32_ROW:
+    """Whether the numba kernel measurably beats aten for ``op`` on ``x`` (:data:`NUMBA_WINS`,
+    or a float32 row of :data:`LONG_FLOAT32_ROW` entries or more)."""
+    dtype, n = x.dtype, x.shape[-1]
+    if dtype is _F32 and n >= LONG_FLOAT32_ROW:
         return True
-    wants_grad = torch.is_grad_enabled() and x.requires_grad
-    threads = torch.get_num_threads() if threads is None else threads
-    n = x.shape[-1]
-    key = (op, _DTYPE_NAMES.get(x.dtype), "fwd+bwd" if wants_grad else "fwd",
-           shape_class(x.numel() // n if n else 0, n), threads)
-    return key in NUMBA_WINS
+    classes = _WIN_CLASSES.get((op, dtype, x.requires_grad and torch.is_grad_enabled(),
+                                torch.get_num_threads() if threads is None else threads))
+    return classes is not None and shape_class(x.numel() // n if n else 0, n) in classes
 
 
 # ----------------------------------------------------------------------------------------
@@ -339,8 +350,7 @@ def plan(op: str, x, dim=-1, mask=None, **params) -> str:
                 and x.dtype in _NUMBA_DTYPES and _plain_params(op, params)):
             nd = x.dim()
             if nd and -nd <= dim < nd and x.layout is torch.strided and not x.is_nested:
-                if ((op in _WIN_OPS or x.shape[-1] >= LONG_FLOAT32_ROW) and _numba_wins(op, x)
-                        and _numba_covers(x, dim, None, backend)):
+                if _numba_wins(op, x) and _numba_covers(x, dim, None, backend):
                     return "numba"
                 return "aten"
         if (NUMBA_WINS and type(x) is torch.Tensor and x.is_cpu and mask is None and x.dtype in _NUMBA_DTYPES
@@ -662,32 +672,53 @@ def _lane_bad(out, rows: int) -> bool:
 
 
 def _softmax_lane(x, dim, params, log=False):
-    """The common call (auto backend, a plain contiguous CPU float32/float64 tensor, the
-    last axis, no mask, temperature 1) in the fewest Python steps: the aten op, then one
-    read of each row's first output entry (:mod:`.cpu.scan`). None when the call needs
-    :func:`plan` (an argument is unusual, the numba kernel wins there (:data:`NUMBA_WINS`),
-    or a row needs the reference: the rare path then recomputes)."""
+    """:func:`softmax_lane` for :func:`run`'s arguments (temperature 1 only)."""
     t = params.get("temperature", 1.0)
     if (type(t) is not float and type(t) is not int) or t != 1:
         return None
-    rows = _lane_rows(x, dim)
-    if not rows:
+    return softmax_lane(x, dim, log)
+
+
+def softmax_lane(x, dim, log=False):
+    """``softmax(x, dim)`` (or its log with ``log``) for the common call, in the fewest Python
+    steps, or None when the call needs :func:`run`'s full path.
+
+    The common call: the auto backend, a plain contiguous CPU float32 / float64 tensor
+    normalised along its last, non-empty axis, no mask, temperature 1. It runs the numba
+    kernel's forward where that measurably wins (:data:`NUMBA_WINS`), aten otherwise, then
+    reads each row's first output entry (:mod:`.cpu.scan`): aten leaves the rows the reference
+    defines differently (nothing visible, a NaN, a ``+inf``) all NaN, and None sends those
+    calls to the full path, which recomputes them. Its cost is part of every ``sk.softmax``
+    call that could have been ``torch.softmax``: each check here is one attribute read."""
+    if (type(x) is not torch.Tensor or type(dim) is not int or torch.compiler.is_compiling()
+            or _current.get().backend != "auto"):
         return None
+    if x.layout is not _STRIDED or not x.is_cpu or x.is_nested:
+        return None
+    dtype = x.dtype
+    read = _READ.get(dtype)
+    if read is None or not x.is_contiguous():
+        return None
+    shape = x.shape
+    nd = len(shape)
+    if not nd or (dim != -1 and dim != nd - 1) or not shape[-1]:
+        return None
+    rows = x.numel() // shape[-1]
     op = "log_softmax" if log else "softmax"
-    if ((op, _DTYPE_NAMES[x.dtype]) in _WIN_OP_DTYPES or x.shape[-1] >= LONG_FLOAT32_ROW) \
-            and _numba_wins(op, x):
+    if (rows > 1 or _ONE_ROW_WINS or shape[-1] >= LONG_FLOAT32_ROW) and _numba_wins(op, x):
         return _kernel_forward(op, x)
     plain = forward_ad._current_level < 0 and not is_functorch_wrapped(x)   # (an autograd.Function applies)
     if plain and x.numel() * x.element_size() >= memory.MIN_BYTES:
         out = _huge_page_softmax(x, log)
-        return None if _lane_bad(out, rows) else out
-    if plain and log and rows >= NUMBA_BACKWARD_ROWS and x.requires_grad and torch.is_grad_enabled() \
+    elif plain and log and rows >= NUMBA_BACKWARD_ROWS and x.requires_grad and torch.is_grad_enabled() \
             and numba_available():
         out = _AtenSoftmax.apply(x, log, False)
+    elif log:
+        out = _reference_log_softmax_grad(torch.log_softmax(x, -1))
     else:
-        out = torch.log_softmax(x, -1) if log else torch.softmax(x, -1)
-        if log:
-            out = _reference_log_softmax_grad(out)
+        out = torch.softmax(x, -1)
+    if rows == 1 and plain:
+        return None if math.isnan(read(out.data_ptr()).value) else out
     return None if _lane_bad(out, rows) else out
 
 
@@ -759,7 +790,7 @@ def _log_softmax_lane(x, dim, params):
 
 
 def _logsumexp_lane(x, dim, params):
-    """As :func:`_softmax_lane`, for log-sum-exp where aten wins (every row finite)."""
+    """As :func:`softmax_lane`, for log-sum-exp where aten wins (every row finite)."""
     keepdim = params.get("keepdim", False)
     if (type(keepdim) is not bool or not _lane_rows(x, dim) or is_functorch_wrapped(x)
             or forward_ad._current_level >= 0):

@@ -131,6 +131,10 @@ def softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
         mask: bool, broadcastable to ``x``, True = visible.
         temperature: ``T > 0``, a number or a tensor broadcastable to ``x``.
     """
+    if mask is None and type(temperature) is float and temperature == 1.0:
+        out = dispatch.softmax_lane(x, dim)
+        if out is not None:
+            return out
     check_positive(temperature, "temperature")
     return dispatch.run("softmax", softmax_reference, x, dim, mask, temperature=temperature)
 
@@ -152,6 +156,10 @@ def log_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None
     Masked entries (and every entry of a row with nothing visible) are ``-inf``, the
     logarithm of their probability 0, with zero gradient.
     """
+    if mask is None and type(temperature) is float and temperature == 1.0:
+        out = dispatch.softmax_lane(x, dim, log=True)
+        if out is not None:
+            return out
     check_positive(temperature, "temperature")
     return dispatch.run("log_softmax", log_softmax_reference, x, dim, mask, temperature=temperature)
 
