@@ -383,9 +383,7 @@ def run(op: str, reference: Callable, x, dim=-1, mask=None, **params):
             (or aten) does not compute as the reference defines them.
         x, dim, mask, params: the public function's arguments.
     """
-    # is_compiling first: dynamo cannot read the ContextVar
-    if mask is None and type(x) is torch.Tensor and op in _LANES and not torch.compiler.is_compiling() \
-            and _current.get().backend == "auto":
+    if mask is None and op in _LANES:
         out = _LANES[op](x, dim, params)
         if out is not None:
             return out
@@ -635,18 +633,21 @@ _STRIDED = torch.strided
 
 
 def _lane_rows(x, dim) -> int:
-    """The number of rows of ``x`` when ``x`` is a plain contiguous CPU float32 / float64
-    tensor normalised along its last, non-empty axis (the lane's inputs); else 0. Tensors
-    seen through a functorch transform pass here and fail at :func:`_lane_bad`'s address read."""
-    if (type(dim) is not int or not x.is_cpu or x.dtype not in _READ or x.layout is not _STRIDED
-            or x.is_nested or not x.is_contiguous()):
+    """The number of rows of ``x`` when the call can take a lane: the auto backend, not
+    traced, and ``x`` a plain contiguous CPU float32 / float64 tensor normalised along its
+    last, non-empty axis; else 0. Each check is one attribute read: this runs on every
+    ``sk.softmax`` call that could have been ``torch.softmax``. Tensors seen through a
+    functorch transform pass here and fail at the output's address read."""
+    if (type(x) is not torch.Tensor or type(dim) is not int or torch.compiler.is_compiling()
+            or _current.get().backend != "auto"):
+        return 0
+    if x.layout is not _STRIDED or not x.is_cpu or x.is_nested or x.dtype not in _READ or not x.is_contiguous():
         return 0
     shape = x.shape
     nd = len(shape)
-    if not nd or (dim != -1 and dim != nd - 1):
+    if not nd or (dim != -1 and dim != nd - 1) or not shape[-1]:
         return 0
-    n = shape[-1]
-    return x.numel() // n if n else 0
+    return x.numel() // shape[-1]
 
 
 def _lane_bad(out, rows: int) -> bool:
@@ -683,29 +684,16 @@ def softmax_lane(x, dim, log=False):
     """``softmax(x, dim)`` (or its log with ``log``) for the common call, in the fewest Python
     steps, or None when the call needs :func:`run`'s full path.
 
-    The common call: the auto backend, a plain contiguous CPU float32 / float64 tensor
-    normalised along its last, non-empty axis, no mask, temperature 1. It runs the numba
+    The common call (:func:`_lane_rows`) with no mask and temperature 1 runs the numba
     kernel's forward where that measurably wins (:data:`NUMBA_WINS`), aten otherwise, then
     reads each row's first output entry (:mod:`.cpu.scan`): aten leaves the rows the reference
     defines differently (nothing visible, a NaN, a ``+inf``) all NaN, and None sends those
-    calls to the full path, which recomputes them. Its cost is part of every ``sk.softmax``
-    call that could have been ``torch.softmax``: each check here is one attribute read."""
-    if (type(x) is not torch.Tensor or type(dim) is not int or torch.compiler.is_compiling()
-            or _current.get().backend != "auto"):
+    calls to the full path, which recomputes them."""
+    rows = _lane_rows(x, dim)
+    if not rows:
         return None
-    if x.layout is not _STRIDED or not x.is_cpu or x.is_nested:
-        return None
-    dtype = x.dtype
-    read = _READ.get(dtype)
-    if read is None or not x.is_contiguous():
-        return None
-    shape = x.shape
-    nd = len(shape)
-    if not nd or (dim != -1 and dim != nd - 1) or not shape[-1]:
-        return None
-    rows = x.numel() // shape[-1]
     op = "log_softmax" if log else "softmax"
-    if (rows > 1 or _ONE_ROW_WINS or shape[-1] >= LONG_FLOAT32_ROW) and _numba_wins(op, x):
+    if (rows > 1 or _ONE_ROW_WINS or x.shape[-1] >= LONG_FLOAT32_ROW) and _numba_wins(op, x):
         return _kernel_forward(op, x)
     plain = forward_ad._current_level < 0 and not is_functorch_wrapped(x)   # (an autograd.Function applies)
     if plain and x.numel() * x.element_size() >= memory.MIN_BYTES:
@@ -718,7 +706,7 @@ def softmax_lane(x, dim, log=False):
     else:
         out = torch.softmax(x, -1)
     if rows == 1 and plain:
-        return None if math.isnan(read(out.data_ptr()).value) else out
+        return None if math.isnan(_READ[x.dtype](out.data_ptr()).value) else out
     return None if _lane_bad(out, rows) else out
 
 
@@ -790,10 +778,14 @@ def _log_softmax_lane(x, dim, params):
 
 
 def _logsumexp_lane(x, dim, params):
-    """As :func:`softmax_lane`, for log-sum-exp where aten wins (every row finite)."""
     keepdim = params.get("keepdim", False)
-    if (type(keepdim) is not bool or not _lane_rows(x, dim) or is_functorch_wrapped(x)
-            or forward_ad._current_level >= 0):
+    return logsumexp_lane(x, dim, keepdim) if type(keepdim) is bool else None
+
+
+def logsumexp_lane(x, dim, keepdim=False):
+    """As :func:`softmax_lane`, for log-sum-exp (``keepdim`` a bool): None unless every row's
+    result is finite (the reference's own rows: nothing visible, a NaN, an ``inf``)."""
+    if not _lane_rows(x, dim) or is_functorch_wrapped(x) or forward_ad._current_level >= 0:
         return None
     if _numba_wins("logsumexp", x):
         out = _kernel_forward("logsumexp", x)

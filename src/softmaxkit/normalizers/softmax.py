@@ -181,6 +181,10 @@ def logsumexp(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     """
     if type(keepdim) is not bool:
         check_bool(keepdim, "keepdim")
+    if mask is None:
+        out = dispatch.logsumexp_lane(x, dim, keepdim)
+        if out is not None:
+            return out
     return dispatch.run("logsumexp", logsumexp_reference, x, dim, mask, keepdim=keepdim)
 
 
