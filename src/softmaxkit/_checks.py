@@ -82,16 +82,22 @@ def check_finite(value: object, name: str, *, allow_tensor: bool = True) -> None
         raise ValueError(f"{name} must be finite, got {value}")
 
 
-def check_positive(value: object, name: str, *, allow_tensor: bool = True) -> None:
-    """Raise ``ValueError`` unless ``value`` (a number or a tensor) is > 0 everywhere."""
-    if type(value) is float and 0.0 < value <= math.inf:  # the common case, at no cost
+def check_positive(value: object, name: str, *, allow_tensor: bool = True, finite: bool = False) -> None:
+    """Raise ``ValueError`` unless ``value`` (a number or a tensor) is > 0 everywhere (and
+    finite, with ``finite``: a temperature of ``inf`` has no softmax, only a limit)."""
+    if type(value) is float and 0.0 < value and (value < math.inf or not finite):  # the common case
         return
     check_number(value, name, allow_tensor=allow_tensor)
+    what = "finite and > 0" if finite else "> 0"
     if isinstance(value, torch.Tensor):
-        if not bool((value > 0).all()):
-            raise ValueError(f"{name} must be > 0, got a tensor with min {value.min().item()}")
-    elif not value > 0:  # type: ignore[operator]
-        raise ValueError(f"{name} must be > 0, got {value}")
+        ok = value > 0
+        if finite:
+            ok &= torch.isfinite(value)
+        if not bool(ok.all()):
+            bad = value[~ok].flatten()[0].item()
+            raise ValueError(f"{name} must be {what}, got a tensor holding {bad}")
+    elif not value > 0 or (finite and not math.isfinite(value)):  # type: ignore[operator]
+        raise ValueError(f"{name} must be {what}, got {value}")
 
 
 def check_at_least(value: object, minimum: float, name: str, *, allow_tensor: bool = True) -> None:

@@ -29,13 +29,13 @@ def soften(p: torch.Tensor, T: float | torch.Tensor, dim: int = -1) -> torch.Ten
 
     Args:
         p: non-negative weights (need not sum to one), any shape.
-        T: temperature ``> 0``, a number or a tensor broadcastable to ``p``.
+        T: temperature, finite and ``> 0``, a number or a tensor broadcastable to ``p``.
         dim: the axis normalised.
     """
     check_floating(p, "p")
     if bool((p < 0).any()) or bool(torch.isnan(p).any()):
         raise ValueError("p must be non-negative (probabilities or unnormalised weights), got a negative or NaN entry")
-    check_positive(T, "T")
+    check_positive(T, "T", finite=True)
     positive = p > 0
     log_p = torch.where(positive, torch.log(torch.where(positive, p, torch.ones_like(p))),
                         torch.full_like(p, float("-inf")))
@@ -43,7 +43,7 @@ def soften(p: torch.Tensor, T: float | torch.Tensor, dim: int = -1) -> torch.Ten
 
 
 def _check_tau(tau) -> None:
-    check_positive(tau, "tau", allow_tensor=False)
+    check_positive(tau, "tau", allow_tensor=False, finite=True)
 
 
 def _one_hot_argmax(y: torch.Tensor, dim: int, drawable: torch.Tensor) -> torch.Tensor:
@@ -76,7 +76,7 @@ def gumbel_softmax(logits: torch.Tensor, tau: float = 1.0, hard: bool = False, d
 
     Args:
         logits: unnormalised log-probabilities, any shape.
-        tau: temperature ``> 0``.
+        tau: temperature, finite and ``> 0``.
         hard: return one-hot samples (straight-through gradient).
         dim: the category axis.
         generator: the source of randomness.
@@ -125,20 +125,23 @@ _TOPK_BLOCK = 64
 
 
 def _blocked_topk(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Exact top-``k`` of each row of a 2-d ``z``, sorted descending: the numba kernel where it
-    runs (:func:`_kernel_topk`), else in plain torch as follows.
+    """Exact top-``k`` of each row of a 2-d ``z``, sorted descending, equal values by increasing
+    index (at the cut too: of tied entries the lowest indices are kept, whatever the backend):
+    the numba kernel where it runs (:func:`_kernel_topk`), else in plain torch as follows.
 
     Split the row into blocks of :data:`_TOPK_BLOCK` and take each block's maximum. Let
     ``t`` be the ``k``-th largest block maximum: ``k`` entries are ``>= t``, so every
     top-``k`` entry is ``>= t`` and lies in a block whose maximum is ``>= t``, i.e. in
     one of the ``k`` blocks with the largest maxima (ties at ``t`` are tied in the
     answer too). Only those ``k`` blocks (and the ragged tail) are searched: one pass
-    of ``amax`` over the row instead of a selection over all of it.
+    of ``amax`` over the row instead of a selection over all of it. ``torch.topk`` leaves the
+    order of equal values unspecified; :func:`_lowest_indices_at_ties` then applies the rule.
     """
     rows, length = z.shape
     blocks = length // _TOPK_BLOCK
     if blocks <= 2 * k:
-        return torch.topk(z, k, dim=-1)
+        values, indices = torch.topk(z, k, dim=-1)
+        return _lowest_indices_at_ties(z, values, indices)
     found = _kernel_topk(z, k)
     if found is not None:
         return found
@@ -150,7 +153,27 @@ def _blocked_topk(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         tail = torch.arange(blocks * _TOPK_BLOCK, length, device=z.device).expand(rows, -1)
         candidates = torch.cat([candidates, tail], dim=-1)
     values, position = z.gather(-1, candidates).topk(k, dim=-1)
-    return values, candidates.gather(-1, position)
+    return _lowest_indices_at_ties(z, values, candidates.gather(-1, position))
+
+
+def _lowest_indices_at_ties(z: torch.Tensor, values: torch.Tensor, indices: torch.Tensor):
+    """A top-``k`` ``(values, indices)`` of ``z``'s rows (any order among equal values) in the
+    documented order: decreasing value, equal values by increasing index, and where entries
+    equal to the ``k``-th value lie past the cut, the lowest indices among them kept. One
+    comparison pass over ``z`` finds such rows; only those are searched again."""
+    k = values.shape[-1]
+    kth = values[:, -1:]
+    crossing = (z == kth).sum(-1) > (values == kth).sum(-1)
+    if bool(crossing.any()):
+        rows = crossing.nonzero().squeeze(-1)
+        zc, kc = z[rows], kth[rows]
+        above = zc > kc
+        tied = zc == kc
+        keep = above | (tied & (tied.cumsum(-1) <= k - above.sum(-1, keepdim=True)))
+        indices = indices.index_put((rows,), keep.nonzero()[:, 1].reshape(-1, k))
+    indices = indices.sort(-1).values
+    values, order = z.gather(-1, indices).sort(dim=-1, descending=True, stable=True)
+    return values, indices.gather(-1, order)
 
 
 def _kernel_topk(z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -198,7 +221,7 @@ def _top_probs(scaled: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _check_sampling_args(temperature, top_k, top_p, min_p) -> None:
-    check_positive(temperature, "temperature", allow_tensor=False)
+    check_positive(temperature, "temperature", allow_tensor=False, finite=True)
     if top_k is not None:
         check_int_in_range(top_k, "top_k", 1)
     if top_p is not None:
@@ -283,7 +306,7 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
 
     Args:
         logits: ``(..., V)`` scores; ``-inf`` entries are never drawn.
-        temperature: ``> 0``.
+        temperature: finite and ``> 0``.
         top_k: ``>= 1`` or None.
         top_p: in ``(0, 1]`` or None.
         min_p: in ``[0, 1]`` or None.

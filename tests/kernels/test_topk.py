@@ -162,3 +162,17 @@ def test_plain_topk_kernel_is_exact_on_mask_fills(dtype, fill):
         expected = sorted(range(z.shape[1]), key=lambda j: (-z[r, j].item(), j))[:17]
         assert indices[r].tolist() == expected
         assert torch.equal(values[r], z[r, expected])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_plain_topk_kernel_computes_a_row_whose_sum_is_nan_without_a_nan(dtype):
+    """finfo.max and finfo.min side by side: the row sum (the kernel's NaN test) is inf - inf."""
+    from softmaxkit.kernels.cpu.topk import topk
+
+    info = torch.finfo(dtype)
+    z = torch.randn(3, 20000, dtype=dtype)
+    z[1, ::2], z[1, 1::2] = info.max, info.min
+    values, indices = topk(z, 5)
+    assert indices[1].tolist() == [0, 2, 4, 6, 8] and bool((values[1] == info.max).all())
+    ref_values, ref_indices = torch.topk(z[[0, 2]], 5)
+    assert torch.equal(values[[0, 2]], ref_values) and torch.equal(indices[[0, 2]], ref_indices)

@@ -41,3 +41,52 @@ def test_logsumexp_keepdim_must_be_a_bool():
                 with pytest.raises(TypeError, match="keepdim"):
                     sk.logsumexp(x, keepdim=bad)
             assert sk.logsumexp(x, keepdim=True).shape == (64, 1)
+
+
+def test_an_infinite_temperature_is_refused_by_name():
+    """softmax(x / inf) has no value (inf / inf at a +inf maximum, -inf / inf elsewhere): only a
+    limit; every temperature argument asks for a finite T > 0."""
+    import math
+
+    import pytest
+
+    from softmaxkit.sampling import soften
+    from softmaxkit.scores import msp, odin
+
+    x = torch.tensor([[math.inf, 1.0, 2.0], [0.0, 1.0, -math.inf]])
+    for bad in (math.inf, torch.tensor([1.0, math.inf, 1.0])):
+        for fn in (sk.softmax, sk.log_softmax):
+            with pytest.raises(ValueError, match="temperature"):
+                fn(x, temperature=bad)
+    with pytest.raises(ValueError, match="T"):
+        soften(torch.rand(2, 3), math.inf)
+    with pytest.raises(ValueError, match="temperature"):
+        msp(torch.randn(2, 3), temperature=math.inf)
+    with pytest.raises(ValueError, match="temperature"):
+        odin(torch.nn.Linear(3, 2).eval(), torch.randn(2, 3), temperature=math.inf)
+    assert torch.equal(sk.softmax(x[:1], temperature=1e30), torch.tensor([[1.0, 0.0, 0.0]]))
+
+
+def test_a_float32_tensor_temperature_of_float64_scores_keeps_float64_precision():
+    x = torch.randn(4, 50, dtype=torch.float64)
+    t = torch.tensor(0.3, dtype=torch.float32)
+    expected = torch.softmax(x / t.double(), -1)
+    for backend in ("auto", "reference"):
+        with sk.use_backend(backend):
+            assert (sk.softmax(x, temperature=t) - expected).abs().max() < 1e-15
+
+
+def test_second_derivative_of_logsumexp_at_a_plus_inf_row_is_zero_on_every_backend():
+    import math
+
+    x0 = torch.tensor([[math.inf, 1.0, 2.0], [0.0, 1.0, 2.0]], dtype=torch.float64)
+    w = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    results = {}
+    for backend in ("reference", "numba"):
+        x = x0.clone().requires_grad_(True)
+        with sk.use_backend(backend):
+            (g,) = torch.autograd.grad(sk.logsumexp(x).sum(), x, create_graph=True)
+        (gg,) = torch.autograd.grad((g * w).sum(), x)
+        assert torch.equal(gg[0], torch.zeros(3, dtype=torch.float64))
+        results[backend] = gg
+    torch.testing.assert_close(results["numba"], results["reference"])

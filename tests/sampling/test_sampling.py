@@ -104,10 +104,9 @@ def test_straight_through():
 
 @pytest.mark.parametrize("fn", [lambda x, t: gumbel_softmax(x, tau=t), lambda x, t: straight_through(x, tau=t)])
 def test_tau_must_be_positive(fn):
-    with pytest.raises(ValueError, match="tau"):
-        fn(torch.randn(2, 3), 0.0)
-    with pytest.raises(ValueError, match="tau"):
-        fn(torch.randn(2, 3), -1.0)
+    for tau in (0.0, -1.0, math.inf, math.nan):
+        with pytest.raises(ValueError, match="tau"):
+            fn(torch.randn(2, 3), tau)
 
 
 # ----------------------------------------------------------------------------------------
@@ -183,6 +182,38 @@ def test_blocked_topk_is_exact(length, k):
     assert bool((sampling._blocked_topk(z, k)[1][:, 0] == length - 1).all())
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+@pytest.mark.parametrize("length,k", [(20000, 5), (200, 7), (5000, 64)])
+def test_blocked_topk_keeps_the_lowest_indices_of_ties(backend, length, k):
+    """Equal values by increasing index, at the cut too, on the kernel and on the torch search
+    (torch.topk leaves ties unspecified): the same seeded draw on every backend."""
+    z = torch.zeros(3, length)
+    z[1, ::3] = 1.0                  # ties above the cut and across it
+    z[2, 5] = 2.0                    # one clear maximum, then ties at the cut
+    with sk.use_backend(backend):
+        values, indices = sampling._blocked_topk(z, k)
+    expected = torch.sort(z, dim=-1, descending=True, stable=True)
+    assert torch.equal(values, expected.values[:, :k])
+    assert torch.equal(indices, expected.indices[:, :k])
+    draws = {}
+    for b in ("auto", "reference"):
+        with sk.use_backend(b):
+            draws[b] = sample(z, top_k=k, generator=_gen(3))
+    assert torch.equal(draws["auto"], draws["reference"])
+
+
+def test_a_row_whose_sum_overflows_keeps_the_top_k_kernel():
+    """A finite row of alternating finfo.max / finfo.min sums to NaN (inf - inf): it is not a
+    NaN row, and it must not send the other rows of its batch to another tie order."""
+    big = torch.finfo(torch.float32).max
+    z = torch.zeros(2, 20000)
+    z[1, ::2], z[1, 1::2] = big, -big
+    alone = sample(z[:1], top_k=5, generator=_gen(3))
+    together = sample(z, top_k=5, generator=_gen(3))
+    assert int(together[0]) == int(alone[0]) and 0 <= int(alone[0]) < 5
+    assert int(together[1]) % 2 == 0 and int(together[1]) < 10
+
+
 def _force_fallback(monkeypatch):
     def unavailable(x, k, dim=-1):
         raise NotImplementedError("forced fallback")
@@ -244,6 +275,8 @@ def test_shapes_dtypes_and_masked_entries():
 @pytest.mark.parametrize("kwargs,name", [
     ({"temperature": 0.0}, "temperature"),
     ({"temperature": -1.0}, "temperature"),
+    ({"temperature": math.inf}, "temperature"),   # (x - max) / inf: NaN at -inf logits, an index past V
+    ({"temperature": math.nan}, "temperature"),
     ({"top_k": 0}, "top_k"),
     ({"top_p": 0.0}, "top_p"),
     ({"top_p": 1.5}, "top_p"),

@@ -83,7 +83,10 @@ def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 
 def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Tensor:
-    scale = temperature.reciprocal() if isinstance(temperature, torch.Tensor) else 1.0 / temperature
+    if isinstance(temperature, torch.Tensor):   # 1 / T in the wider dtype (a float32 T of float64 x)
+        scale = temperature.to(torch.promote_types(temperature.dtype, rows.x.dtype)).reciprocal()
+    else:
+        scale = 1.0 / temperature
     z = rows.safe_x * rows.align(scale, "temperature")
     if not isinstance(scale, torch.Tensor) and scale <= 1:
         return z
@@ -129,13 +132,13 @@ def softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
         x: scores, any shape.
         dim: the axis normalised.
         mask: bool, broadcastable to ``x``, True = visible.
-        temperature: ``T > 0``, a number or a tensor broadcastable to ``x``.
+        temperature: ``T > 0``, finite, a number or a tensor broadcastable to ``x``.
     """
     if mask is None and type(temperature) is float and temperature == 1.0:
         out = dispatch.softmax_lane(x, dim)
         if out is not None:
             return out
-    check_positive(temperature, "temperature")
+    check_positive(temperature, "temperature", finite=True)
     return dispatch.run("softmax", softmax_reference, x, dim, mask, temperature=temperature)
 
 
@@ -160,7 +163,7 @@ def log_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None
         out = dispatch.softmax_lane(x, dim, log=True)
         if out is not None:
             return out
-    check_positive(temperature, "temperature")
+    check_positive(temperature, "temperature", finite=True)
     return dispatch.run("log_softmax", log_softmax_reference, x, dim, mask, temperature=temperature)
 
 

@@ -68,7 +68,7 @@ def energy(logits: torch.Tensor, temperature: float = 1.0, dim: int = -1,
     flag inputs of high energy; this function returns :math:`-E`, so that, like every
     score here, larger means more in-distribution. A row with nothing visible gives ``-inf``.
     """
-    check_positive(temperature, "temperature", allow_tensor=False)
+    check_positive(temperature, "temperature", allow_tensor=False, finite=True)
     _rows(logits, dim, mask)
     z = _in_compute_dtype(logits) / temperature
     return (temperature * F.logsumexp(z, dim=dim, mask=mask)).to(logits.dtype)

@@ -45,7 +45,7 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
     Args:
         model: the classifier, in eval mode.
         x: floating input batch.
-        temperature: ``T > 0`` (paper: 1000).
+        temperature: ``T > 0``, finite (paper: 1000).
         epsilon: perturbation size ``>= 0`` (paper: 0.0014 on CIFAR).
 
     Returns:
@@ -61,7 +61,7 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
     check_floating(x, "x")
     if x.dim() == 0 or x.shape[0] == 0:
         raise ValueError(f"x must be a non-empty batch with the batch axis first, got shape {tuple(x.shape)}")
-    check_positive(temperature, "temperature", allow_tensor=False)
+    check_positive(temperature, "temperature", allow_tensor=False, finite=True)
     check_nonnegative(epsilon, "epsilon")
 
     x_in = x.detach().clone().requires_grad_(True)

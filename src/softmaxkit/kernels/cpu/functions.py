@@ -196,7 +196,9 @@ class _LogSumExpFunction(torch.autograd.Function):
         if torch.is_grad_enabled():   # create_graph=True: differentiable through lse
             finite = (torch.isfinite(lse) & ~todo).unsqueeze(-1)
             safe = torch.where(finite, lse.unsqueeze(-1), torch.zeros_like(lse.unsqueeze(-1)))
-            p = torch.where(finite, torch.exp(x - safe), torch.zeros_like(x))
+            # the branch not taken must stay finite: exp(+inf) there puts 0 * inf into x's gradient
+            x_safe = torch.where(finite, x, torch.zeros_like(x))
+            p = torch.where(finite, torch.exp(x_safe - safe), torch.zeros_like(x))
             return p * grad.unsqueeze(-1), None
         # d lse / dx = softmax(x); rows whose reference gradient is 0 (+inf rows) are flagged
         p, _, special, again = _run_forward(x, 1.0, ctx.algorithm, _k.PROBS)

@@ -255,6 +255,16 @@ def softmax_topk_rows(x, k, values, indices, special, log):
         special[r] = 0
 
 
+@njit(cache=True)
+def _has_nan(x):
+    """Whether ``x`` holds a NaN: the exact test behind a NaN row sum, which a finite row also
+    gives when its sum overflows to ``+inf`` where a ``-inf`` entry (or ``-finfo.max``) meets it."""
+    for v in x:
+        if v != v:
+            return True
+    return False
+
+
 @njit(parallel=True, cache=True, error_model="numpy")
 def topk_rows(x, k, values, indices, special):
     """The ``k`` largest entries of each row and their indices, sorted by decreasing value, equal
@@ -262,14 +272,14 @@ def topk_rows(x, k, values, indices, special):
     that reach the k-th largest chunk maximum (:func:`_row_topk` without the normaliser).
 
     ``special``: 0 once a row is written, 1 for a row with a NaN or a ``+inf`` entry (left to the
-    caller; also a finite row whose sum overflows where a ``-inf`` entry meets it, which is rare)."""
+    caller)."""
     rows, n = x.shape
     chunks = (n + CHUNK - 1) // CHUNK
     for r in prange(rows):
         xr = x[r]
         chunk_max = np.empty(chunks, x.dtype)
         top, total = _chunk_maxima(xr, chunk_max)
-        if total != total or top == np.inf:   # a NaN (the sum keeps it), or +inf
+        if top == np.inf or (total != total and _has_nan(xr)):   # +inf, or a NaN (the sum keeps it)
             special[r] = 1
             continue
         hv = np.empty(k, x.dtype)

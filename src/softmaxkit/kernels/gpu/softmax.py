@@ -84,7 +84,7 @@ class _TritonSoftmax(torch.autograd.Function):
 
 def softmax(x: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """``softmax(x / temperature)`` along the last axis of a CUDA tensor (a strided one is copied
-    first); ``temperature`` a number > 0. A row holding NaN gives NaN, as ``torch.softmax``."""
+    first); ``temperature`` a finite number > 0. A row holding NaN gives NaN, as ``torch.softmax``."""
     check_floating(x, "x")
-    check_positive(temperature, "temperature", allow_tensor=False)
+    check_positive(temperature, "temperature", allow_tensor=False, finite=True)
     return _TritonSoftmax.apply(x, 1.0 / temperature)
