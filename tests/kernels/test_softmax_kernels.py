@@ -74,6 +74,21 @@ def test_row_of_a_million_entries():
     torch.testing.assert_close(fast, ref, rtol=2e-6, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_equal_scores_in_different_blocks_get_equal_probabilities(dtype):
+    """The default long-row algorithms scale every exp(x - max) by one factor (three_pass) or
+    by exact powers of two (two_pass): a tie is a tie wherever its entries lie, as in the
+    reference (sampling and argmax then break it the same way on every backend)."""
+    x = torch.round(torch.randn(2, 300_000, dtype=dtype, generator=torch.Generator().manual_seed(4)) * 4) / 4
+    for algorithm in (None, "three_pass", "two_pass"):
+        with sk.use_backend("numba", algorithm=algorithm):
+            p = sk.softmax(x)
+        for r in range(2):
+            for v in torch.unique(x[r]):
+                assert torch.unique(p[r][x[r] == v]).numel() == 1, (algorithm, float(v))
+        torch.testing.assert_close(p.double().sum(-1), torch.ones(2, dtype=torch.float64), rtol=0, atol=2e-6)
+
+
 def test_temperature_and_leading_shape():
     x = torch.randn(2, 3, 500)
     for name in ("softmax", "log_softmax"):

@@ -25,11 +25,14 @@ from ._intrinsics import VECTOR_ISA
 #: entries). With AVX-512 (Xeon, Emerald Rapids) ``two_pass`` was the fastest. With AVX2 (AMD
 #: EPYC, measured 2026-12-01, 1 and 2 threads, rows of 32000 to 1048576 in float32 and
 #: float64) ``online`` and ``three_pass`` were within 5% of each other and ``two_pass`` 5-35%
-#: slower; ``online`` sums per block, so a float32 row of a million entries still sums to 1
-#: within 1e-5 (``three_pass``'s single running sum drifted by 1.8e-4). A row of at most one
-#: block stays in L1, where rereading it costs less than the blockwise bookkeeping (and its
-#: scratch arrays, allocated per row), so such rows take ``three_pass`` everywhere.
-DEFAULT_ALGORITHM = "two_pass" if VECTOR_ISA == "avx512" else "online"
+#: slower. ``three_pass`` sums per block (a float32 row of a million entries sums to 1 within
+#: 1e-6, as ``online``) and scales every ``exp(x - max)`` by the same ``1 / sum``, so equal
+#: scores get equal probabilities; ``online``'s per-block factors ``e^{m_b - m} / d`` round
+#: differently, and equal scores in different blocks came out 1 ulp apart. ``two_pass``
+#: rescales by powers of two, which are exact. A row of at most one block stays in L1, where
+#: rereading it costs less than the blockwise bookkeeping (and its scratch arrays, allocated
+#: per row), so such rows take ``three_pass`` everywhere.
+DEFAULT_ALGORITHM = "two_pass" if VECTOR_ISA == "avx512" else "three_pass"
 
 
 def default_algorithm(n: int) -> str:

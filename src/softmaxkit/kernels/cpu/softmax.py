@@ -164,12 +164,19 @@ def _block_pair_sum(out, expo, nmax):
 
 @njit(cache=True, error_model="numpy")
 def _three_pass_probs(x, out, scale):
-    """max; store exp(x - max) and sum; scale by 1/sum (three-pass, reloading)."""
+    """max; store exp(x - max) and sum; scale by 1/sum (three-pass, reloading). The sum is
+    taken per block of :data:`BLOCK` and the block sums added (a long float32 row stays
+    within about 1e-6 of 1, as the online sum); every entry is ``exp(x - max)`` times the
+    same ``1 / sum``, so equal scores get equal probabilities wherever they lie."""
     neg_inf = cast_like(-np.inf, scale)
     m = _max(x, neg_inf) * scale
     if not (m > neg_inf and m < -neg_inf):
         return False
-    s = _store_exp(x, out, scale, m)
+    s = m - m
+    n = x.shape[0]
+    for start in range(0, n, BLOCK):
+        stop = min(start + BLOCK, n)
+        s += _store_exp(x[start:stop], out[start:stop], scale, m)
     if not (s > 0 and s < -neg_inf):
         return False
     _rescale(out, cast_like(1.0, s) / s)
@@ -248,7 +255,10 @@ def _three_pass_stats(x, scale):
     m = _max(x, neg_inf) * scale
     if not (m > neg_inf and m < -neg_inf):
         return m, m, False
-    s = _sum_exp(x, scale, m)
+    s = m - m
+    n = x.shape[0]
+    for start in range(0, n, BLOCK):   # block sums, as in _three_pass_probs
+        s += _sum_exp(x[start:min(start + BLOCK, n)], scale, m)
     return m, s, s > 0 and s < -neg_inf
 
 
