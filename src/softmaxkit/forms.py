@@ -222,6 +222,15 @@ def safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
+def held_overflow(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """``z = g(x)`` held at ``finfo.min`` where ``g`` overflowed a score that is not ``-inf``
+    (SSMax's ``s log n``, a temperature below 1 or MultiMax's slope above 1 on a ``finfo.min``
+    mask fill): a row all of whose visible scores overflowed gets equal weights on them, as on
+    the dense path, instead of reading as a row with nothing visible; in any other row such
+    entries still get weight 0. (The fused CPU kernels do the same in ``_g_held``.)"""
+    return torch.where(x > float("-inf"), z.clamp_min(torch.finfo(z.dtype).min), z)
+
+
 def shifted_exp(z: torch.Tensor, visible: torch.Tensor | None, c: torch.Tensor) -> torch.Tensor:
     """``e^{z - c}`` at visible entries, 0 elsewhere."""
     if visible is None:
@@ -278,7 +287,7 @@ class SoftmaxOfRule(StreamRule):
         self.needs_count = uses_count(form.g)
 
     def z(self, p, x, st):
-        return call(self.form.g, x, st["params"], st.get("n"))
+        return held_overflow(x, call(self.form.g, x, st["params"], st.get("n")))
 
     def terms(self, p, z, visible, st):
         e = shifted_exp(z, visible, st[f"c{p}"])

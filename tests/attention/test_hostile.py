@@ -145,6 +145,41 @@ def test_temperature_below_one_keeps_a_row_of_finfo_min_fills_visible(method):
     torch.testing.assert_close(out, want[0], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("method", ["fused", "streaming"])
+@pytest.mark.parametrize("name,params", [
+    ("ssmax", {}),                                                   # s log n > 1 at n = 130
+    ("multimax", {"r": (0.1, -0.2, 0.3, 0.1), "t": (0.5, 1.0, -0.5, 2.0)}),
+    ("softmax", {"temperature": 0.5}),
+])
+def test_a_row_of_finfo_min_fills_stays_visible_when_g_overflows(method, name, params):
+    """g(x) past -finfo.max (SSMax's s log n, MultiMax's slope, 1 / T above 1) on a row whose
+    every score is a finfo.min fill: the fused kernels and the streaming rule read the
+    overflowed -inf as "nothing visible" (output 0), where the dense path gives the row
+    uniform weights. They now hold g at -finfo.max there (hostile audit, 2026-12-01), with a
+    clamp's derivative 0: that row's scores get no gradient (the dense path differentiates its
+    (x - max) form instead, as the fused path's own temperature folding does; MultiMax's
+    quadratic terms made it NaN in the fused backward)."""
+    gen = torch.Generator().manual_seed(5)
+    length = 130
+    q, k, v = (torch.randn(1, 2, length, 8, generator=gen).requires_grad_() for _ in range(3))
+    mask = torch.zeros(length, length)
+    mask[2] = torch.finfo(torch.float32).min
+    mask[3, :60] = torch.finfo(torch.float32).min
+    out = sk.attention(q, k, v, name, method=method, attn_mask=mask, **params)
+    want = sk.attention(q, k, v, name, method="dense", attn_mask=mask, **params)
+    torch.testing.assert_close(out[..., 2, :], v.detach().mean(-2), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    weight = torch.linspace(-1, 2, out.numel()).reshape(out.shape)
+    dq, dk, dv = torch.autograd.grad((out * weight).sum(), [q, k, v], retain_graph=True)
+    assert torch.isfinite(dq).all() and torch.isfinite(dk).all()
+    torch.testing.assert_close(dv, torch.autograd.grad((want * weight).sum(), v, retain_graph=True)[0], rtol=1e-4, atol=1e-4)
+    weight[..., 2, :] = 0   # without row 2's own gradient, every path agrees with dense
+    got = torch.autograd.grad((out * weight).sum(), [q, k])
+    ref = torch.autograd.grad((want * weight).sum(), [q, k])
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("fill", [torch.finfo(torch.float32).min, -1e9])
 def test_auto_softmax_gradient_on_a_padded_query_row(fill):
     """A query row whose additive mask is all finfo.min (or -1e9): torch's CPU flash SDPA

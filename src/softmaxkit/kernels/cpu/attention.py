@@ -109,12 +109,26 @@ def _nan_row(full, end, hidden, r, masked):
     _zero_tail(full, end)
 
 
+@njit(cache=False, error_model="numpy", inline="always")
+def _g_held(g, x, n, hp, lowest):
+    """``g(x)``, held at ``lowest`` (``-finfo.max``) where ``g`` overflows a score that is not
+    ``-inf`` (SSMax's ``s log n`` or MultiMax's slope above 1 on a ``finfo.min`` mask fill):
+    such a row, all of whose visible scores overflowed, gets equal weights on them, as the
+    dense path has it, instead of reading as a row with nothing visible. In any other row the
+    held entries still get weight 0. A held entry's derivative is 0, as a clamp's (the backward
+    kernels test ``held`` in their own loops: ``g'(x) (dp - dd)`` reached ``inf`` at MultiMax's
+    quadratic terms there, and NaN the gradient)."""
+    z = g(x, n, hp)
+    return fmax(z, lowest) if x >= lowest else z
+
+
 # ---- softmax_of ------------------------------------------------------------------------
 
 @njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, g, sink):
     masked = hidden.shape[0] > 0
     ninf = cast_like(-np.inf, s[0, 0])
+    lowest = -np.finfo(s.dtype).max
     for r in prange(s.shape[0]):
         wide_vectors()
         end = lim[r]
@@ -131,13 +145,13 @@ def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, 
         if masked:
             hid = hidden[r, :end]
             for j in range(row.shape[0]):
-                z = g(row[j], n, hp)
+                z = _g_held(g, row[j], n, hp, lowest)
                 z = ninf if hid[j] else z
                 row[j] = z
                 m = fmax(m, z)
         else:
             for j in range(row.shape[0]):
-                z = g(row[j], n, hp)
+                z = _g_held(g, row[j], n, hp, lowest)
                 row[j] = z
                 m = fmax(m, z)
         if m == ninf:
@@ -158,6 +172,8 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
     masked = hidden.shape[0] > 0
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     ninf = cast_like(-np.inf, s[0, 0])
+    zero = cast_like(0.0, s[0, 0])
+    lowest = -np.finfo(s.dtype).max
     for r in prange(s.shape[0]):
         wide_vectors()
         end = lim[r]
@@ -178,13 +194,15 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
         for j in range(row.shape[0]):
             x = row[j]
             z = g(x, n, hp)
-            z = ninf if hid[j] else z
+            held = x >= lowest and not z >= lowest   # (see _g_held)
+            z = ninf if hid[j] else (lowest if held else z)
             row[j] = z
             m = fmax(m, z)
             if apply_d:
-                drow[j] = dg(x, n, hp) * (drow[j] - d0)
+                d = dg(x, n, hp) * (drow[j] - d0)
             else:
-                drow[j] = drow[j] - d0
+                d = drow[j] - d0
+            drow[j] = zero if held else d
         if m == ninf:
             _zero_tail(full, 0)
             _zero_tail(dfull, 0)
@@ -210,6 +228,7 @@ def factor_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     ninf = cast_like(-np.inf, s[0, 0])
     zero = cast_like(0.0, s[0, 0])
+    lowest = -np.finfo(s.dtype).max
     for r in prange(s.shape[0]):
         wide_vectors()
         end = lim[r]
@@ -223,7 +242,7 @@ def factor_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_
             den[r] = 1.0
             continue
         extra = sink(n, hp)
-        m = _max_of(row, hidden, r, masked, g, n, hp, extra)
+        m = _max_of(row, hidden, r, masked, g, n, hp, extra, lowest)
         if m == ninf:
             _zero_tail(full, 0)
             den[r] = 1.0
@@ -231,7 +250,7 @@ def factor_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_
         total = exp_nonpositive_fast(extra - m) if extra > ninf else zero
         for j in range(row.shape[0]):
             x = row[j]
-            e = exp_nonpositive_fast(g(x, n, hp) - m)
+            e = exp_nonpositive_fast(_g_held(g, x, n, hp, lowest) - m)
             e = zero if hid[j] else e
             row[j] = zero if e == zero else w(x, n, hp) * e
             total += e
@@ -246,6 +265,7 @@ def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     ninf = cast_like(-np.inf, s[0, 0])
     zero = cast_like(0.0, s[0, 0])
+    lowest = -np.finfo(s.dtype).max
     for r in prange(s.shape[0]):
         wide_vectors()
         end = lim[r]
@@ -262,7 +282,7 @@ def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
             continue
         d0 = dd[r]
         extra = sink(n, hp)
-        m = _max_of(row, hidden, r, masked, g, n, hp, extra)
+        m = _max_of(row, hidden, r, masked, g, n, hp, extra, lowest)
         if m == ninf:
             _zero_tail(full, 0)
             _zero_tail(dfull, 0)
@@ -270,7 +290,9 @@ def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
         total = exp_nonpositive_fast(extra - m) if extra > ninf else zero
         for j in range(row.shape[0]):
             x = row[j]
-            e = exp_nonpositive_fast(g(x, n, hp) - m)
+            z = g(x, n, hp)
+            held = x >= lowest and not z >= lowest   # (see _g_held)
+            e = exp_nonpositive_fast((lowest if held else z) - m)
             e = zero if hid[j] else e
             total += e
             if e == zero:
@@ -280,7 +302,8 @@ def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
                 wx = w(x, n, hp)
                 d = drow[j]
                 row[j] = wx * e
-                drow[j] = e * (dg(x, n, hp) * (wx * d - d0) + dw(x, n, hp) * d)
+                d = e * (dg(x, n, hp) * (wx * d - d0) + dw(x, n, hp) * d)
+                drow[j] = zero if held else d
         inv = cast_like(1.0, m) / total
         for j in range(row.shape[0]):
             row[j] *= inv
@@ -290,17 +313,17 @@ def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
 
 
 @njit(cache=False, error_model="numpy", inline="always")
-def _max_of(row, hidden, r, masked, g, n, hp, start):
-    """The largest ``g(x)`` over the visible entries of ``row`` and ``start``."""
+def _max_of(row, hidden, r, masked, g, n, hp, start, lowest):
+    """The largest ``g(x)`` (:func:`_g_held`) over the visible entries of ``row`` and ``start``."""
     m = start
     ninf = cast_like(-np.inf, start)
     if masked:
         for j in range(row.shape[0]):
-            z = g(row[j], n, hp)
+            z = _g_held(g, row[j], n, hp, lowest)
             m = fmax(m, ninf if hidden[r, j] else z)
     else:
         for j in range(row.shape[0]):
-            m = fmax(m, g(row[j], n, hp))
+            m = fmax(m, _g_held(g, row[j], n, hp, lowest))
     return m
 
 
@@ -441,6 +464,7 @@ def signed_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     ninf = cast_like(-np.inf, s[0, 0])
     zero = cast_like(0.0, s[0, 0])
+    lowest = -np.finfo(s.dtype).max
     for r in prange(s.shape[0]):
         wide_vectors()
         end = lim[r]
@@ -453,7 +477,7 @@ def signed_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_
             _nan_row(full, end, hidden, r, masked)
             den[r] = 1.0
             continue
-        m = _max_of(row, hidden, r, masked, _identity_map, n, hp, ninf)
+        m = _max_of(row, hidden, r, masked, _identity_map, n, hp, ninf, lowest)
         if m == ninf:
             _zero_tail(full, 0)
             den[r] = 1.0
@@ -477,6 +501,7 @@ def signed_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     ninf = cast_like(-np.inf, s[0, 0])
     zero = cast_like(0.0, s[0, 0])
+    lowest = -np.finfo(s.dtype).max
     for r in prange(s.shape[0]):
         wide_vectors()
         end = lim[r]
@@ -492,7 +517,7 @@ def signed_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
             _nan_row(dfull, end, hidden, r, masked)
             continue
         d0 = dd[r]
-        m = _max_of(row, hidden, r, masked, _identity_map, n, hp, ninf)
+        m = _max_of(row, hidden, r, masked, _identity_map, n, hp, ninf, lowest)
         if m == ninf:
             _zero_tail(full, 0)
             _zero_tail(dfull, 0)

@@ -100,6 +100,15 @@ def _row_count(CNT, bh, offs_m, Lq, Lk, HAS_CNT: tl.constexpr, CAUSAL: tl.conste
 
 
 @triton.jit
+def _held(z):
+    """``z = g(x)`` at a visible score, held at float32's lowest value where ``g`` overflowed to
+    ``-inf`` (a ``finfo.min`` mask fill under SSMax's ``s log n`` or a slope above 1): a row all
+    of whose scores overflowed gets equal weights on them, as the dense path, not zeros (as
+    ``_g_held`` on CPU). NaN stays NaN."""
+    return tl.where(z == float("-inf"), -3.4028234663852886e38, z)
+
+
+@triton.jit
 def _score_at_peak(x, z, z_max, m_i, x_ref, vis):
     """The score ``x`` where ``z = g(x)`` peaks in the row, updated by one tile (``z_max`` its
     row maxima, ``m_i`` the running ones): the reference of the parameter gradients, whose rows
@@ -137,9 +146,10 @@ def _tile_grads(x, vis, cols, n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
     already broadcast to the tile (rows along either axis)."""
     if FAMILY == 0:
         z = FN(x, n, par)
-        p = tl.where(vis, tl.exp((z - s0) - s1), 0.0)
-        gz = p * (dp - delta)
-        dx = gz * DFN(x, n, par)
+        held = z == float("-inf")   # (a visible score: see _held; its derivative is 0, a clamp's)
+        p = tl.where(vis, tl.exp((_held(z) - s0) - s1), 0.0)
+        gz = tl.where(held, 0.0, p * (dp - delta))
+        dx = tl.where(held, 0.0, gz * DFN(x, n, par))
     elif FAMILY == 1:
         inv = tl.where(s0 > 0, 1.0 / s0, 0.0)
         f = FN(x, n, par)
@@ -212,7 +222,7 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
                         mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
             x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
             if FAMILY == 0:
-                z = tl.where(vis, FN(x, n, par), float("-inf"))
+                z = tl.where(vis, _held(FN(x, n, par)), float("-inf"))
                 z_max = tl.max(z, 1)
                 x_ref = _score_at_peak(x, z, z_max, m_i, x_ref, vis)
                 m_new = tl.maximum(m_i, z_max)
