@@ -320,6 +320,8 @@ def _numba_wins(op, x, threads=None) -> bool:
     dtype, n = x.dtype, x.shape[-1]
     if dtype is _F32 and n >= LONG_FLOAT32_ROW:
         return True
+    if x.numel() < AUTO_MIN_NUMEL:   # a toy call: the parallel launch costs more than the op
+        return False
     classes = _WIN_CLASSES.get((op, dtype, x.requires_grad and torch.is_grad_enabled(),
                                 torch.get_num_threads() if threads is None else threads))
     return classes is not None and shape_class(x.numel() // n if n else 0, n) in classes
@@ -552,6 +554,9 @@ def _all_finite(out) -> bool:
     if out.is_cpu and out.dtype in _CTYPES:
         if out.numel() == 1:
             return math.isfinite(_CTYPES[out.dtype].from_address(out.data_ptr()).value)
+        finite = (_SCANS or _scans()).get("all finite")
+        if finite is not None and out.is_contiguous():
+            return finite(out)
         return bool(np.isfinite(out.detach().numpy()).all())
     return bool(torch.isfinite(out).all())
 
@@ -614,10 +619,12 @@ _SCANS: dict = {}
 
 
 def _scans() -> dict:
-    """The first-column NaN scan by dtype (none without numba), loaded on first use."""
+    """The first-column NaN scan by dtype, and the all-finite check under ``"all finite"`` (none
+    without numba), loaded on first use."""
     if numba_available():
-        from .cpu.scan import first_entries_have_nan
-        _SCANS.update({torch.float32: first_entries_have_nan, torch.float64: first_entries_have_nan})
+        from .cpu.scan import all_finite, first_entries_have_nan
+        _SCANS.update({torch.float32: first_entries_have_nan, torch.float64: first_entries_have_nan,
+                       "all finite": all_finite})
     else:
         _SCANS[None] = None
     return _SCANS
