@@ -96,7 +96,7 @@ def check_positive(value: object, name: str, *, allow_tensor: bool = True, finit
         if not bool(ok.all()):
             bad = value[~ok].flatten()[0].item()
             raise ValueError(f"{name} must be {what}, got a tensor holding {bad}")
-    elif not value > 0 or (finite and not math.isfinite(value)):  # type: ignore[operator]
+    elif not value > 0 or (finite and not math.isfinite(value)):  # type: ignore[operator, arg-type]
         raise ValueError(f"{name} must be {what}, got {value}")
 
 

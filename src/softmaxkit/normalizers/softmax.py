@@ -83,6 +83,7 @@ def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 
 def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Tensor:
+    scale: float | torch.Tensor
     if isinstance(temperature, torch.Tensor):   # 1 / T in the wider dtype (a float32 T of float64 x)
         scale = temperature.to(torch.promote_types(temperature.dtype, rows.x.dtype)).reciprocal()
     else:
