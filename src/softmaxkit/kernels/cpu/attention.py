@@ -118,8 +118,16 @@ def _g_held(g, x, n, hp, lowest):
     held entries still get weight 0. A held entry's derivative is 0, as a clamp's (the backward
     kernels test ``held`` in their own loops: ``g'(x) (dp - dd)`` reached ``inf`` at MultiMax's
     quadratic terms there, and NaN the gradient)."""
+    return _g_and_held(g, x, n, hp, lowest)[0]
+
+
+@njit(cache=False, error_model="numpy", inline="always")
+def _g_and_held(g, x, n, hp, lowest):
+    """``(`` :func:`_g_held` ``, whether it held g(x))``: the backward kernels zero a held
+    entry's derivative."""
     z = g(x, n, hp)
-    return fmax(z, lowest) if x >= lowest else z
+    held = x >= lowest and not z >= lowest
+    return (lowest if held else z), held
 
 
 # ---- softmax_of ------------------------------------------------------------------------
@@ -193,9 +201,8 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
         m = extra
         for j in range(row.shape[0]):
             x = row[j]
-            z = g(x, n, hp)
-            held = x >= lowest and not z >= lowest   # (see _g_held)
-            z = ninf if hid[j] else (lowest if held else z)
+            z, held = _g_and_held(g, x, n, hp, lowest)
+            z = ninf if hid[j] else z
             row[j] = z
             m = fmax(m, z)
             if apply_d:
@@ -290,9 +297,8 @@ def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
         total = exp_nonpositive_fast(extra - m) if extra > ninf else zero
         for j in range(row.shape[0]):
             x = row[j]
-            z = g(x, n, hp)
-            held = x >= lowest and not z >= lowest   # (see _g_held)
-            e = exp_nonpositive_fast((lowest if held else z) - m)
+            z, held = _g_and_held(g, x, n, hp, lowest)
+            e = exp_nonpositive_fast(z - m)
             e = zero if hid[j] else e
             total += e
             if e == zero:
