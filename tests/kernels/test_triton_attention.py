@@ -15,6 +15,7 @@ pytest.importorskip("triton")
 import torch
 
 import softmaxkit as sk
+from softmaxkit.attention import auto_method
 from softmaxkit.attention.fused_triton import (
     document_ids_from_cu_seqlens,
     fallback_reason,
@@ -386,3 +387,26 @@ def test_templates_compile_for_sm90_without_a_gpu():
                          capture_output=True, text=True, env=env, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr[-2000:]
     assert run.stdout.count(": ok in") == len(items)
+
+
+def test_auto_on_the_triton_device_takes_the_kernels_or_a_differentiating_path(monkeypatch):
+    """``method="auto"`` where the Triton kernels run (CUDA; here the interpreter stands in by
+    treating CPU tensors as the Triton device): auto_method reports ``"fused"`` and the call
+    runs the kernels. Before the fix auto_method said ``"streaming"`` there, and a short
+    input with a learned additive mask reached the kernels, which refused the mask, though
+    ``"auto"`` is the method the error recommends."""
+    from softmaxkit.attention import api
+
+    monkeypatch.setattr(api, "_triton_device", lambda t: True)
+    q, k, v = (t.float() for t in _inputs(1, 2, 1, 6, 6, 16))
+    assert auto_method(q, k, v, "sigmoid", is_causal=True) == "fused"
+    assert auto_method(q, k, v, "adaptive_softmax") in ("streaming", "dense")  # no Triton pieces
+    assert auto_method(q, k, v, "softmax") == "sdpa"
+    torch.testing.assert_close(sk.attention(q, k, v, "sigmoid", is_causal=True),
+                               fused_attention(q, k, v, "sigmoid", is_causal=True))
+    bias = torch.randn(6, 6, requires_grad=True)
+    assert auto_method(q, k, v, "sigmoid", attn_mask=bias) == "dense"
+    out = sk.attention(q, k, v, "sigmoid", attn_mask=bias)
+    (gb,) = torch.autograd.grad(out.sum(), (bias,))
+    (ref,) = torch.autograd.grad(sk.attention(q, k, v, "sigmoid", attn_mask=bias, method="dense").sum(), (bias,))
+    torch.testing.assert_close(gb, ref)

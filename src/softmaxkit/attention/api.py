@@ -216,16 +216,13 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         if requested == "auto" and _sdpa_backward_drifts(attn_mask, inp, factor):
             return dense_attention(inp, normalizer, params)
         return _sdpa(q, k, v, inp, factor)
-    if q.is_cuda and (requested == "auto" or method == "fused"):  # CUDA + triton: the Triton kernels
-        from .fused_triton import fallback_reason
+    if method == "fused" and _triton_device(q):
         from .fused_triton import fused_attention as triton_attention
 
-        reason = fallback_reason(spec, params, q, k, v)
-        if reason is None:
-            return triton_attention(q, k, v, normalizer, is_causal=is_causal, attn_mask=attn_mask, scale=scale,
-                                    **params)
-        if method == "fused":
+        reason = _triton_reason(spec, params, inp)
+        if reason is not None:
             raise ValueError(f"method='fused' cannot run normalizer {normalizer!r} here: {reason}")
+        return triton_attention(q, k, v, normalizer, is_causal=is_causal, attn_mask=attn_mask, scale=scale, **params)
     per_head = _params_per_head(spec, merged, inp)
     if method == "fused":
         if not per_head:
@@ -239,6 +236,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
                              "use method='auto' or 'dense'")
         return streaming_attention(rule, inp, merged, block_q, block_k)
     return dense_attention(inp, normalizer, params)
+
+
+def _triton_device(t: torch.Tensor) -> bool:
+    """Whether ``t`` lives where the fused path means the Triton kernels (CUDA)."""
+    return t.is_cuda
+
+
+def _triton_reason(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> str | None:
+    """Why the Triton kernels cannot run these inputs (``None``: they can)."""
+    from .fused_triton import fallback_reason
+
+    return fallback_reason(spec, params, inp.q, inp.k, inp.v)
 
 
 def _learnable_mask(attn_mask) -> bool:
@@ -255,8 +264,9 @@ def _params_per_head(spec: NormalizerSpec, merged: dict, inp: AttentionInputs) -
 def _auto(spec: NormalizerSpec, params: dict, merged: dict, inp: AttentionInputs) -> str:
     """The method ``"auto"`` runs: SDPA for ``softmax(a x)``; the dense reference for small
     inputs (``Lq * Lk <= SMALL_SCORES``, unless the CPU row kernels pay off there:
-    :func:`.fused.pays_off_when_small`) and for parameters that vary per query or key; on the
-    CPU the fused path (the four forms, and normalizers that cannot stream: see
+    :func:`.fused.pays_off_when_small`) and for parameters that vary per query or key; on
+    CUDA the Triton kernels (``"fused"``) wherever they run (:func:`.fused_triton.fallback_reason`),
+    at every length; on the CPU the fused path (the four forms, and normalizers that cannot stream: see
     :func:`.fused.auto_prefers`); otherwise streaming when the normalizer streams, else dense.
     The choice follows ``softmaxkit bench attention`` (fastest exact path per normalizer)."""
     if _sdpa_factor(spec, params, inp) is not None:
@@ -264,6 +274,9 @@ def _auto(spec: NormalizerSpec, params: dict, merged: dict, inp: AttentionInputs
     _, _, lq, lk = inp.shape
     if not _params_per_head(spec, merged, inp):
         return "dense"
+    if _triton_device(inp.q):
+        return "fused" if _triton_reason(spec, params, inp) is None else "streaming" if spec.stream_rule(
+            merged) is not None else "dense"
     if lq * lk <= SMALL_SCORES and not (inp.q.device.type == "cpu" and pays_off_when_small(spec, merged, inp)):
         return "dense"
     streams = spec.stream_rule(merged) is not None
