@@ -278,6 +278,14 @@ class StreamRule:
     def output(self, sums: dict, st: dict) -> torch.Tensor:
         raise NotImplementedError
 
+    def rescaled(self, sums: dict, alpha: torch.Tensor, c_old: torch.Tensor, c_new: torch.Tensor) -> dict:
+        """A shifted pass's running sums, taken from shift ``c_old`` to ``c_new`` (``alpha =
+        e^{c_old - c_new}``, or 1 for rows that have seen no visible key yet). Sums that the
+        new shift makes vanish (``alpha = 0``) are 0, also where they overflowed at a huge
+        negative shift."""
+        zero = torch.zeros((), dtype=alpha.dtype, device=alpha.device)
+        return {name: torch.where(alpha > 0, s * alpha, zero) for name, s in sums.items()}
+
 
 class SoftmaxOfRule(StreamRule):
     """``softmax(g(x))``: output ``sum_j e^{z_j - c} v_j / sum_j e^{z_j - c}``, ``z = g(x)``."""

@@ -180,6 +180,30 @@ def test_a_row_of_finfo_min_fills_stays_visible_when_g_overflows(method, name, p
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_streaming_normalized_sa_softmax_on_rows_of_finfo_min_fills(dtype):
+    """Normalized SA-Softmax on the streaming path, a row of finfo.min fills and a row of a few
+    scores among fills: the rule split ``(x - low) e`` into ``x e - low e``, whose value sums
+    overflowed to ``inf - inf`` (NaN output and gradients; hostile audit, 2026-12-01). It now
+    sums ``(x - c) e`` relative to the running shift: outputs and gradients equal the dense path."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=gen, dtype=dtype).requires_grad_() for n in (6, 40, 40))
+    mask = torch.zeros(6, 40, dtype=dtype)
+    mask[2] = torch.finfo(dtype).min
+    mask[3, :20] = -1e9
+    mask[4, 5:] = torch.finfo(dtype).min
+    weight = torch.linspace(-1, 1, 8, dtype=dtype)
+    for causal in (False, True):
+        kw = dict(is_causal=causal, attn_mask=mask, normalized=True)
+        out = sk.attention(q, k, v, "sa_softmax", method="streaming", block_size=(4, 8), **kw)
+        want = sk.attention(q, k, v, "sa_softmax", method="dense", **kw)
+        torch.testing.assert_close(out, want)
+        got = torch.autograd.grad((out * weight).sum(), [q, k, v])
+        ref = torch.autograd.grad((want * weight).sum(), [q, k, v])
+        for g, r in zip(got, ref):
+            torch.testing.assert_close(g, r)
+
+
 @pytest.mark.parametrize("fill", [torch.finfo(torch.float32).min, -1e9])
 def test_auto_softmax_gradient_on_a_padded_query_row(fill):
     """A query row whose additive mask is all finfo.min (or -1e9): torch's CPU flash SDPA

@@ -148,6 +148,11 @@ def test_hostile_scores_and_rows_with_no_visible_key():
     for name in ("softmax", "softpick", "sa_softmax"):
         errs = compare(name, 2, layout="zigzag", length=12, causal=True, scale_q=1e4 ** 0.5)
         assert max(errs) < 1e-8 * 1e4, (name, errs)
+    fills = torch.zeros(1, 1, 12, 12, dtype=torch.float64)
+    fills[..., 3, :] = torch.finfo(torch.float64).min   # a padded query row (Hugging Face's fill)
+    fills[..., 5, 4:] = torch.finfo(torch.float64).min
+    errs = compare("sa_softmax", 2, layout="zigzag", length=12, mask=fills, params={"normalized": True})
+    assert max(errs) < 1e-10, errs
     mask = torch.ones(2, 1, 12, 12, dtype=torch.bool)
     mask[:, :, 2] = False  # query 2 sees nothing
     q, k, v, _ = _problem(length=12)

@@ -162,12 +162,9 @@ def _forward_rows(plan: Plan, q, k, v, r0: int, r1: int, params: dict):
                     # a row that has seen no visible key yet summed only zeros, against the
                     # stand-in shift 0: rescaling them by e^{0 - c_new} would overflow to
                     # inf when its first visible maximum is below -88 (float32), and inf * 0
-                    # is NaN. Those sums stay as they are. Sums that the new maximum makes vanish
-                    # (alpha = 0) are 0 even where they overflowed at a huge negative maximum
-                    # (SA-Softmax's sum of x e^{x - c} over a tile of finfo.min fills: -inf).
+                    # is NaN. Those sums stay as they are.
                     alpha = torch.where(seen, torch.exp(c_old - c_new), torch.ones_like(c_new))
-                    zero = torch.zeros((), dtype=alpha.dtype, device=alpha.device)
-                    sums = {name: torch.where(alpha > 0, s * alpha, zero) for name, s in sums.items()}
+                    sums = rule.rescaled(sums, alpha, c_old, c_new)
                 st[f"c{p}"] = c_new
             if bottom is not None:
                 bottom.update(z, t.visible, count_ties)

@@ -362,8 +362,10 @@ def _ring_forward(ring: _Ring, q, k, v, params: dict):
                     old, new = top.update(t.r0, t.r1, z, t.visible, p == last and rule.max_grad)
                     c_old, c_new = _fz(rule.shift(old)), _fz(rule.shift(new))
                     alpha = torch.where(old > float("-inf"), torch.exp(c_old - c_new), torch.ones_like(c_new))
-                    for s in sums.values():
-                        s[..., t.r0:t.r1, :] *= alpha
+                    moved = rule.rescaled({name: s[..., t.r0:t.r1, :] for name, s in sums.items()}, alpha,
+                                          c_old, c_new)
+                    for name, s in sums.items():
+                        s[..., t.r0:t.r1, :] = moved[name]
                     rows[f"c{p}"][..., t.r0:t.r1, :] = c_new
                     st[f"c{p}"] = c_new
                 if bottom is not None:

@@ -51,7 +51,13 @@ def sa_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
 
 class SASoftmaxRule(StreamRule):
     """Plain: ``sum x e^{x-c} v / sum e^{x-c}``. Normalized: the rescaling
-    ``(x - low) / (high - low + eps)`` is affine in ``x``, so it splits into two value sums."""
+    ``(x - low) / (high - low + eps)`` is affine in ``x``, so it splits into two value sums,
+    ``sum (x - c) e^{x-c} v`` and ``sum e^{x-c} v``, the first taken relative to the running
+    shift ``c`` (the row maximum so far) so that it never overflows: where ``e^{x-c} > 0``,
+    ``x - c`` lies within the exponent's range of 0. The output is then
+    ``S_1 / (S r) + (c - low) / r * S_0 / S`` with ``r = high - low + eps``, where
+    ``0 <= c - low <= r``: no cancellation between huge terms (a row of finfo.min fills gave
+    ``inf - inf = NaN``), and no overflow before the division by ``r``."""
 
     def __init__(self, normalized: bool = False):
         self.normalized = normalized
@@ -62,10 +68,15 @@ class SASoftmaxRule(StreamRule):
         e = shifted_exp(z, visible, st["c0"])
         # z only where e > 0, as in the reference: a finfo.min fill (e = 0) times an incoming
         # gradient overflows, and inf * 0 = NaN in exp's backward
-        out = {"num": torch.where(e > 0, z, torch.zeros_like(z)) * e, "den": e}
-        if self.normalized:
-            out["num0"] = e
-        return out
+        zero = torch.zeros_like(z)
+        if not self.normalized:
+            return {"num": torch.where(e > 0, z, zero) * e, "den": e}
+        return {"num": torch.where(e > 0, z - st["c0"], zero) * e, "num0": e, "den": e}
+
+    def rescaled(self, sums, alpha, c_old, c_new):
+        if self.normalized:  # sum (x - c_new) e = sum (x - c_old) e + (c_old - c_new) sum e, times alpha
+            sums = {**sums, "num": sums["num"] + (c_old - c_new) * sums["num0"]}
+        return super().rescaled(sums, alpha, c_old, c_new)
 
     def output(self, sums, st):
         plain = safe_div(sums["num"], sums["den"])
@@ -73,7 +84,8 @@ class SASoftmaxRule(StreamRule):
             return plain
         low = st["mn0"].clamp_max(0.0)
         high = st["m0"].clamp_min(0.0)
-        return (plain - low * safe_div(sums["num0"], sums["den"])) / (high - low + st["params"]["eps"])
+        spread = high - low + st["params"]["eps"]
+        return plain / spread + (st["c0"] - low) / spread * safe_div(sums["num0"], sums["den"])
 
 
 @functools.cache
