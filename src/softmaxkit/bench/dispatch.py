@@ -77,6 +77,17 @@ def _callable(fn, x, pass_):
     return lambda: torch.autograd.grad(fn(x), x, g)
 
 
+def _kernel_callable(op, x, pass_):
+    """The numba kernel as ``auto`` runs it when it picks the kernel: forward only, the
+    lane's call (:func:`softmaxkit.kernels.cpu.functions.forward_only`); with a gradient,
+    the full path under ``use_backend("numba")``."""
+    if pass_ == "fwd":
+        from ..kernels.cpu import functions
+        mode = dispatch._KERNEL_MODES[op]
+        return lambda: functions.forward_only(x, mode)
+    return _callable(_in_backend("numba", _sk(op)), x, pass_)
+
+
 def interleaved_medians(fns, repeats: int) -> list[float]:
     """Median seconds of each callable, timed round-robin (one warm-up call each first).
     Fast callables get more rounds: at least ``repeats``, and as many as fit in about
@@ -118,7 +129,7 @@ def grid_table(shapes, repeats: int) -> Table:
                         picked = dispatch.plan(op, x, -1, None)
                     # auto is the default backend: called as a user calls it, with no context manager
                     fns = [_callable(_TORCH[op], x, pass_),
-                           _callable(_in_backend("numba", _sk(op)), x, pass_),
+                           _kernel_callable(op, x, pass_),
                            _callable(_sk(op), x, pass_)]
                     t_torch, t_kernel, t_auto = interleaved_medians(fns, repeats)
                     table.add("x".join(map(str, shape)), kind, op, str(dtype).replace("torch.", ""), pass_,
@@ -149,9 +160,10 @@ def _judge(table: Table) -> None:
                      + (f" Cells over the limit: {detail}." if failing else ""))
     h = machine_header()
     table.notes = (f"{h['cpu']}, {h['threads']} threads, torch {h['torch']}, numba {h['numba']}. Medians of "
-                   "interleaved runs in one process; 'kernel' is the numba kernel forced with "
-                   "use_backend('numba'); 'auto picks' is dispatch.plan's choice. A shared or noisy machine "
-                   "moves single cells by 5-10%: rerun on a quiet one.")
+                   "interleaved runs in one process; 'kernel' is the numba kernel as auto calls it when it picks "
+                   "it (forward: the lane's forward_only; with a gradient: use_backend('numba')); 'auto "
+                   "picks' is dispatch.plan's choice. A shared or noisy machine moves single cells by "
+                   "5-10%: rerun on a quiet one.")
 
 
 _THP_SCRIPT = """
@@ -236,8 +248,7 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1) -> 
                         for pass_ in PASSES:
                             x = _inputs(shape, dtype, pass_)
                             for op in OPS:
-                                fns = [_callable(_TORCH[op], x, pass_),
-                                       _callable(_in_backend("numba", _sk(op)), x, pass_)]
+                                fns = [_callable(_TORCH[op], x, pass_), _kernel_callable(op, x, pass_)]
                                 t_torch, t_kernel = interleaved_medians(fns, repeats)
                                 name = str(dtype).replace("torch.", "")
                                 table.add(run_index, t, "x".join(map(str, shape)), cls, op, name, pass_,

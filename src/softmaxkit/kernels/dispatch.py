@@ -167,12 +167,14 @@ def _plain_float(value) -> bool:
 # ----------------------------------------------------------------------------------------
 
 #: Shape classes of the crossover table, by what decides who wins: a single row (the
-#: kernels parallelise over rows, aten inside one), short rows (per-row overhead),
-#: small inputs (fixed per-call cost) and the rest.
-SHAPE_CLASSES = ("one row", "short rows", "small", "large")
+#: kernels parallelise over rows, aten inside one; a long one amortises the Python around
+#: the kernel), short rows (per-row overhead), small inputs (fixed per-call cost) and the rest.
+SHAPE_CLASSES = ("one row", "one long row", "short rows", "small", "large")
 #: Rows shorter than this are "short rows"; inputs with fewer elements are "small".
 SHORT_ROW = 512
 SMALL_NUMEL = 1 << 21
+#: A single row of at least this many entries is "one long row".
+ONE_LONG_ROW = 1 << 14
 
 
 #: Cells (op, dtype, pass, shape class, threads) where the numba kernel measurably beat
@@ -226,18 +228,23 @@ _WINS_AVX512 = frozenset({
     ('softmax', 'float64', 'fwd+bwd', 'large', 1),
 })
 
-#: AVX2: measured 2026-12-01 on the shared 2-core development machine of that day (AMD
+#: AVX2: measured 2026-12-02 on the shared 2-core development machine of that day (AMD
 #: EPYC, AVX2 and FMA, no AVX-512; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, two
 #: runs pooled as ``--runs 2`` pools them (each shape's ratio the median of its runs; single
-#: cells moved by up to 2x between the runs). On 256-bit vectors, with the three-pass
+#: cells moved by up to 2x between the runs), the forward timed through the call ``auto``
+#: makes (``functions.forward_only``; the 2026-12-01 table timed the full ``numba`` backend
+#: path, which costs about 40 us more a call). On 256-bit vectors, with the three-pass
 #: algorithm (:data:`softmaxkit.kernels.cpu.functions.DEFAULT_ALGORITHM`), the kernels beat
-#: aten on large inputs in float32 as well (softmax forward, kernel / torch median 0.42 on 1
-#: thread, 0.81 on 2; log-softmax 0.52 / 0.84) and float64 (softmax 0.47 / 0.49), and
-#: log-sum-exp almost everywhere past one row (0.28-0.39 on large inputs). One row stays
-#: with aten (1.2-3.4: the Python around the kernel).
+#: aten on large inputs in float32 as well as float64, and log-sum-exp almost everywhere
+#: past one short row, a long single row included (float32 1 x 32000: 0.67-0.72). Other
+#: single rows stay with aten (softmax 1 x 32000 forward 0.9-1.2, with a gradient 1.8-3.2:
+#: the autograd Function around the kernel).
 _WINS_AVX2 = frozenset({
     ('log_softmax', 'float32', 'fwd', 'large', 1),
     ('log_softmax', 'float32', 'fwd', 'large', 2),
+    ('log_softmax', 'float32', 'fwd', 'short rows', 1),
+    ('log_softmax', 'float32', 'fwd', 'small', 1),
+    ('log_softmax', 'float32', 'fwd', 'small', 2),
     ('log_softmax', 'float32', 'fwd+bwd', 'large', 1),
     ('log_softmax', 'float32', 'fwd+bwd', 'large', 2),
     ('log_softmax', 'float64', 'fwd', 'large', 1),
@@ -245,6 +252,8 @@ _WINS_AVX2 = frozenset({
     ('log_softmax', 'float64', 'fwd+bwd', 'large', 1),
     ('logsumexp', 'float32', 'fwd', 'large', 1),
     ('logsumexp', 'float32', 'fwd', 'large', 2),
+    ('logsumexp', 'float32', 'fwd', 'one long row', 1),
+    ('logsumexp', 'float32', 'fwd', 'one long row', 2),
     ('logsumexp', 'float32', 'fwd', 'short rows', 1),
     ('logsumexp', 'float32', 'fwd', 'short rows', 2),
     ('logsumexp', 'float32', 'fwd', 'small', 1),
@@ -254,8 +263,10 @@ _WINS_AVX2 = frozenset({
     ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 1),
     ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 2),
     ('logsumexp', 'float32', 'fwd+bwd', 'small', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'small', 2),
     ('logsumexp', 'float64', 'fwd', 'large', 1),
     ('logsumexp', 'float64', 'fwd', 'large', 2),
+    ('logsumexp', 'float64', 'fwd', 'one long row', 1),
     ('logsumexp', 'float64', 'fwd', 'short rows', 1),
     ('logsumexp', 'float64', 'fwd', 'short rows', 2),
     ('logsumexp', 'float64', 'fwd', 'small', 1),
@@ -269,9 +280,12 @@ _WINS_AVX2 = frozenset({
     ('softmax', 'float32', 'fwd', 'large', 1),
     ('softmax', 'float32', 'fwd', 'large', 2),
     ('softmax', 'float32', 'fwd', 'small', 1),
+    ('softmax', 'float32', 'fwd', 'small', 2),
+    ('softmax', 'float32', 'fwd+bwd', 'large', 2),
     ('softmax', 'float64', 'fwd', 'large', 1),
     ('softmax', 'float64', 'fwd', 'large', 2),
-    ('softmax', 'float64', 'fwd+bwd', 'large', 2),
+    ('softmax', 'float64', 'fwd+bwd', 'large', 1),
+    ('softmax', 'float64', 'fwd+bwd', 'short rows', 2),
 })
 WINS_BY_ISA = {"avx512": _WINS_AVX512, "avx2": _WINS_AVX2}
 NUMBA_WINS = WINS_BY_ISA.get(VECTOR_ISA, frozenset())
@@ -289,7 +303,7 @@ LONG_FLOAT32_ROW = 1 << 18
 def shape_class(rows: int, n: int) -> str:
     """The class (:data:`SHAPE_CLASSES`) of ``rows`` rows of ``n`` entries."""
     if rows <= 1:
-        return "one row"
+        return "one long row" if n >= ONE_LONG_ROW else "one row"
     if n < SHORT_ROW:
         return "short rows"
     return "small" if rows * n < SMALL_NUMEL else "large"
@@ -309,8 +323,10 @@ def _win_classes(table) -> dict:
 
 
 _WIN_CLASSES = _win_classes(NUMBA_WINS)
-#: Whether any one-row cell is a win (none measured so far: the lane then skips the lookup)
+#: Whether any cell of one row is a win, and the ops with a win on one long row: the lane
+#: skips the lookup for single rows where there is none
 _ONE_ROW_WINS = any(key[3] == "one row" for key in NUMBA_WINS)
+_LONG_ROW_OPS = frozenset(key[0] for key in NUMBA_WINS if key[3] == "one long row")
 _F32 = torch.float32
 
 
@@ -700,7 +716,8 @@ def softmax_lane(x, dim, log=False):
     if not rows:
         return None
     op = "log_softmax" if log else "softmax"
-    if (rows > 1 or _ONE_ROW_WINS or x.shape[-1] >= LONG_FLOAT32_ROW) and _numba_wins(op, x):
+    if (rows > 1 or _ONE_ROW_WINS or x.shape[-1] >= (ONE_LONG_ROW if op in _LONG_ROW_OPS else LONG_FLOAT32_ROW)) \
+            and _numba_wins(op, x):
         return _kernel_forward(op, x)
     plain = forward_ad._current_level < 0 and not is_functorch_wrapped(x)   # (an autograd.Function applies)
     if plain and x.numel() * x.element_size() >= memory.MIN_BYTES:
