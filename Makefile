@@ -21,8 +21,11 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/softmaxkit report --quick
 
+# the suite runs on every core (pytest-xdist; TEST_WORKERS=0 runs it in this process)
+TEST_WORKERS ?= auto
+
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src
