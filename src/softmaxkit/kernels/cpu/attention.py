@@ -177,6 +177,12 @@ def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, 
 
 @njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, g, dg, sink, apply_d):
+    """``dS = g'(x) p (dp - D)`` with ``D = sum_j p_j dp_j`` formed from the row itself, not
+    from ``dd = rowsum(dO * O)`` (unused here): the two differ by the rounding of ``O`` and of
+    the two GEMMs, and ``g'`` multiplies that difference. Where ``g'`` is large (MultiMax's
+    quadratic terms at scores of 1e4: ``g' ~ 4e4``; a small temperature) a row whose mass sits
+    on one key got float32 gradients of 4-600 where the exact ones are 0. Entries of weight
+    exactly 0 (among them those whose ``g`` was held) get ``dS = 0``."""
     masked = hidden.shape[0] > 0
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     ninf = cast_like(-np.inf, s[0, 0])
@@ -196,34 +202,37 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
             _nan_row(full, end, hidden, r, masked)
             _nan_row(dfull, end, hidden, r, masked)
             continue
-        d0 = dd[r]
+        raw = row.copy()   # g'(x) is taken at the raw scores after the row holds the weights
         extra = sink(n, hp)
         m = extra
+        free = 0   # visible entries whose g was not held
         for j in range(row.shape[0]):
-            x = row[j]
-            z, held = _g_and_held(g, x, n, hp, lowest)
+            z, held = _g_and_held(g, row[j], n, hp, lowest)
+            free += 0 if held or hid[j] else 1
             z = ninf if hid[j] else z
             row[j] = z
             m = fmax(m, z)
-            if apply_d:
-                d = dg(x, n, hp) * (drow[j] - d0)
-            else:
-                d = drow[j] - d0
-            drow[j] = zero if held else d
         if m == ninf:
             _zero_tail(full, 0)
             _zero_tail(dfull, 0)
             continue
         total = exp_nonpositive_fast(extra - m) if extra > ninf else cast_like(0.0, m)
+        weighted = zero
         for j in range(row.shape[0]):
             e = exp_nonpositive_fast(row[j] - m)
             row[j] = e
             total += e
+            weighted += e * drow[j]
         inv = cast_like(1.0, m) / total
+        d0 = weighted * inv
+        all_held = free == 0 and extra == ninf   # equal weights on held entries, each of derivative 0
         for j in range(row.shape[0]):
             p = row[j] * inv
             row[j] = p
-            drow[j] *= p
+            d = p * (drow[j] - d0)
+            if apply_d:
+                d = dg(raw[j], n, hp) * d
+            drow[j] = zero if p == zero or all_held else d
         _zero_tail(full, end)
         _zero_tail(dfull, end)
 
