@@ -194,7 +194,7 @@ def test_streaming_normalized_sa_softmax_on_rows_of_finfo_min_fills(dtype):
     mask[4, 5:] = torch.finfo(dtype).min
     weight = torch.linspace(-1, 1, 8, dtype=dtype)
     for causal in (False, True):
-        kw = dict(is_causal=causal, attn_mask=mask, normalized=True)
+        kw = {"is_causal": causal, "attn_mask": mask, "normalized": True}
         out = sk.attention(q, k, v, "sa_softmax", method="streaming", block_size=(4, 8), **kw)
         want = sk.attention(q, k, v, "sa_softmax", method="dense", **kw)
         torch.testing.assert_close(out, want)
