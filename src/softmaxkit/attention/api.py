@@ -274,9 +274,8 @@ def _auto(spec: NormalizerSpec, params: dict, merged: dict, inp: AttentionInputs
     _, _, lq, lk = inp.shape
     if not _params_per_head(spec, merged, inp):
         return "dense"
-    if _triton_device(inp.q):
-        return "fused" if _triton_reason(spec, params, inp) is None else "streaming" if spec.stream_rule(
-            merged) is not None else "dense"
+    if _triton_device(inp.q) and _triton_reason(spec, params, inp) is None:
+        return "fused"
     if lq * lk <= SMALL_SCORES and not (inp.q.device.type == "cpu" and pays_off_when_small(spec, merged, inp)):
         return "dense"
     streams = spec.stream_rule(merged) is not None
