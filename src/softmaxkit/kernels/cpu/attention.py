@@ -115,9 +115,10 @@ def _g_held(g, x, n, hp, lowest):
     ``-inf`` (SSMax's ``s log n`` or MultiMax's slope above 1 on a ``finfo.min`` mask fill):
     such a row, all of whose visible scores overflowed, gets equal weights on them, as the
     dense path has it, instead of reading as a row with nothing visible. In any other row the
-    held entries still get weight 0. A held entry's derivative is 0, as a clamp's (the backward
-    kernels test ``held`` in their own loops: ``g'(x) (dp - dd)`` reached ``inf`` at MultiMax's
-    quadratic terms there, and NaN the gradient)."""
+    held entries still get weight 0, and so a zero gradient. In a row whose every visible entry
+    was held, ``softmax_of_backward`` gives the dense path's ``g'(x) p (dp - D)`` where ``g'``
+    and it are finite, and 0 elsewhere (``g'`` reaches ``inf`` at MultiMax's quadratic terms
+    there, which made the gradient NaN); the other backward kernels give held entries 0."""
     return _g_and_held(g, x, n, hp, lowest)[0]
 
 
@@ -182,12 +183,14 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
     the two GEMMs, and ``g'`` multiplies that difference. Where ``g'`` is large (MultiMax's
     quadratic terms at scores of 1e4: ``g' ~ 4e4``; a small temperature) a row whose mass sits
     on one key got float32 gradients of 4-600 where the exact ones are 0. Entries of weight
-    exactly 0 (among them those whose ``g`` was held) get ``dS = 0``."""
+    exactly 0 (among them those whose ``g`` was held) get ``dS = 0``; a row whose every visible
+    ``g`` was held keeps ``g'(x) p (dp - D)`` where it is finite (see :func:`_g_held`)."""
     masked = hidden.shape[0] > 0
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     ninf = cast_like(-np.inf, s[0, 0])
     zero = cast_like(0.0, s[0, 0])
     lowest = -np.finfo(s.dtype).max
+    biggest = -lowest
     for r in prange(s.shape[0]):
         wide_vectors()
         end = lim[r]
@@ -225,14 +228,22 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
             weighted += e * drow[j]
         inv = cast_like(1.0, m) / total
         d0 = weighted * inv
-        all_held = free == 0 and extra == ninf   # equal weights on held entries, each of derivative 0
+        # a row whose every visible g was held (a row of finfo.min fills under s log n > 1) has
+        # equal weights, and g'(x) p (dp - D) as the dense path's gradient where g' and that
+        # product are finite; 0 elsewhere (MultiMax's quadratic g' overflows at the fill)
+        all_held = free == 0 and extra == ninf
         for j in range(row.shape[0]):
             p = row[j] * inv
             row[j] = p
             d = p * (drow[j] - d0)
+            keep = p != zero
             if apply_d:
-                d = dg(raw[j], n, hp) * d
-            drow[j] = zero if p == zero or all_held else d
+                slope = dg(raw[j], n, hp)
+                d = slope * d
+                keep = keep and not (all_held and not (abs(slope) <= biggest and abs(d) <= biggest))
+            else:
+                keep = keep and not all_held
+            drow[j] = d if keep else zero
         _zero_tail(full, end)
         _zero_tail(dfull, end)
 
