@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from softmaxkit.ops import soft_pool2d
+from softmaxkit.ops import soft_pool, soft_pool2d
 
 
 def unfold_reference(x, kernel_size, stride):
@@ -109,3 +109,71 @@ def test_minus_inf_gradcheck_and_nan_propagates():
     y[0, 0, 0, 0] = float("nan")
     out = soft_pool2d(y, 2)
     assert torch.isnan(out[0, 0, 0, 0]) and not torch.isnan(out[0, 0, 1]).any()
+
+
+def _hostile(shape, dtype, seed):
+    """Scores of scale 5 with a lone -inf, a window of only -inf and a large value."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * 5
+    x[0, 0, 0, 0] = float("-inf")
+    x[-1, -1, 2:5, 2:5] = float("-inf")
+    x[0, -1, 1, 1] = 1e4
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("window", [(2, 2, 2, 2), (3, 3, 2, 2), (2, 3, 1, 2), (3, 2, 3, 1), (5, 5, 1, 1), (1, 1, 1, 1)])
+def test_kernel_equals_the_reference_forward_and_backward(window, dtype, threads):
+    """The numba kernels (the default on the CPU) against the torch-ops reference, with -inf
+    activations, a window of only -inf, overlapping windows and non-contiguous inputs."""
+    kh, kw, sh, sw = window
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for layout in ("contiguous", "channels_last", "transposed"):
+            x = _hostile((2, 3, 11, 10), dtype, seed=kh * 10 + kw)
+            if layout == "channels_last":
+                x = x.to(memory_format=torch.channels_last)
+            elif layout == "transposed":
+                x = x.transpose(-1, -2)
+            x.requires_grad_()
+            out = soft_pool2d(x, (kh, kw), (sh, sw))
+            ref = soft_pool.reference(x, kh, kw, sh, sw)
+            tol = {"rtol": 1e-12, "atol": 1e-12} if dtype == torch.float64 else {"rtol": 2e-6, "atol": 2e-5}
+            torch.testing.assert_close(out, ref, **tol)
+            assert torch.equal(out == float("-inf"), ref == float("-inf"))
+            upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=dtype)
+            grad, = torch.autograd.grad(out, x, upstream)
+            expected, = torch.autograd.grad(ref, x, upstream)
+            torch.testing.assert_close(grad, expected, **tol)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_nan_and_plus_inf_windows_take_the_reference():
+    x = _hostile((2, 2, 6, 6), torch.float64, seed=5)
+    x[0, 1, 0, 0] = float("nan")
+    x[1, 0, 5, 5] = float("inf")
+    x.requires_grad_()
+    out = soft_pool2d(x, 2)
+    ref = soft_pool.reference(x, 2, 2, 2, 2)
+    torch.testing.assert_close(out, ref, equal_nan=True)
+    assert out[1, 0, 2, 2] == float("inf") and torch.isnan(out[0, 1, 0, 0])
+    grad, = torch.autograd.grad(out, x, torch.ones_like(out))
+    expected, = torch.autograd.grad(ref, x, torch.ones_like(ref))
+    torch.testing.assert_close(grad, expected, equal_nan=True)
+
+
+def test_second_order_gradients_empty_batches_and_transforms():
+    x = torch.randn(1, 2, 6, 7, generator=torch.Generator().manual_seed(2), dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda t: soft_pool2d(t, (3, 2), (2, 1)), (x,))
+    empty = torch.randn(0, 3, 8, 8, requires_grad=True)
+    out = soft_pool2d(empty, 2)
+    assert out.shape == (0, 3, 4, 4)
+    out.sum().backward()
+    assert empty.grad.shape == empty.shape
+    batch = torch.randn(4, 3, 8, 8, dtype=torch.float64)
+    torch.testing.assert_close(torch.func.vmap(lambda t: soft_pool2d(t, 2))(batch), soft_pool2d(batch, 2))
+    grad = torch.func.grad(lambda t: soft_pool2d(t, 2).sum())(batch)
+    expected, = torch.autograd.grad(soft_pool2d(batch.requires_grad_(), 2).sum(), batch)
+    torch.testing.assert_close(grad, expected)

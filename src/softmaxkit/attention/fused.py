@@ -802,13 +802,10 @@ def _tile_meta(plan: _Plan, blk: _Block, params: dict) -> tuple:
 def _run_kernel(kernel, *args) -> None:
     """Run a row kernel with torch's thread count (numba's OpenMP pool would otherwise reset
     the count torch reads, seen: 1 -> 2, and oversubscribe every later torch operation)."""
-    from ..kernels.cpu import compiled_call, sync_threads
+    from ..kernels.cpu import keep_torch_threads, sync_threads
 
-    threads = torch.get_num_threads()
     sync_threads()
-    compiled_call(kernel, *args)
-    if torch.get_num_threads() != threads:
-        torch.set_num_threads(threads)
+    keep_torch_threads(kernel, *args)
 
 
 def _tile_forward(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):

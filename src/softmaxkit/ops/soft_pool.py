@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
-import torch
+import math
 
-from .._checks import check_int_in_range
+import numpy as np
+import torch
+from torch.autograd import forward_ad
+
+from .._checks import check_int_in_range, is_functorch_wrapped
 from .._rows import compute_dtype
 from ..functional import softmax
+from ..kernels.dispatch import numba_available
 
 
 def soft_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
@@ -45,6 +50,13 @@ def soft_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
     height, width = x.shape[-2:]
     if kh > height or kw > width:
         raise ValueError(f"kernel_size ({kh}, {kw}) is larger than the input's (H, W) = ({height}, {width})")
+    if _kernel_applies(x):
+        return _SoftPool2d.apply(x, kh, kw, sh, sw)
+    return reference(x, kh, kw, sh, sw)
+
+
+def reference(x, kh, kw, sh, sw):
+    """SoftPool from torch operations on the window tensor (differentiable to any order)."""
     a = x.to(compute_dtype(x.dtype))
     windows = a.unfold(-2, kh, sh).unfold(-2, kw, sw)          # (..., Ho, Wo, kh, kw)
     windows = windows.reshape(*windows.shape[:-2], kh * kw)
@@ -54,6 +66,66 @@ def soft_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
     pooled = (weights * torch.where(masked, torch.zeros_like(windows), windows)).sum(-1)
     pooled = torch.where(masked.all(-1), torch.full_like(pooled, float("-inf")), pooled)
     return pooled.to(x.dtype)
+
+
+def _kernel_applies(x) -> bool:
+    """The numba kernels run on plain CPU tensors, outside ``torch.compile``, ``torch.func``
+    transforms and forward-mode AD (the reference runs there)."""
+    return (x.device.type == "cpu" and x.layout == torch.strided and not torch.compiler.is_compiling()
+            and forward_ad._current_level < 0 and not is_functorch_wrapped(x) and numba_available())
+
+
+class _SoftPool2d(torch.autograd.Function):
+    """SoftPool by the numba kernels (:mod:`._soft_pool_kernel`): one pass over each window
+    forward, and the closed-form gradient ``w_i (1 + a_i - out)`` backward. An input with a NaN
+    or ``+inf`` in a window takes the reference, forward and backward; so does a second-order
+    gradient (the reference's graph, rebuilt from the saved input)."""
+
+    @staticmethod
+    def forward(ctx, x, kh, kw, sh, sw):
+        from ._soft_pool_kernel import soft_pool_forward
+
+        a = x.detach().to(compute_dtype(x.dtype)).contiguous()
+        height, width = a.shape[-2:]
+        planes = a.view(math.prod(a.shape[:-2]), height, width)
+        shape = (planes.shape[0], (height - kh) // sh + 1, (width - kw) // sw + 1)
+        out, shift, total = (a.new_empty(shape) for _ in range(3))
+        odd = np.zeros(shape[0], np.uint8)
+        if out.numel():
+            _run(soft_pool_forward, planes.numpy(), out.numpy(), shift.numpy(), total.numpy(), kh, kw, sh, sw, odd)
+        ctx.window = (kh, kw, sh, sw)
+        ctx.by_reference = bool(odd.any())
+        if ctx.by_reference:
+            out = reference(a, kh, kw, sh, sw)
+        out = out.view(*a.shape[:-2], *shape[-2:])
+        ctx.save_for_backward(x, a, out, shift, total)
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        from ._soft_pool_kernel import soft_pool_backward
+
+        x, a, out, shift, total = ctx.saved_tensors
+        if ctx.by_reference or torch.is_grad_enabled():
+            with torch.enable_grad():
+                leaf = x if torch.is_grad_enabled() else x.detach().requires_grad_()
+                pooled = reference(leaf, *ctx.window)
+                (dx,) = torch.autograd.grad(pooled, leaf, grad, create_graph=torch.is_grad_enabled())
+            return dx, None, None, None, None
+        height, width = a.shape[-2:]
+        g = grad.to(a.dtype).contiguous().view(shift.shape)
+        dx = torch.zeros_like(a)
+        if g.numel():
+            _run(soft_pool_backward, a.view(shift.shape[0], height, width).numpy(), out.view(shift.shape).numpy(),
+                 shift.numpy(), total.numpy(), g.numpy(), dx.view(shift.shape[0], height, width).numpy(), *ctx.window)
+        return dx.to(x.dtype), None, None, None, None
+
+
+def _run(kernel, *args) -> None:
+    from ..kernels.cpu import keep_torch_threads, sync_threads
+
+    sync_threads()
+    keep_torch_threads(kernel, *args)
 
 
 def _pair(value, name: str) -> tuple[int, int]:
