@@ -223,12 +223,16 @@ def safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
 
 
 def held_overflow(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """``z = g(x)`` held at ``finfo.min`` where ``g`` overflowed a score that is not ``-inf``
-    (SSMax's ``s log n``, a temperature below 1 or MultiMax's slope above 1 on a ``finfo.min``
-    mask fill): a row all of whose visible scores overflowed gets equal weights on them, as on
-    the dense path, instead of reading as a row with nothing visible; in any other row such
-    entries still get weight 0. (The fused CPU kernels do the same in ``_g_held``.)"""
-    return torch.where(x > float("-inf"), z.clamp_min(torch.finfo(z.dtype).min), z)
+    """``z = g(x)`` held within ``[finfo.min, finfo.max]`` where ``g`` overflowed a score that
+    is not ``-inf``. Down (SSMax's ``s log n``, a temperature below 1 or MultiMax's slope above 1
+    on a ``finfo.min`` mask fill): a row all of whose visible scores overflowed gets equal
+    weights on them, as on the dense path, instead of reading as a row with nothing visible; in
+    any other row such entries still get weight 0. Up (MultiMax's quadratic term with ``t3 > 0``
+    on a ``finfo.min`` fill): the row's weight goes equally to those entries, as softmax gives
+    a row's ``+inf`` entries, instead of ``inf - inf = NaN``. (The fused CPU kernels do the same
+    in ``_g_held``, the Triton kernels in ``_held``.)"""
+    finfo = torch.finfo(z.dtype)
+    return torch.where(x > float("-inf"), z.clamp(finfo.min, finfo.max), z)
 
 
 def shifted_exp(z: torch.Tensor, visible: torch.Tensor | None, c: torch.Tensor) -> torch.Tensor:

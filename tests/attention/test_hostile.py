@@ -186,6 +186,33 @@ def test_a_row_of_finfo_min_fills_stays_visible_when_g_overflows(method, name, p
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("method", ["fused", "streaming"])
+def test_multimax_whose_square_term_overflows_up_on_padding_fills(method):
+    """MultiMax with t3 > 0 (nn.Normalizer's init has t3 ~ 0.02) on Hugging Face's finfo.min
+    padding: ``t3 (r3 - x)^2`` overflows to +inf there, so softmax gives those keys the whole
+    weight (the dense path computes such rows in float64: equal weights on the fills). The
+    fused kernels and the streaming rule formed ``inf - inf``: every row NaN (hostile audit,
+    2026-12-02). g is now held at finfo.max there; the fused path also keeps g'(x) p (dp - D)."""
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(1, 2, 40, 8, generator=gen).requires_grad_() for _ in range(3))
+    mask = torch.zeros(1, 1, 40, 40)
+    mask[..., 30:] = torch.finfo(torch.float32).min
+    mask[..., 4, :] = torch.finfo(torch.float32).min
+    params = {"r": (0.0, 0.0, 0.0, 0.0), "t": (0.0, 0.01, 0.02, 0.0)}
+    out = sk.attention(q, k, v, "multimax", method=method, attn_mask=mask, **params)
+    want = sk.attention(q, k, v, "multimax", method="dense", attn_mask=mask, **params)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out[..., 0, :], v.detach()[..., 30:, :].mean(-2), rtol=1e-5, atol=1e-5)
+    weight = torch.linspace(-1, 2, out.numel()).reshape(out.shape)
+    got = torch.autograd.grad((out * weight).sum(), [q, k, v])
+    ref = torch.autograd.grad((want * weight).sum(), [q, k, v])
+    assert all(torch.isfinite(g).all() for g in got)
+    torch.testing.assert_close(got[2], ref[2], rtol=1e-5, atol=1e-5)
+    if method == "fused":   # (streaming: a held score's derivative is a clamp's 0)
+        for g, r in zip(got[:2], ref[:2]):
+            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4 * float(r.abs().max()))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_streaming_normalized_sa_softmax_on_rows_of_finfo_min_fills(dtype):
     """Normalized SA-Softmax on the streaming path, a row of finfo.min fills and a row of a few

@@ -90,3 +90,19 @@ def test_log_softmax_with_minus_inf_passes_gradgradcheck(backend):
     x.requires_grad_()
     with sk.use_backend(backend):
         assert torch.autograd.gradgradcheck(sk.log_softmax, (x,))
+
+
+@pytest.mark.parametrize("shape", [(3, 9), (4, 2049)])
+def test_auto_log_softmax_tangent_at_minus_inf_scores_is_the_references(shape):
+    """The aten lane ran inside ``forward_ad.dual_level``, so aten's tangent ``t_j - <p, t>``
+    reached ``-inf`` scores, where the reference (and reverse mode on ``auto``) gives 0."""
+    x = _scores(*shape)
+    x[:, 1] = float("-inf")
+    t = _scores(*shape, seed=1)
+    tangents = {}
+    for backend in ("reference", "auto"):
+        with sk.use_backend(backend), forward_ad.dual_level():
+            out = sk.log_softmax(forward_ad.make_dual(x, t))
+            tangents[backend] = forward_ad.unpack_dual(out).tangent
+    assert (tangents["auto"][:, 1] == 0).all()
+    torch.testing.assert_close(tangents["auto"], tangents["reference"])

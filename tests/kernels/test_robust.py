@@ -241,6 +241,50 @@ def test_float32_entmax_reference_solves_in_float64(alpha):
     assert float((p32.double() - p64).abs().max()) < 1e-6
 
 
+@pytest.mark.parametrize("alpha", [10.0, 100.0, 1e4])
+def test_entmax_of_large_alpha_on_scores_closer_than_its_rounding(alpha):
+    """With alpha - 1 >= 1 the reference solves for ``theta - 1/u``: in ``1 + u (z - theta)``,
+    ``theta`` sits next to ``1/u`` and scores 1e-30 apart came out uniform at alpha = 100 (exact,
+    and the kernel: ``[0.505, 0, 0, 0.495, 0]``), so one row gave two answers by batch size."""
+    x = torch.tensor([[6.6135e-31, 2.6692e-31, 6.1677e-32, 6.2132e-31, -4.5191e-31]], dtype=F64)
+    with sk.use_backend("reference"):
+        reference = sk.entmax(x, alpha=alpha)
+    with sk.use_backend("numba"):
+        kernel = sk.entmax(x, alpha=alpha)
+    torch.testing.assert_close(reference, kernel, rtol=1e-12, atol=1e-15)
+    if alpha == 100.0:
+        assert reference[0, 1] == reference[0, 2] == reference[0, 4] == 0
+        torch.testing.assert_close(reference[0, [0, 3]], torch.tensor([0.5053315708518632, 0.4946684291481368],
+                                                                      dtype=F64))
+    wide = torch.randn(8, 300, generator=torch.Generator().manual_seed(9), dtype=F64) * 1e-30
+    with sk.use_backend("reference"):
+        reference = sk.entmax(wide, alpha=alpha)
+    with sk.use_backend("numba"):
+        kernel = sk.entmax(wide, alpha=alpha)
+    torch.testing.assert_close(reference, kernel, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("backend", ["numba", "auto"])
+def test_logsumexp_gradient_with_create_graph_on_fill_and_nan_rows(backend):
+    """The kernel's create_graph backward formed exp(x - lse) from the rounded lse: each entry of
+    a row of finfo.min (or finfo.max) fills got gradient 1, not 1/n, and a NaN row got 0."""
+    x = torch.full((1024, 16), torch.finfo(F64).min, dtype=F64)
+    x[1] = torch.finfo(F64).max
+    x[2, :] = 1e30
+    x[2, 0] = -1e30
+    x[3, 5] = float("nan")
+    x[4:] = torch.randn(1020, 16, generator=torch.Generator().manual_seed(2), dtype=F64)
+    xr = x.clone().requires_grad_()
+    with sk.use_backend(backend):
+        (g,) = torch.autograd.grad(sk.logsumexp(xr).sum(), xr, create_graph=True)
+    x_ref = x.clone().requires_grad_()
+    with sk.use_backend("reference"):
+        (expected,) = torch.autograd.grad(sk.logsumexp(x_ref).sum(), x_ref)
+    torch.testing.assert_close(g, expected, equal_nan=True)
+    assert torch.isnan(g[3]).all() and g.requires_grad
+    torch.testing.assert_close(g[0], torch.full((16,), 1 / 16, dtype=F64))
+
+
 def test_two_pass_softmax_beyond_its_exact_range():
     x = torch.randn(4, 50, generator=torch.Generator().manual_seed(7))
     x[1] *= 1e10

@@ -200,10 +200,8 @@ def test_additive_mask_of_huge_finite_values(name):
     add[..., 5, ::2] = -1e30
     add[..., 6, :] = torch.finfo(torch.float32).min
     # SSMax's s log n and MultiMax's slope overflow g at the fills: held there (uniform rows, as
-    # dense), with a clamp's zero derivative, where dense differentiates its (x - max) form
-    overflows = name in ("ssmax", "multimax")
-    check(name, torch.float32, lq=8, lk=12, d=16, attn_mask=add, is_causal=False, spread=1.0,
-          grads=not overflows)
+    # dense), with the dense path's gradient g'(x) p (dp - D) on a row whose every entry was held
+    check(name, torch.float32, lq=8, lk=12, d=16, attn_mask=add, is_causal=False, spread=1.0)
 
 
 @pytest.mark.parametrize("name", ["softmax", "softpick", "sigmoid", "sparsemax"])
@@ -222,6 +220,51 @@ def test_packed_sequences(name):
 @pytest.mark.parametrize("name", ["softmax", "softpick", "sigmoid", "sparsemax"])
 def test_half_precision(name, dtype):
     check(name, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", ["softmax", "ssmax"])
+def test_half_precision_gradients_at_large_scores(name, dtype):
+    """Scores about 30x the unit-variance ones: delta = rowsum(dO * O) taken from the rounded
+    float16 / bfloat16 output gave dq and dk errors 300-1000x the dense path's."""
+    check(name, dtype, lq=9, lk=17, d=16, spread=5.0)
+
+
+def test_as_entmax_with_a_given_count():
+    """The threshold search's bracket ends at ``-(visible keys)^(1 - alpha)``, not at the user's
+    ``n`` (n = 1 gave 16x the output on equal scores)."""
+    check("as_entmax", torch.float32, params={"n": 1}, lq=12, lk=16)
+    check("as_entmax", torch.float32, params={"n": 3}, lq=12, lk=16, is_causal=False)
+
+
+@pytest.mark.parametrize("name, params", [
+    ("as_entmax", {}),                                              # g = (1 + log n) x overflows down
+    ("multimax", {"r": (0.0, 0.0, 0.0, 0.0), "t": (0.0, 0.0, 0.02, 0.0)}),    # t3 (r3 - x)^2 overflows up
+])
+def test_finfo_min_fills_whose_g_overflows(name, params):
+    """Hugging Face's finfo.min padding: as_entmax's row of fills kept its uniform weights (the
+    kernel read it as empty: zeros), MultiMax with t3 > 0 gives those keys the whole weight (the
+    kernel gave NaN rows)."""
+    mask = torch.zeros(1, 1, 8, 12, dtype=torch.float64)
+    mask[..., 10:] = torch.finfo(torch.float32).min
+    mask[..., 2, :] = torch.finfo(torch.float32).min
+    check(name, torch.float32, params=params, lq=8, lk=12, is_causal=False, attn_mask=mask)
+
+
+def test_document_ids_with_any_strides_and_zero_heads():
+    q, k, v = (t.float().to(DEVICE) for t in _inputs(2, 1, 1, 16, 16, 16))
+    ids = torch.stack([document_ids_from_cu_seqlens(torch.tensor([0, 5, 16]), 16),
+                       document_ids_from_cu_seqlens(torch.tensor([0, 11, 16]), 16)]).to(DEVICE)
+    strided = ids.t().contiguous().t()   # the same ids, strides (1, 2)
+    assert not strided.is_contiguous()
+    expected = fused_attention(q, k, v, "softmax", is_causal=True, document_ids=ids)
+    assert torch.equal(fused_attention(q, k, v, "softmax", is_causal=True, document_ids=strided), expected)
+    q0 = torch.randn(1, 0, 5, 16, device=DEVICE, requires_grad=True)
+    kv = torch.randn(1, 1, 7, 16, device=DEVICE, requires_grad=True)
+    out = fused_attention(q0, kv, kv, "sigmoid", is_causal=True)
+    assert out.shape == (1, 0, 5, 16)
+    (g,) = torch.autograd.grad(out.sum(), kv)
+    assert torch.equal(g, torch.zeros_like(kv))
 
 
 @pytest.mark.parametrize("d", [40, 256])
@@ -249,6 +292,8 @@ def test_fallback_reasons():
     assert "per query or key" in fallback_reason(sk.registry.get("ssmax"), {"s": torch.ones(1, 1, 4, 1)}, q, q, q)
     with pytest.raises(ValueError, match="cannot run"):
         fused_attention(q, q, q, "entmax", alpha=1.0)
+    # base^(1/(alpha - 1)) magnifies float32 rounding by 1/(alpha - 1): 5x the dense error at 1.01
+    assert "alpha" in fallback_reason(sk.registry.get("entmax"), {"alpha": 1.01}, q, q, q)
 
 
 def test_double_backward_raises():

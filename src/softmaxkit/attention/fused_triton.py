@@ -26,6 +26,7 @@ from torch.autograd.function import once_differentiable
 
 from .. import registry
 from ..forms import COUNT, SoftmaxOf, SumNormalized, Threshold
+from ..kernels.dispatch import ENTMAX_MIN_ALPHA
 
 FAMILY_CODES = {"softmax_of": 0, "sum_normalized": 1, "elementwise": 3, "threshold": 4}
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -62,11 +63,18 @@ def _build_pieces(factory):
     return factory()
 
 
+#: The smallest alpha the threshold kernel takes, as for the CPU entmax kernels: its weights are
+#: ``base^{1/(alpha - 1)}``, which multiplies float32's rounding of ``base`` by ``1 / (alpha - 1)``
+#: (at alpha = 1.01 the forward error was 5x the dense path's, which solves in float64); below,
+#: the streaming or dense path runs.
+MIN_ALPHA = ENTMAX_MIN_ALPHA
+
+
 def _alpha(form: Threshold, params: Mapping[str, Any]) -> float | None:
     alpha = form.alpha(params)
     if isinstance(alpha, torch.Tensor) or isinstance(alpha, bool) or not isinstance(alpha, (int, float)):
         return None
-    return float(alpha) if 1.0 < alpha <= 2.0 else None
+    return float(alpha) if MIN_ALPHA <= alpha <= 2.0 else None
 
 
 def _per_head(value: torch.Tensor, b: int, h: int) -> bool:
@@ -92,7 +100,7 @@ def fallback_reason(spec: registry.NormalizerSpec, params: Mapping[str, Any], q:
         return f"normalizer {spec.name!r} streams through its own rule"
     merged = spec.with_defaults(params)
     if isinstance(form, Threshold) and _alpha(form, merged) is None:
-        return "the threshold kernel needs a number alpha with 1 < alpha <= 2"
+        return f"the threshold kernel needs a number alpha with {MIN_ALPHA} <= alpha <= 2"
     if q.dtype not in DTYPES:
         return f"dtype {q.dtype} (the kernels take float16, bfloat16, float32)"
     if q.shape[-1] > MAX_HEAD_DIM or v.shape[-1] > MAX_HEAD_DIM:
@@ -185,7 +193,10 @@ class _FusedAttention(torch.autograd.Function):
         from ..kernels.gpu import _attention_kernels as kern
 
         b, h, lq, lk, dv = c.b, c.h, c.lq, c.lk, c.dv
-        out = torch.empty(b, h, lq, dv, dtype=q.dtype, device=q.device)
+        # float16 / bfloat16: the kernel writes a float32 output, from which the backward's
+        # delta = rowsum(dO * O) is taken (from the rounded output, dq and dk at large scores were
+        # up to 1000x the dense path's error); the caller gets it rounded
+        out = torch.empty(b, h, lq, dv, dtype=torch.float32, device=q.device)
         stats = torch.zeros(b * h, lq, 4, dtype=torch.float32, device=q.device)
         bm, bn, warps, stages = c.fwd_blocks
         grid = (triton_cdiv(lq, bm), b * h)
@@ -205,8 +216,8 @@ class _FusedAttention(torch.autograd.Function):
         else:
             out.zero_()
         ctx.c = c
-        ctx.save_for_backward(q, k, v, par, out, stats, sv)
-        return out
+        ctx.save_for_backward(q, k, v, par, out if c.family in (0, 1, 2) else None, stats, sv)
+        return out.to(q.dtype)
 
     @staticmethod
     @once_differentiable  # a double backward (create_graph=True) raises instead of giving no gradient
@@ -223,7 +234,7 @@ class _FusedAttention(torch.autograd.Function):
         elif c.family == 3:
             delta = torch.zeros(b, h, lq, dtype=torch.float32, device=q.device)
         else:
-            delta = (dout.float() * out.float()).sum(-1)
+            delta = (dout.float() * out).sum(-1)
         delta = delta.contiguous()
         dq = torch.zeros(b, h, lq, d, dtype=torch.float32, device=q.device)
         dk = torch.zeros(b, h, lk, d, dtype=torch.float32, device=q.device)
@@ -244,7 +255,7 @@ class _FusedAttention(torch.autograd.Function):
                                            eps=c.eps, PGRAD=pgrad, ROW_DELTA=c.family in (1, 2),
                                            BLOCK_P=c.block_p, **common)
             kern._bwd_kv[(triton_cdiv(lk, bn), b * h)](*args, dk, dvv, NP=c.np, **common)
-        hk = h // c.groups
+        hk = c.hk
         dk = dk.view(b, hk, c.groups, lk, d).sum(2)
         dvv = dvv.view(b, hk, c.groups, lk, dv).sum(2)
         dpar_out = dpar.sum(0)[:, :c.np].to(par.dtype) if pgrad else None
@@ -341,8 +352,9 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
                 or qdoc.numel() not in (lq, b * lq) or kdoc.numel() not in (lk, b * lk)):
             raise ValueError(f"document_ids must have shape (B, Lq) and (B, Lk) (or (Lq,), (Lk,)), got "
                              f"{tuple(qdoc.shape)}, {tuple(kdoc.shape)}")
-        qdoc = qdoc.to(q.device, torch.int32).expand(b, lq)
-        kdoc = kdoc.to(q.device, torch.int32).expand(b, lk)
+        # the kernels read a row of ids at stride 1
+        qdoc = qdoc.to(q.device, torch.int32).contiguous().expand(b, lq)
+        kdoc = kdoc.to(q.device, torch.int32).contiguous().expand(b, lk)
     assert form is not None  # fallback_reason returned None
     family = 2 if isinstance(form, SumNormalized) and form.signed else FAMILY_CODES[form.family]
     needs_n = pieces.uses_n or family == 4
@@ -370,7 +382,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
     bwd = (16, 16, 1, 1) if interp else (64, 64, 4 if max(d, v.shape[-1]) <= 64 else 8, 1)
     eps = merged.get("eps", 0.0) if isinstance(form, SumNormalized) else 0.0
     c = _Config(
-        b=b, h=h, lq=lq, lk=lk, d=d, dv=v.shape[-1], groups=h // hk, scale=float(scale), eps=float(eps or 0.0),
+        b=b, h=h, hk=hk, lq=lq, lk=lk, d=d, dv=v.shape[-1], groups=h // hk, scale=float(scale), eps=float(eps or 0.0),
         pieces=pieces, family=family, u=u, alpha_kind=alpha_kind, causal=bool(is_causal),
         mask_kind=0 if mask is None else 1 if mask.dtype == torch.bool else 2,
         sm=tuple(mask.stride()) if mask is not None else (0, 0, 0, 0),

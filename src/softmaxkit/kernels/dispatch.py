@@ -662,8 +662,8 @@ def _lane_rows(x, dim) -> int:
     ``sk.softmax`` call that could have been ``torch.softmax``. Tensors seen through a
     functorch transform pass here and fail at the output's address read."""
     if (type(x) is not torch.Tensor or type(dim) is not int or torch.compiler.is_compiling()
-            or _current.get().backend != "auto"):
-        return 0
+            or _current.get().backend != "auto" or forward_ad._current_level >= 0):
+        return 0   # (forward-mode AD: aten's tangent at -inf scores is not the reference's 0)
     if x.layout is not _STRIDED or not x.is_cpu or x.is_nested or x.dtype not in _READ or not x.is_contiguous():
         return 0
     shape = x.shape
@@ -719,7 +719,7 @@ def softmax_lane(x, dim, log=False):
     if (rows > 1 or _ONE_ROW_WINS or x.shape[-1] >= (ONE_LONG_ROW if op in _LONG_ROW_OPS else LONG_FLOAT32_ROW)) \
             and _numba_wins(op, x):
         return _kernel_forward(op, x)
-    plain = forward_ad._current_level < 0 and not is_functorch_wrapped(x)   # (an autograd.Function applies)
+    plain = not is_functorch_wrapped(x)   # (an autograd.Function applies)
     if plain and x.numel() * x.element_size() >= memory.MIN_BYTES:
         out = _huge_page_softmax(x, log)
     elif plain and log and rows >= NUMBA_BACKWARD_ROWS and x.requires_grad and torch.is_grad_enabled() \

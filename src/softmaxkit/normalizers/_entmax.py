@@ -117,13 +117,28 @@ def _log_power(d: torch.Tensor, u: torch.Tensor, visible: torch.Tensor) -> torch
     return torch.where(inside, log_p, torch.full_like(log_p, float("-inf")))
 
 
+def _log_weights(z: torch.Tensor, s: torch.Tensor, u: torch.Tensor, visible: torch.Tensor,
+                 shifted: torch.Tensor) -> torch.Tensor:
+    r"""``log p`` at the iterate ``s``: ``theta`` (``p = [1 + u (z - theta)]_+^{1/u}``), or on
+    ``shifted`` rows ``delta = theta - 1/u`` (``p = [u (z - delta)]_+^{1/u}``)."""
+    d = z - s
+    inside = visible & (d > 0)
+    safe_u = torch.where(u > 0, u, torch.ones_like(u))
+    by_delta = torch.where(inside, (torch.log(safe_u) + torch.log(torch.where(inside, d, torch.ones_like(d)))) / safe_u,
+                           torch.full_like(d, float("-inf")))
+    return torch.where(shifted, by_delta, _log_power(d, u, visible))
+
+
 def _entmax_bisect(z: torch.Tensor, visible: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     r"""alpha-entmax for any ``u = alpha - 1 >= 0`` (per row): ``p_i = [1 + u(z_i - theta)]_+^{1/u}``.
 
     ``f(theta) = sum_i p_i - 1`` decreases in ``theta``, with slope ``-sum_i p_i^{1-u}``.
     With the row maximum at 0, ``p_max <= 1`` gives ``theta >= 0`` and ``p_max >= 1/n``
-    gives ``theta <= (1 - n^{-u}) / u`` (``log n`` at ``u = 0``). The root is found by
-    safeguarded Newton: a Newton step when it stays inside the bracket, else bisection,
+    gives ``theta <= (1 - n^{-u}) / u`` (``log n`` at ``u = 0``). For ``u >= 1`` the search
+    runs on ``delta = theta - 1/u`` in ``[-1/u, -n^{-u}/u]`` instead, ``p = [u (z - delta)]_+^{1/u}``:
+    there ``theta`` sits next to ``1/u`` and ``1 + u (z - theta)`` cancelled, so scores closer
+    than ``n^{-u}/u`` came out uniform (alpha = 100 on scores 1e-30 apart). The root is found
+    by safeguarded Newton: a Newton step when it stays inside the bracket, else bisection,
     until the bracket or the step reaches machine precision. (For alpha <= 2, ``f`` is
     convex and Newton from ``theta = 0`` converges monotonically.) ``p`` is finally divided
     by its sum. The search runs in float64 (as the sort-based solvers do): in float32 its
@@ -135,19 +150,21 @@ def _entmax_bisect(z: torch.Tensor, visible: torch.Tensor, u: torch.Tensor) -> t
     log_n = torch.log(count.clamp_min(1))
     u = u.to(z.dtype).expand_as(count)
     safe_u = torch.where(u > 0, u, torch.ones_like(u))
-    lo = torch.zeros_like(count)
-    hi = torch.where(u > 0, -torch.expm1(-u * log_n) / safe_u, log_n)
+    shifted = u >= 1
+    lo = torch.where(shifted, -1 / safe_u, torch.zeros_like(count))
+    hi = torch.where(shifted, -torch.exp(-u * log_n) / safe_u,
+                     torch.where(u > 0, -torch.expm1(-u * log_n) / safe_u, log_n))
     eps = torch.finfo(z.dtype).eps
     tol = 4 * eps
     # |f| this small is rounding in the sum of the weights.
     f_tol = 16 * eps * torch.log2(count + 2)
-    theta = lo.clone()
+    theta = lo.clone()   # (delta on shifted rows)
     # the iterate with the smallest |f| so far: near a support entry f' is unbounded and
     # the bracket must shrink to adjacent floats before that iterate is accurate
     best, best_f = theta, torch.full_like(theta, float("inf"))
     prev_f = best_f
     for _ in range(300):
-        log_p = _log_power(z - theta, u, visible)
+        log_p = _log_weights(z, theta, u, visible, shifted)
         on = log_p > float("-inf")
         f = torch.exp(log_p).sum(-1, keepdim=True) - 1
         slope = torch.where(on, torch.exp((1 - u) * log_p), torch.zeros_like(log_p)).sum(-1, keepdim=True)
@@ -157,7 +174,7 @@ def _entmax_bisect(z: torch.Tensor, visible: torch.Tensor, u: torch.Tensor) -> t
         hi = torch.where(f >= 0, hi, theta)
         newton = theta + f / torch.where(slope > 0, slope, torch.ones_like(slope))
         mid = (lo + hi) / 2
-        tiny_step = (newton - theta).abs() <= tol * theta.abs().clamp_min(1)
+        tiny_step = (newton - theta).abs() <= tol * torch.where(shifted, theta.abs(), theta.abs().clamp_min(1))
         small_f = f.abs() <= f_tol
         done = ~((lo < mid) & (mid < hi)) | (tiny_step & small_f)
         if bool(done.all()):
@@ -168,7 +185,7 @@ def _entmax_bisect(z: torch.Tensor, visible: torch.Tensor, u: torch.Tensor) -> t
         prev_f = f.abs()
         theta = torch.where(done, theta, torch.where(use_newton, newton, mid))
     theta = best
-    p = torch.exp(_log_power(z - theta, u, visible))
+    p = torch.exp(_log_weights(z, theta, u, visible, shifted))
     total = p.sum(-1, keepdim=True)
     return (p / nonzero_or_one(total)).to(out_dtype)
 

@@ -47,11 +47,23 @@ def modulator(x: torch.Tensor, r: Sequence[Any], t: Sequence[Any]) -> torch.Tens
             + _term(t[2], r[2] - x, True) + _term(t[3], x - r[3], True))
 
 
+#: Where :func:`_term` holds a square constant in float64, the dtype that the reference computes
+#: a row in once ``g`` overflows float32 (past it, no slope).
+_SQUARE_LIMIT = torch.finfo(torch.float64).max ** 0.5
+
+
+def _slope(t: Any, base: torch.Tensor) -> torch.Tensor:
+    """``d (t u^2) / du = 2 t u`` with ``u = relu(base)``, 0 past :data:`_SQUARE_LIMIT`."""
+    u = torch.relu(base)
+    return 2 * _term(t, torch.where(u > _SQUARE_LIMIT, torch.zeros_like(u), u), False)
+
+
 def d_modulator(x: torch.Tensor, r: Sequence[Any], t: Sequence[Any]) -> torch.Tensor:
-    r"""``dσ/dx = 1 - t_1 [x < r_1] + t_2 [x > r_2] - 2 t_3 [r_3 - x]_+ + 2 t_4 [x - r_4]_+``."""
+    r"""``dσ/dx = 1 - t_1 [x < r_1] + t_2 [x > r_2] - 2 t_3 [r_3 - x]_+ + 2 t_4 [x - r_4]_+``
+    (a square's part 0 where :func:`_term` holds it constant)."""
     one = torch.ones_like(x)
     return (one - _term(t[0], (r[0] - x > 0).to(x.dtype), False) + _term(t[1], (x - r[1] > 0).to(x.dtype), False)
-            - 2 * _term(t[2], r[2] - x, False) + 2 * _term(t[3], x - r[3], False))
+            - _slope(t[2], r[2] - x) + _slope(t[3], x - r[3]))
 
 
 FORM = SoftmaxOf(g=modulator, dg=d_modulator)
@@ -160,10 +172,14 @@ def _numba_pieces():
     @njit(cache=True, inline="always")
     def dg(x, n, par):
         zero, one, two = cast_like(0.0, x), cast_like(1.0, x), cast_like(2.0, x)
+        limit = _SQUARE_LIMIT
         below = par[4] if par[0] - x > zero else zero
         above = par[5] if x - par[1] > zero else zero
-        return (one - below + above - two * (par[6] * max(par[2] - x, zero))
-                + two * (par[7] * max(x - par[3], zero)))
+        c = max(par[2] - x, zero)
+        d = max(x - par[3], zero)
+        c = c if c <= limit else zero   # (float64 only: where _term holds the square constant)
+        d = d if d <= limit else zero
+        return one - below + above - two * (par[6] * c) + two * (par[7] * d)
 
     def values(params):
         r, t = params["r"], params["t"]

@@ -111,8 +111,9 @@ def _nan_row(full, end, hidden, r, masked):
 
 @njit(cache=False, error_model="numpy", inline="always")
 def _g_held(g, x, n, hp, lowest):
-    """``g(x)``, held at ``lowest`` (``-finfo.max``) where ``g`` overflows a score that is not
-    ``-inf`` (SSMax's ``s log n`` or MultiMax's slope above 1 on a ``finfo.min`` mask fill):
+    """``g(x)`` within ``[lowest, -lowest]`` (``lowest = -finfo.max``), held at ``lowest`` where
+    ``g`` overflows a score that is not ``-inf`` (SSMax's ``s log n`` or MultiMax's slope above 1
+    on a ``finfo.min`` mask fill):
     such a row, all of whose visible scores overflowed, gets equal weights on them, as the
     dense path has it, instead of reading as a row with nothing visible. In any other row the
     held entries still get weight 0, and so a zero gradient. In a row whose every visible entry
@@ -128,7 +129,9 @@ def _g_and_held(g, x, n, hp, lowest):
     entry's derivative."""
     z = g(x, n, hp)
     held = x >= lowest and not z >= lowest
-    return (lowest if held else z), held
+    # g overflowing up (MultiMax's t3 > 0 on a finfo.min fill) is held at finfo.max, not flagged:
+    # such entries share the row's weight, as softmax gives a row's +inf entries, and keep g'
+    return (lowest if held else (-lowest if z > -lowest else z)), held
 
 
 # ---- softmax_of ------------------------------------------------------------------------

@@ -196,13 +196,13 @@ class _LogSumExpFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _grad_todo):
         x, lse, todo = ctx.saved_tensors
-        if torch.is_grad_enabled():   # create_graph=True: differentiable through lse
+        if torch.is_grad_enabled():   # create_graph=True: d lse / dx = softmax(x), differentiable
+            # (not exp(x - lse): the rounded lse of a row of finfo.min fills gave each entry 1, not 1/n)
             finite = (torch.isfinite(lse) & ~todo).unsqueeze(-1)
-            safe = torch.where(finite, lse.unsqueeze(-1), torch.zeros_like(lse.unsqueeze(-1)))
-            # the branch not taken must stay finite: exp(+inf) there puts 0 * inf into x's gradient
-            x_safe = torch.where(finite, x, torch.zeros_like(x))
-            p = torch.where(finite, torch.exp(x_safe - safe), torch.zeros_like(x))
-            return p * grad.unsqueeze(-1), None
+            # the branch not taken must stay finite: a NaN there would reach x's gradient as 0 * NaN
+            p = torch.softmax(torch.where(finite, x, torch.zeros_like(x)), -1)
+            other = torch.where(torch.isnan(lse).unsqueeze(-1), torch.full_like(x, float("nan")), torch.zeros_like(x))
+            return torch.where(finite, p, other) * grad.unsqueeze(-1), None
         # d lse / dx = softmax(x); rows whose reference gradient is 0 (+inf rows) are flagged
         p, _, special, again = _run_forward(x, 1.0, ctx.algorithm, _k.PROBS)
         redo = again & ~todo.reshape(-1)

@@ -104,8 +104,11 @@ def _held(z):
     """``z = g(x)`` at a visible score, held at float32's lowest value where ``g`` overflowed to
     ``-inf`` (a ``finfo.min`` mask fill under SSMax's ``s log n`` or a slope above 1): a row all
     of whose scores overflowed gets equal weights on them, as the dense path, not zeros (as
-    ``_g_held`` on CPU). NaN stays NaN."""
-    return tl.where(z == float("-inf"), -3.4028234663852886e38, z)
+    ``_g_held`` on CPU); and at its largest where ``g`` overflowed to ``+inf`` (MultiMax's
+    ``t3 > 0`` on such a fill): those entries share the row's weight, as softmax gives ``+inf``
+    entries, not ``inf - inf = NaN``. NaN stays NaN."""
+    big = 3.4028234663852886e38
+    return tl.where(z == float("-inf"), -big, tl.where(z == float("inf"), big, z))
 
 
 @triton.jit
@@ -145,11 +148,11 @@ def _tile_grads(x, vis, cols, n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
     ``tau - u m``, ``sum s``, ``m`` in ``s3``) and ``delta`` the row term of the backward,
     already broadcast to the tile (rows along either axis)."""
     if FAMILY == 0:
-        z = FN(x, n, par)
-        held = z == float("-inf")   # (a visible score: see _held; its derivative is 0, a clamp's)
-        p = tl.where(vis, tl.exp((_held(z) - s0) - s1), 0.0)
-        gz = tl.where(held, 0.0, p * (dp - delta))
-        dx = tl.where(held, 0.0, gz * DFN(x, n, par))
+        # an entry whose g was held (see _held) has weight 0 unless its whole row was held, where the
+        # dense path (float64 there) gives g'(x) p (dp - D); g' may overflow where p = 0
+        p = tl.where(vis, tl.exp((_held(FN(x, n, par)) - s0) - s1), 0.0)
+        gz = p * (dp - delta)
+        dx = tl.where(p > 0, gz * DFN(x, n, par), 0.0)
     elif FAMILY == 1:
         inv = tl.where(s0 > 0, 1.0 / s0, 0.0)
         f = FN(x, n, par)
@@ -169,11 +172,10 @@ def _tile_grads(x, vis, cols, n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
         gz = tl.where(vis, dp, 0.0)
         dx = gz * DFN(x, n, par)
     else:
-        z = FN(x, n, par)
-        base = tl.where(vis, tl.maximum(u * (z - s3) - s0, 0.0), 0.0)
+        base = tl.where(vis, tl.maximum(u * (_held(FN(x, n, par)) - s3) - s0, 0.0), 0.0)
         p, s = _powers(base, u, ALPHA_KIND)
         gz = s * (dp - delta)
-        dx = gz * DFN(x, n, par)
+        dx = tl.where(s > 0, gz * DFN(x, n, par), 0.0)   # (as softmax_of: held entries off the support)
     return p, gz, dx
 
 
@@ -308,6 +310,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
     # the row maximum of z = g(x) over visible keys (and the score there, the parameter gradient's reference)
     m_i = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
     x_ref = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
+    seen = tl.zeros([BLOCK_M], tl.float32)   # visible keys: the bracket's end (n may be the user's)
     for start_n in range(0, hi_n, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kt = tl.load(K + (kvh * Lk + offs_n[None, :]) * D + offs_d[:, None],
@@ -315,15 +318,16 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
         x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
-        z = tl.where(vis, FN(x, n, par), float("-inf"))
+        z = tl.where(vis, _held(FN(x, n, par)), float("-inf"))
         z_max = tl.max(z, 1)
         x_ref = _score_at_peak(x, z, z_max, m_i, x_ref, vis)
         m_i = tl.maximum(m_i, z_max)
+        seen += tl.sum(vis.to(tl.float32), 1)
     empty = m_i == float("-inf")
     m_s = tl.where(empty, 0.0, m_i)
     # tau shifted by u m (see the module docstring): base = u (z - m) - tau, exact at large scores
     lo = tl.zeros([BLOCK_M], tl.float32) - 1.0
-    hi = -tl.exp2(-u * tl.log2(n1))
+    hi = -tl.exp2(-u * tl.log2(tl.maximum(seen, 1.0)))
     tau = lo
     it = tl.zeros((), tl.int32)
     go = it < MAX_ITER
@@ -337,7 +341,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
             vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                    CAUSAL, MASK_KIND, DOCS)
             x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
-            base = tl.where(vis, tl.maximum(u * (FN(x, n, par) - m_s[:, None]) - tau[:, None], 0.0), 0.0)
+            base = tl.where(vis, tl.maximum(u * (_held(FN(x, n, par)) - m_s[:, None]) - tau[:, None], 0.0), 0.0)
             p, s = _powers(base, u, ALPHA_KIND)
             fsum += tl.sum(p, 1)
             ssum += tl.sum(s, 1)
@@ -365,7 +369,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
         x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
-        base = tl.where(vis, tl.maximum(u * (FN(x, n, par) - m_s[:, None]) - tau[:, None], 0.0), 0.0)
+        base = tl.where(vis, tl.maximum(u * (_held(FN(x, n, par)) - m_s[:, None]) - tau[:, None], 0.0), 0.0)
         if tl.max(tl.max(base, 1), 0) > 0:  # a key tile outside every row's support adds nothing
             p, s = _powers(base, u, ALPHA_KIND)
             s_tot += tl.sum(s, 1)
