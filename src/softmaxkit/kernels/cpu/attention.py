@@ -288,9 +288,36 @@ def factor_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_
         _zero_tail(full, end)
 
 
-@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+#: The factor backward forms ``q (g' (w dp - D) + w' dp)`` as written: ``D`` sums the rounded
+#: products ``w dp``, and an FMA ``fma(w, dp, -D)`` (contraction) or ``(w dp + dp) - D``
+#: (reassociation) leaves the product's rounding where the exact difference is 0 (one-hot rows
+#: of SA-Softmax at scores of 1e2-1e3: q and k gradients 500x the dense float32 error). Its
+#: sums run in :func:`_factor_sums`, with the usual flags.
+_FAST_UNFUSED = _FAST - {"contract", "reassoc"}
+
+
+@njit(fastmath=_FAST, cache=False, error_model="numpy", inline="never")
+def _factor_sums(row, raw, drow, hid, g, w, n, hp, m, total, lowest):
+    """Writes ``e = e^{g(x) - m}`` (0 where hidden) over ``row``; returns ``(total + sum e,
+    sum e w(x) dp)`` (``raw``: the scores)."""
+    zero = cast_like(0.0, m)
+    weighted = zero
+    for j in range(row.shape[0]):
+        e = exp_nonpositive_fast(_g_held(g, raw[j], n, hp, lowest) - m)
+        e = zero if hid[j] else e
+        total += e
+        row[j] = e
+        weighted += e * w(raw[j], n, hp) * drow[j] if e != zero else zero
+    return total, weighted
+
+
+@njit(parallel=True, fastmath=_FAST_UNFUSED, cache=False, error_model="numpy")
 def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, g, dg, sink, w, dw):
-    """``dS = q (dg (w dp - dd) + dw dp)``, ``q = e^{g - m} / sum``, ``p = w q``."""
+    """``dS = q (dg (w dp - D) + dw dp)``, ``q = e^{g - m} / sum``, ``p = w q``, with
+    ``D = sum_j q_j w_j dp_j`` formed from the row, not from ``dd = rowsum(dO * O)`` (unused
+    here), as in :func:`softmax_of_backward`: ``w dp - D`` cancels where ``w`` is large
+    (SA-Softmax's ``w(x) = x`` at scores of 1e2-1e3: q and k gradients 1000x the dense float32
+    error with the rounded ``O``)."""
     masked = hidden.shape[0] > 0
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     ninf = cast_like(-np.inf, s[0, 0])
@@ -310,33 +337,29 @@ def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
             _nan_row(full, end, hidden, r, masked)
             _nan_row(dfull, end, hidden, r, masked)
             continue
-        d0 = dd[r]
         extra = sink(n, hp)
         m = _max_of(row, hidden, r, masked, g, n, hp, extra, lowest)
         if m == ninf:
             _zero_tail(full, 0)
             _zero_tail(dfull, 0)
             continue
+        raw = row.copy()   # the row then holds e^{g - m}; w, g' and w' are taken at the raw scores
         total = exp_nonpositive_fast(extra - m) if extra > ninf else zero
+        total, weighted = _factor_sums(row, raw, drow, hid, g, w, n, hp, m, total, lowest)
+        inv = cast_like(1.0, m) / total
+        d0 = weighted * inv
         for j in range(row.shape[0]):
-            x = row[j]
-            z, held = _g_and_held(g, x, n, hp, lowest)
-            e = exp_nonpositive_fast(z - m)
-            e = zero if hid[j] else e
-            total += e
-            if e == zero:
+            q = row[j] * inv
+            if q == zero:
                 row[j] = zero
                 drow[j] = zero
             else:
+                x = raw[j]
                 wx = w(x, n, hp)
                 d = drow[j]
-                row[j] = wx * e
-                d = e * (dg(x, n, hp) * (wx * d - d0) + dw(x, n, hp) * d)
-                drow[j] = zero if held else d
-        inv = cast_like(1.0, m) / total
-        for j in range(row.shape[0]):
-            row[j] *= inv
-            drow[j] *= inv
+                row[j] = wx * q
+                held = _g_and_held(g, x, n, hp, lowest)[1]
+                drow[j] = zero if held else q * (dg(x, n, hp) * (wx * d - d0) + dw(x, n, hp) * d)
         _zero_tail(full, end)
         _zero_tail(dfull, end)
 
