@@ -214,6 +214,23 @@ def test_multimax_whose_square_term_overflows_up_on_padding_fills(method):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_streaming_adaptive_softmax_on_a_row_of_finfo_min_fills(dtype):
+    """The streaming rule's entropy ``c + log d - sum x e / d`` cancelled ``finfo.min`` against
+    itself on a padded query row: right output, NaN (or inf) q and k gradients (hostile audit,
+    2026-12-02). It now sums ``(x - c) e`` relative to the running shift."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 3, 4, generator=gen, dtype=dtype).requires_grad_()
+    k, v = (torch.randn(1, 2, 5, 4, generator=gen, dtype=dtype).requires_grad_() for _ in range(2))
+    mask = torch.zeros(3, 5, dtype=dtype)
+    mask[0] = torch.finfo(dtype).min
+    mask[2, :2] = torch.finfo(dtype).min
+    want = _out_and_grads(q, k, v, "adaptive_softmax", "dense", attn_mask=mask)
+    for block_size in (None, 2):
+        got = _out_and_grads(q, k, v, "adaptive_softmax", "streaming", attn_mask=mask, block_size=block_size)
+        _same(got, want, 1e-5 if dtype == torch.float32 else 1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_streaming_normalized_sa_softmax_on_rows_of_finfo_min_fills(dtype):
     """Normalized SA-Softmax on the streaming path, a row of finfo.min fills and a row of a few
     scores among fills: the rule split ``(x - low) e`` into ``x e - low e``, whose value sums

@@ -84,13 +84,12 @@ def adaptive_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None =
     return finish(rows, softmax_rows(scaled, rows.visible))
 
 
-#: Scale of the streamed sum of ``x e^{x-c}`` (a power of two: exact).
-_E_SCALE = 2.0 ** -32
-
-
 class AdaptiveSoftmaxRule(StreamRule):
-    """Pass 0: ``d = sum e^{x-c}``, ``E = sum x e^{x-c}``, entropy ``H = c + log d - E/d``;
-    pass 1: ``softmax(beta x)`` with ``beta`` from :func:`inverse_temperature`."""
+    """Pass 0: ``d = sum e^{x-c}`` and ``E = sum (x - c) e^{x-c}``, taken relative to the running
+    shift ``c`` (carried from shift to shift by :meth:`rescaled`), so the entropy
+    ``H = log d - E/d`` adds no huge terms (``c + log d - sum x e / d`` cancelled ``finfo.min``
+    against itself on a row of fills: NaN gradients); pass 1: ``softmax(beta x)`` with ``beta``
+    from :func:`inverse_temperature`."""
 
     passes = 2
     shifted = (True, True)
@@ -105,14 +104,17 @@ class AdaptiveSoftmaxRule(StreamRule):
         e = shifted_exp(z, visible, st[f"c{p}"])
         if p == 1:
             return {"num": e, "den": e}
-        # z only where e > 0: a fill's z times its incoming gradient overflows, and 0 * inf is NaN;
-        # and z scaled by 2^-32 (exact), so that the sum of many finfo.min fills stays finite
-        return {"d": e, "E": torch.where(e > 0, z * _E_SCALE, torch.zeros_like(z)) * e}
+        # x - c only where e > 0: elsewhere it may be -inf, and 0 * inf is NaN
+        return {"d": e, "E": torch.where(e > 0, z - st["c0"], torch.zeros_like(z)) * e}
+
+    def rescaled(self, sums, alpha, c_old, c_new):
+        if "E" in sums:  # sum (x - c_new) e = sum (x - c_old) e + (c_old - c_new) sum e, times alpha
+            sums = {**sums, "E": sums["E"] + (c_old - c_new) * sums["d"]}
+        return super().rescaled(sums, alpha, c_old, c_new)
 
     def stats(self, p, sums, st):
-        d, e_sum = sums["d"], sums["E"]
-        mean = safe_div(e_sum, d) * (1.0 / _E_SCALE)
-        entropy = torch.where(d > 0, (st["c0"] - mean) + torch.log(torch.where(d > 0, d, torch.ones_like(d))),
+        d = sums["d"]
+        entropy = torch.where(d > 0, torch.log(torch.where(d > 0, d, torch.ones_like(d))) - safe_div(sums["E"], d),
                               torch.zeros_like(d))
         return {"beta": inverse_temperature(entropy, bool(st["params"].get("detach_beta", False)))}
 
