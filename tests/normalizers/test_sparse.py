@@ -68,10 +68,13 @@ def test_agrees_along_another_dim():
 
 @pytest.mark.parametrize("alpha", [1.05, 1.3, 1.5, 2.0, 3.0, 8.0])
 def test_matches_naive_bisection_in_float64(alpha):
+    # at alpha = 8 the oracle itself is 2.9e-12 off a 50-digit mpmath solution (row 8), where
+    # sk.entmax (and the numba kernel) are 1.1e-12 off
+    atol = 1e-12 if alpha <= 3.0 else 5e-12
     x = randn(20, 11, seed=4, scale=4.0)
-    torch.testing.assert_close(sk.entmax(x, alpha=alpha), naive_entmax(x, alpha), atol=1e-12, rtol=0)
+    torch.testing.assert_close(sk.entmax(x, alpha=alpha), naive_entmax(x, alpha), atol=atol, rtol=0)
     tensor_alpha = torch.tensor([[alpha]], dtype=F64)
-    torch.testing.assert_close(sk.entmax(x, alpha=tensor_alpha), naive_entmax(x, alpha), atol=1e-12, rtol=0)
+    torch.testing.assert_close(sk.entmax(x, alpha=tensor_alpha), naive_entmax(x, alpha), atol=atol, rtol=0)
 
 
 def test_float32_near_alpha_one_is_accurate():
