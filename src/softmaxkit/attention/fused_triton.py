@@ -193,10 +193,11 @@ class _FusedAttention(torch.autograd.Function):
         from ..kernels.gpu import _attention_kernels as kern
 
         b, h, lq, lk, dv = c.b, c.h, c.lq, c.lk, c.dv
-        # float16 / bfloat16: the kernel writes a float32 output, from which the backward's
-        # delta = rowsum(dO * O) is taken (from the rounded output, dq and dk at large scores were
-        # up to 1000x the dense path's error); the caller gets it rounded
-        out = torch.empty(b, h, lq, dv, dtype=torch.float32, device=q.device)
+        # float16 / bfloat16 with a gradient to come: the kernel writes a float32 output, from which
+        # the backward's delta = rowsum(dO * O) is taken (from the rounded output, dq and dk at
+        # large scores were up to 1000x the dense path's error); the caller gets it rounded
+        wide = c.family in (0, 1, 2) and any(ctx.needs_input_grad[:4])
+        out = torch.empty(b, h, lq, dv, dtype=torch.float32 if wide else q.dtype, device=q.device)
         stats = torch.zeros(b * h, lq, 4, dtype=torch.float32, device=q.device)
         bm, bn, warps, stages = c.fwd_blocks
         grid = (triton_cdiv(lq, bm), b * h)
@@ -234,7 +235,7 @@ class _FusedAttention(torch.autograd.Function):
         elif c.family == 3:
             delta = torch.zeros(b, h, lq, dtype=torch.float32, device=q.device)
         else:
-            delta = (dout.float() * out).sum(-1)
+            delta = (dout.float() * out.float()).sum(-1)
         delta = delta.contiguous()
         dq = torch.zeros(b, h, lq, d, dtype=torch.float32, device=q.device)
         dk = torch.zeros(b, h, lk, d, dtype=torch.float32, device=q.device)
