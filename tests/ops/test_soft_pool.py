@@ -177,3 +177,23 @@ def test_second_order_gradients_empty_batches_and_transforms():
     grad = torch.func.grad(lambda t: soft_pool2d(t, 2).sum())(batch)
     expected, = torch.autograd.grad(soft_pool2d(batch.requires_grad_(), 2).sum(), batch)
     torch.testing.assert_close(grad, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernel_on_windows_of_finfo_extremes_and_mask_fills(dtype):
+    """A window of finfo.max activations summed e * a past the largest float (inf, where the
+    reference gives finfo.max); the kernel now sums e * (a - m)."""
+    finfo = torch.finfo(dtype)
+    x = torch.randn(2, 2, 4, 4, generator=torch.Generator().manual_seed(4), dtype=dtype)
+    x[0, 0, :2, :2] = finfo.max
+    x[0, 1, :2, :2] = finfo.min
+    x[1, 0, :2, 2:] = -1e9
+    x[1, 1, 0, 0] = finfo.max
+    x.requires_grad_()
+    out = soft_pool2d(x, 2)
+    ref = soft_pool.reference(x, 2, 2, 2, 2)
+    assert out[0, 0, 0, 0] == finfo.max and out[0, 1, 0, 0] == finfo.min
+    torch.testing.assert_close(out, ref)
+    grad, = torch.autograd.grad(out.sum(), x)
+    expected, = torch.autograd.grad(ref.sum(), x)
+    torch.testing.assert_close(grad, expected)

@@ -3,7 +3,7 @@ r"""The numba kernels behind :func:`softmaxkit.ops.soft_pool2d`, parallel over t
 
 For a window ``R`` with maximum ``m``:
 
-.. math:: \tilde a_R = \frac{\sum_{i \in R} e^{a_i - m} a_i}{\sum_{i \in R} e^{a_i - m}},
+.. math:: \tilde a_R = m + \frac{\sum_{i \in R} e^{a_i - m} (a_i - m)}{\sum_{i \in R} e^{a_i - m}},
           \qquad \frac{\partial \tilde a_R}{\partial a_i} = w_i (1 + a_i - \tilde a_R),
           \quad w_i = \frac{e^{a_i - m}}{\sum_{j \in R} e^{a_j - m}}
 
@@ -56,7 +56,8 @@ def soft_pool_forward(x, out, shift, total, kh, kw, sh, sw, odd_planes):
                         v = line[j * sw + b]
                         e = exp_nonpositive(v - m[j])
                         t[j] += e
-                        weighted[j] += e * (v if v > ninf else zero)
+                        # relative to m: sum e a of a window of finfo.max overflowed (0 where e = 0)
+                        weighted[j] += e * (v - m[j]) if e > zero else zero
             o = out[p, i]
             for j in range(cols):
                 if m[j] == ninf:
@@ -64,7 +65,7 @@ def soft_pool_forward(x, out, shift, total, kh, kw, sh, sw, odd_planes):
                 elif m[j] == -ninf or t[j] != t[j]:   # a +inf, or a NaN, in the window
                     odd_planes[p] = 1
                 else:
-                    o[j] = weighted[j] / t[j]
+                    o[j] = m[j] + weighted[j] / t[j]
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -91,5 +92,5 @@ def soft_pool_backward(x, out, shift, total, grad, dx, kh, kw, sh, sw):
                     for j in range(cols):
                         v = line[j * sw + b]
                         e = exp_nonpositive(v - m[j])
-                        d = scale[j] * e * (one + v - o[j])
+                        d = scale[j] * e * (one + (v - o[j]))   # (1 + a rounds to a at finfo.max)
                         dline[j * sw + b] += d if v > ninf else zero
