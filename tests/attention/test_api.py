@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import softmaxkit as sk
-from softmaxkit.attention import api
+from softmaxkit.attention import api, sdpa
 
 
 def _qkv(b=2, h=4, hk=4, lq=6, lk=6, d=8, dtype=torch.float64, seed=0):
@@ -16,13 +16,13 @@ def _qkv(b=2, h=4, hk=4, lq=6, lk=6, d=8, dtype=torch.float64, seed=0):
 
 def test_plain_softmax_goes_to_sdpa_and_matches_dense(monkeypatch):
     calls = []
-    original = api.torch_f.scaled_dot_product_attention
+    original = sdpa.torch_f.scaled_dot_product_attention
 
     def recording(*args, **kwargs):
         calls.append(kwargs)
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(api.torch_f, "scaled_dot_product_attention", recording)
+    monkeypatch.setattr(sdpa.torch_f, "scaled_dot_product_attention", recording)
     q, k, v = _qkv(hk=2)
     pad = torch.rand(2, 1, 1, 6, generator=torch.Generator().manual_seed(1)) > 0.3
     for causal, mask in ((True, None), (False, pad)):
@@ -42,7 +42,7 @@ def test_softmax_with_a_number_temperature_runs_on_sdpa_with_a_scaled_scale(monk
 
 
 def test_softmax_with_a_tensor_temperature_streams_instead_of_sdpa(monkeypatch):
-    monkeypatch.setattr(api, "_sdpa", lambda *a: pytest.fail("SDPA used for a tensor temperature"))
+    monkeypatch.setattr(api, "run_sdpa", lambda *a: pytest.fail("SDPA used for a tensor temperature"))
     monkeypatch.setattr(api, "dense_attention", lambda *a: pytest.fail("dense path for a long input"))
     q, k, v = _qkv(lq=130, lk=130, b=1, h=2, hk=1)
     t = torch.tensor([0.5, 2.0], dtype=q.dtype).reshape(2, 1, 1)
@@ -73,7 +73,7 @@ def test_small_score_matrices_with_full_tiles_take_the_fused_row_kernels_in_auto
 
     decode, heads = qkv(4, 8, 1, 2048), qkv(8, 4, 128, 128)
     for q, k, v in (decode, heads):
-        for name in ("ssmax", "sigmoid", "softpick", "softmax_sink"):
+        for name in ("ssmax", "sigmoid", "softpick"):
             assert auto_method(q, k, v, name, is_causal=True) == "fused"
             torch.testing.assert_close(sk.attention(q, k, v, name, is_causal=True),
                                        sk.attention(q, k, v, name, is_causal=True, method="dense"))

@@ -423,11 +423,14 @@ def test_rule_normalizers_float32_and_below(name, dtype, monkeypatch):
 
 
 def test_rule_normalizers_auto_route():
-    """method="auto" on the CPU sends them to the fused path in float32/float64; SA-Softmax's
-    normalized variant (no numba pieces for it) keeps the streaming path."""
+    """method="auto" on the CPU sends them to the fused path in float32/float64 (softmax with a sink
+    to SDPA, where the fused path is its fallback); SA-Softmax's normalized variant (no numba
+    pieces for it) keeps the streaming path."""
     from softmaxkit.attention.api import auto_method
 
     q = k = v = torch.randn(1, 2, 200, 8)
+    assert auto_method(q, k, v, "softmax_sink", is_causal=True) == "sdpa"
+    q[0, 0, 0, 0] = float("nan")   # a NaN score: not SDPA's to take
     for name in RULES:
         assert auto_method(q, k, v, name, is_causal=True) == "fused", name
         assert auto_method(q.double(), k.double(), v.double(), name) == "fused", name
@@ -579,7 +582,7 @@ def test_the_row_kernels_check_for_nan_only_where_a_score_may_be_nan():
     q, k, v = (torch.randn(2, 2, 16, 8, generator=g) for _ in range(3))
 
     def may_be_nan(q=q, k=k, mask=None, scale=None):
-        return fused._scores_may_be_nan(prepare(q, k, v, is_causal=False, attn_mask=mask, scale=scale))
+        return fused.scores_may_be_nan(prepare(q, k, v, is_causal=False, attn_mask=mask, scale=scale))
 
     assert not may_be_nan()
     assert not may_be_nan(mask=torch.zeros(16, 16).masked_fill(torch.eye(16, dtype=torch.bool), float("-inf")))

@@ -260,7 +260,7 @@ def test_auto_softmax_gradient_on_a_padded_query_row(fill):
     backward gave it Lk times the gradient of the math backend (torch 2.13), so "auto" takes
     the dense path when gradients are wanted and such a row exists; rows of ordinary masks
     keep SDPA."""
-    from softmaxkit.attention.api import _sdpa_backward_drifts
+    from softmaxkit.attention.sdpa import SdpaPlan, sdpa_backward_drifts
     from softmaxkit.attention.inputs import prepare
 
     gen = torch.Generator().manual_seed(4)
@@ -272,8 +272,9 @@ def test_auto_softmax_gradient_on_a_padded_query_row(fill):
     _same(_out_and_grads(q, k, v, "softmax", "auto", attn_mask=mask), want, 1e-4)
     ordinary = mask.clone()
     ordinary[..., 5, 0] = 0.0
-    assert _sdpa_backward_drifts(mask, prepare(q, k, v, is_causal=False, attn_mask=mask, scale=None), 1.0)
-    assert not _sdpa_backward_drifts(ordinary, prepare(q, k, v, is_causal=False, attn_mask=ordinary, scale=None), 1.0)
+    assert sdpa_backward_drifts(mask, prepare(q, k, v, is_causal=False, attn_mask=mask, scale=None), SdpaPlan(1.0))
+    assert not sdpa_backward_drifts(ordinary, prepare(q, k, v, is_causal=False, attn_mask=ordinary, scale=None),
+                                     SdpaPlan(1.0))
 
 
 @pytest.mark.parametrize("name", ["multimax", "ssmax", "sa_softmax"])

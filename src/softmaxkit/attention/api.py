@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as torch_f
 
 from .. import registry
 from .._checks import check_choice
-from ..forms import COUNT, SoftmaxOf
+from ..forms import COUNT
 from ..registry import NormalizerSpec
 from .dense import dense_attention
 from .fused import auto_prefers, fused_attention, pays_off_when_small, row_kernels_apply
 from .inputs import AttentionInputs, prepare
+from .sdpa import run_sdpa, sdpa_backward_drifts, sdpa_plan
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
 METHODS = ("auto", "sdpa", "fused", "streaming", "dense")
@@ -78,57 +78,6 @@ def _validation_key(spec: NormalizerSpec, checked: dict, length: int, dtype: tor
     return key
 
 
-def _sdpa_factor(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> float | None:
-    """The factor ``a`` when the normalizer is ``softmax(a x)`` for a number ``a`` (SDPA can run it
-    with its scale times ``a``), else ``None``."""
-    if not isinstance(spec.form, SoftmaxOf) or spec.form.linear_factor is None or spec.stream is not None:
-        return None
-    factor = spec.form.linear_factor(spec.with_defaults(params))
-    if factor is None:
-        return None
-    _, _, lq, lk = inp.shape
-    if inp.is_causal and (inp.has_user_mask or (lq != lk and lq != 1)):
-        return None
-    return factor
-
-
-def _sdpa(q, k, v, inp: AttentionInputs, factor: float = 1.0) -> torch.Tensor:
-    _, _, lq, _ = inp.shape
-    mask = inp.bool_mask if inp.bool_mask is not None else inp.additive_mask
-    if mask is not None and mask.is_floating_point():
-        mask = _sdpa_additive(mask, factor, q.dtype)
-    return torch_f.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, scale=inp.scale * factor, is_causal=inp.is_causal and lq > 1,
-        enable_gqa=inp.kv_groups > 1)
-
-
-def _sdpa_additive(mask: torch.Tensor, factor: float, dtype: torch.dtype) -> torch.Tensor:
-    """``factor * mask`` in ``dtype`` for SDPA (``mask`` in the compute dtype). A finite entry
-    that ``factor > 1`` overflows (a finfo.min fill) becomes the lowest number, not ``-inf``: a
-    very negative score is visible, as on the dense and fused paths (a row of them gets uniform
-    weights there, where ``-inf`` would hide the row and output 0)."""
-    if factor <= 1.0:
-        return mask.to(dtype) * factor if factor != 1.0 else mask.to(dtype)
-    scaled = (mask * factor).clamp_min(torch.finfo(mask.dtype).min)
-    return torch.where(mask == float("-inf"), mask, scaled).to(dtype)
-
-
-def _sdpa_backward_drifts(attn_mask, inp: AttentionInputs, factor: float) -> bool:
-    """Whether SDPA's gradient would be off here: a float ``attn_mask`` with a row whose every
-    entry is far below 0 (a padded query under a finfo.min or -1e9 fill), when gradients are
-    wanted. Torch's CPU flash-attention backward rebuilds such a row's weights from a
-    logsumexp rounded at the fill's magnitude (torch 2.13: a row of finfo.min gets
-    ``Lk`` times the gradient of the math backend); ``"auto"`` takes the dense path then.
-    Rows are flagged when their largest mask entry is below ``-0.01 / eps`` of the compute
-    dtype (-8.4e4 in float32), where that rounding exceeds 1%."""
-    if inp.additive_mask is None or torch.compiler.is_compiling() or not torch.is_grad_enabled():
-        return False
-    if not any(t.requires_grad for t in (inp.q, inp.k, inp.v)) or attn_mask.shape[-1] == 0:
-        return False
-    top = attn_mask.detach().amax(-1)   # the caller's mask, not its expansion
-    return bool(((top > float("-inf")) & (top < -0.01 / torch.finfo(inp.q.dtype).eps / factor)).any())
-
-
 def _blocks(block_size) -> tuple[int, int]:
     if block_size is None:
         return DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
@@ -153,7 +102,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     Shapes as in ``torch.nn.functional.scaled_dot_product_attention``: ``q`` is
     ``(B, H, Lq, D)``, ``k`` and ``v`` are ``(B, Hkv, Lk, D)`` and ``(B, Hkv, Lk, Dv)`` with
     ``Hkv`` dividing ``H`` (grouped-query attention). A normalizer that is ``softmax(a x)``
-    for a number ``a`` (softmax with a number temperature) goes to torch SDPA. On the CPU
+    for a number ``a`` (softmax with a number temperature) goes to torch SDPA, and on the CPU
+    so does softmax with a sink (torch's flash kernel and its logsumexp: :mod:`.sdpa`). On the CPU
     the others take the fused path (``method="fused"``): blocks of queries against their
     whole visible rows, never the ``Lq x Lk`` matrix, with the closed-form backward of the
     normalizer's family; every streamable normalizer can also run over key blocks
@@ -174,8 +124,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     Args:
         normalizer: a registered name (``softmaxkit list``).
         scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
-        method: ``"auto"`` (see :func:`auto_method`), ``"sdpa"`` (``softmax(a x)`` normalizers
-            only), ``"fused"`` (CPU: query blocks against whole visible rows with the closed-form
+        method: ``"auto"`` (see :func:`auto_method`), ``"sdpa"`` (``softmax(a x)`` normalizers,
+            and softmax with a sink on the CPU), ``"fused"`` (CPU: query blocks against whole visible rows with the closed-form
             backward of the normalizer's family, :mod:`.fused`; CUDA: the Triton kernels of
             :mod:`softmaxkit.attention.fused_triton` for normalizers that declare Triton pieces,
             which ``"auto"`` takes there too), ``"streaming"`` or ``"dense"``. The streaming path
@@ -208,14 +158,18 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         raise ValueError(f"method={method!r} treats attn_mask as a constant, but attn_mask requires grad (a "
                          "learned additive bias); use method='auto' or 'dense', which differentiate it")
     if method == "sdpa":
-        factor = _sdpa_factor(spec, params, inp)
-        if factor is None:
+        plan = sdpa_plan(spec, params, inp)
+        if plan is None:
             raise ValueError("method='sdpa' needs a normalizer that is softmax(a x) for a number a (softmax "
-                             "with a number temperature) and no causal mask combined with attn_mask or with "
-                             "Lq != Lk (Lq > 1)")
-        if requested == "auto" and _sdpa_backward_drifts(attn_mask, inp, factor):
-            return dense_attention(inp, normalizer, params)
-        return _sdpa(q, k, v, inp, factor)
+                             "with a number temperature), or on the CPU softmax with a sink (per-head sink, "
+                             "one head size for q and v, finite scores), and no causal mask combined with attn_mask or "
+                             "with Lq != Lk (Lq > 1)")
+        if requested == "auto" and sdpa_backward_drifts(attn_mask, inp, plan):
+            if plan.sink is None:
+                return dense_attention(inp, normalizer, params)
+            method = _auto(spec, params, merged, inp, sdpa=False)
+        else:
+            return run_sdpa(plan, inp, q, k, v)
     if method == "fused" and _triton_device(q):
         from .fused_triton import fused_attention as triton_attention
 
@@ -261,15 +215,16 @@ def _params_per_head(spec: NormalizerSpec, merged: dict, inp: AttentionInputs) -
     return all(_per_head(val, spec.param(n).size, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))
 
 
-def _auto(spec: NormalizerSpec, params: dict, merged: dict, inp: AttentionInputs) -> str:
-    """The method ``"auto"`` runs: SDPA for ``softmax(a x)``; the dense reference for small
+def _auto(spec: NormalizerSpec, params: dict, merged: dict, inp: AttentionInputs, sdpa: bool = True) -> str:
+    """The method ``"auto"`` runs: SDPA for ``softmax(a x)`` and, on the CPU, softmax with a sink
+    (:func:`.sdpa.sdpa_plan`; ``sdpa=False`` skips it); the dense reference for small
     inputs (``Lq * Lk <= SMALL_SCORES``, unless the CPU row kernels pay off there:
     :func:`.fused.pays_off_when_small`) and for parameters that vary per query or key; on
     CUDA the Triton kernels (``"fused"``) wherever they run (:func:`.fused_triton.fallback_reason`),
     at every length; on the CPU the fused path (the four forms, and normalizers that cannot stream: see
     :func:`.fused.auto_prefers`); otherwise streaming when the normalizer streams, else dense.
     The choice follows ``softmaxkit bench attention`` (fastest exact path per normalizer)."""
-    if _sdpa_factor(spec, params, inp) is not None:
+    if sdpa and sdpa_plan(spec, params, inp) is not None:
         return "sdpa"
     _, _, lq, lk = inp.shape
     if not _params_per_head(spec, merged, inp):

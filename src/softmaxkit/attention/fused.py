@@ -222,12 +222,12 @@ class _Plan:
     tiles: Any = None
     #: each head's packed parameters for the row kernels, ``(B, H, P)``
     packed: torch.Tensor | None = None
-    #: whether a score may be NaN (:func:`_scores_may_be_nan`), found on first use
+    #: whether a score may be NaN (:func:`scores_may_be_nan`), found on first use
     _may_be_nan: bool | None = None
 
     def scores_may_be_nan(self) -> bool:
         if self._may_be_nan is None:
-            self._may_be_nan = _scores_may_be_nan(self.inp)
+            self._may_be_nan = scores_may_be_nan(self.inp)
         return self._may_be_nan
 
     def blocks(self):
@@ -732,7 +732,7 @@ def _pack(values, inp: AttentionInputs) -> torch.Tensor:
     return torch.stack(cols, -1).contiguous()
 
 
-def _scores_may_be_nan(inp: AttentionInputs) -> bool:
+def scores_may_be_nan(inp: AttentionInputs) -> bool:
     """Whether a score ``(q k^T) scale + mask`` may be NaN: a NaN or infinite entry of q or k,
     products that may overflow (``max|q| max|k| D scale`` beyond a quarter of the dtype's
     range), or a NaN in an additive mask. One reduction over q and k per call, against a
@@ -920,10 +920,13 @@ def _rows_backward(plan: _Plan, s: torch.Tensor, blk: _Block, leaves: dict, want
     return ds, (grads[1:] if wanted else None), p.detach()
 
 
-def _linear_factor(form: Any, kind: str, params: dict, names: list) -> Any:
-    """``a`` when the form is ``softmax(a x)`` for a number ``a`` (folded into the query scale)."""
+def _linear_factor(spec: NormalizerSpec, form: Any, kind: str, params: dict, names: list) -> Any:
+    """``a`` when the form is ``softmax(a x)`` for a number ``a`` (folded into the query scale)
+    and the numba pieces add nothing to it (a sink logit or a factor, which they compute on ``g``)."""
     if isinstance(form, SoftmaxOf) and kind == "softmax_of" and form.linear_factor is not None and not names:
-        return form.linear_factor(params)
+        pieces = numba_pieces(spec, params)
+        if pieces is None or (pieces.sink_logit is None and pieces.factor is None):
+            return form.linear_factor(params)
     return None
 
 
@@ -934,7 +937,7 @@ def _computation(spec: NormalizerSpec, params: dict, inp: AttentionInputs, names
     if row_kernels_apply(inp):
         fast = kind_for(spec, params, kernels=True)
         fast_form = kernel_form(spec, params) or spec.form
-        tiles = _tile_pieces(spec, fast, inp, _linear_factor(fast_form, fast, params, names), params)
+        tiles = _tile_pieces(spec, fast, inp, _linear_factor(spec, fast_form, fast, params, names), params)
         if tiles is not None:
             kind, form = fast, fast_form
     return kind, form, tiles
@@ -987,7 +990,7 @@ def fused_attention(spec: NormalizerSpec, inp: AttentionInputs, params: dict,
     tensors = [params[n].to(dtype=inp.q.dtype, device=inp.q.device) for n in names]
     kind, form, tiles = _computation(spec, params, inp, names)
     block_q, heads, batches = _geometry(inp, tiles is not None, block_q)
-    linear = _linear_factor(form, kind, params, names)
+    linear = _linear_factor(spec, form, kind, params, names)
     plan = _Plan(kind, spec, form, inp, fixed, names, {p.name: p.size for p in spec.param_specs}, block_q, heads,
                  needs_count=kind != "rows" and form is not None and forms.form_uses_count(form), batches=batches)
     plan.linear = None if linear is None else float(linear)

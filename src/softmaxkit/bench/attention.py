@@ -4,8 +4,9 @@ For each normalizer of the registry that can run without the ``Lq x Lk`` matrix
 (``spec.streamable``; names are never listed here), at ``L = 4096, H = 4, D = 64``, causal,
 float32 (``--quick``: ``L = 256``), every path that applies is timed:
 
-* ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``, where the normalizer is
-  ``softmax(a x)`` for a number ``a``; it is also the baseline of every ratio;
+* ``sdpa``: ``softmaxkit.attention(method="sdpa")``, where the normalizer is ``softmax(a x)``
+  for a number ``a`` or (on the CPU) softmax with a sink (:mod:`softmaxkit.attention.sdpa`).
+  The baseline of every ratio is ``torch.nn.functional.scaled_dot_product_attention`` itself;
 * ``flex``: ``torch.nn.attention.flex_attention``, compiled, with the ``softmax_of`` map
   ``g`` as ``score_mod`` (forward only: FlexAttention has no CPU backward); not in
   ``--quick`` (each compile takes tens of seconds);
@@ -33,6 +34,8 @@ import torch.nn.functional as F
 from .. import forms, registry
 from .._table import Table
 from ..attention import attention, auto_method
+from ..attention.inputs import prepare
+from ..attention.sdpa import sdpa_plan
 from ._measure import machine_header, median_time, peak_memory_bytes
 
 HEADS, HEAD_DIM = 4, 64
@@ -84,9 +87,17 @@ def _flex_forward(spec, params: dict, length: int):
     return lambda qkv: compiled(qkv[0], qkv[1], qkv[2], score_mod=score_mod, block_mask=mask, scale=scale)
 
 
+def _baseline(qkv):
+    return F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
+
+
+def _runs_on_sdpa(spec, params: dict, length: int) -> bool:
+    """Whether ``method="sdpa"`` runs the normalizer (softmax(a x); on the CPU a sink too)."""
+    q, k, v = _inputs(length, False)
+    return sdpa_plan(spec, params, prepare(q, k, v, is_causal=True, attn_mask=None, scale=None)) is not None
+
+
 def _runner(path: str, name: str, params: dict, flex=None):
-    if path == "sdpa":
-        return lambda qkv: F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], is_causal=True)
     if path == "flex":
         return flex
     return lambda qkv: attention(qkv[0], qkv[1], qkv[2], name, is_causal=True, method=path, **params)
@@ -117,10 +128,12 @@ def _timings(fns: dict, length: int, repeats: int) -> dict:
             times[key].append(median_time(job, repeats=1, warmup=0))
     out = {}
     for path in fns:
+        if path == "baseline":
+            continue
         row = []
         for kind in ("fwd", "both"):
             if (path, kind) in times:
-                row.append(statistics.median(t / b for t, b in zip(times[(path, kind)], times[("sdpa", kind)])))
+                row.append(statistics.median(t / b for t, b in zip(times[(path, kind)], times[("baseline", kind)])))
             else:
                 row.append("no backward")
         row += [1e3 * statistics.median(times[(path, kind)]) if (path, kind) in times else "-"
@@ -204,12 +217,13 @@ def run(quick: bool = False, names: list[str] | None = None, length: int | None 
         params: dict[str, Any] = {}
         q, k, v = _inputs(length, False)
         chosen = auto_method(q, k, v, spec.name, is_causal=True, **params)
-        fns: dict = {"sdpa": (_runner("sdpa", spec.name, params), True)}
+        fns: dict = {"baseline": (_baseline, True)}
         skipped = {}
         for path in paths:
             if path == "sdpa":
-                continue
-            if path == "flex":
+                if _runs_on_sdpa(spec, params, length):
+                    fns[path] = (_runner(path, spec.name, params), True)
+            elif path == "flex":
                 if quick or not _flex_applies(spec):
                     continue
                 flex = _flex_forward(spec, spec.with_defaults(params), length)
@@ -223,8 +237,6 @@ def run(quick: bool = False, names: list[str] | None = None, length: int | None 
                 fns[path] = (_runner(path, spec.name, params), True)
         timed = _timings(fns, length, repeats)
         for path in paths:
-            if path == "sdpa" and chosen != "sdpa":
-                continue
             if path in skipped:
                 time_table.add(spec.name, spec.family or "-", spec.streaming, path, "", skipped[path], "-", "-", "-",
                                "-")

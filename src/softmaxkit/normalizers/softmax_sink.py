@@ -83,6 +83,11 @@ def sink_logit(params: Any) -> Any:
     return params["sink"]
 
 
+def _unit_factor(params: Any) -> float:
+    """``g(x) = x``: softmax(1 x) with the sink, which SDPA runs (:mod:`softmaxkit.attention.sdpa`)."""
+    return 1.0
+
+
 @functools.cache
 def _numba_pieces():
     """``g(x) = x`` with the sink logit ``s`` (packed) for the CPU fused attention's row kernels:
@@ -99,7 +104,7 @@ def _numba_pieces():
 
     return NumbaPieces(fn=identity_piece, dfn=one_piece, sink=logit, sink_logit=sink_logit,
                        values=lambda params: (params["sink"],),
-                       form=SoftmaxOf(g=identity, dg=one))
+                       form=SoftmaxOf(g=identity, dg=one, linear_factor=_unit_factor))
 
 
 SPEC = builtin(

@@ -1,0 +1,185 @@
+r"""The normalizers torch's scaled dot-product attention can run, and how.
+
+* ``softmax(a x)`` for a number ``a`` (softmax with a number temperature): SDPA itself, with
+  its scale times ``a``, on every device.
+* Softmax with a sink, ``p_j = e^{a x_j} / (e^{s} + \sum_k e^{a x_k})`` (a normalizer whose
+  numba pieces declare a ``sink`` logit and whose map is linear; gpt-oss, OpenAI 2025, arXiv
+  2508.10925), on the CPU: torch's flash kernel
+  (``aten::_scaled_dot_product_flash_attention_for_cpu``) returns the plain softmax output
+  ``o`` and its log-normaliser ``lse = \log \sum_k e^{a x_k}``. With
+  ``T = \operatorname{logaddexp}(lse, s)``, the log of the sink's denominator,
+
+  .. math:: \mathrm{out} = o\, e^{lse - T},
+
+  and the flash backward, given ``T`` in place of ``lse`` and ``out`` as the output, rebuilds
+  the sink's weights ``p_j = e^{a x_j - T}`` and forms ``dS = p (dP - \mathrm{rowsum}(dO \circ
+  out))``, which is the sink's own gradient (the sink carries no value, so ``dv = p^T dO``). The
+  sink's gradient is ``-\sum_i p_{sink,i}\, dO_i \cdot out_i``, ``p_{sink} = e^{s - T}``. So the
+  sink costs SDPA's time plus two passes over ``(Lq,)`` rows, where the fused path's tiles
+  cost 1.3-1.5x SDPA (L=4096, causal, 2 threads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as torch_f
+
+from ..forms import SoftmaxOf
+from ..registry import NormalizerSpec
+from .fused import numba_pieces, scores_may_be_nan
+from .inputs import AttentionInputs
+from .streaming import double_backward_error
+
+
+@dataclass(frozen=True)
+class SdpaPlan:
+    """``softmax(factor x)`` over the visible scores, with one more logit ``sink`` in the
+    denominator when it is not None (a number or a per-head tensor broadcastable to
+    ``(B, H, 1, 1)``)."""
+
+    factor: float
+    sink: Any = None
+
+
+def sdpa_plan(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> SdpaPlan | None:
+    """How SDPA runs ``spec`` with ``params`` (as given; defaults are filled in here), or None
+    when it cannot: a causal mask that SDPA would align differently (``Lq != Lk``, ``Lq > 1``) or
+    combine with ``attn_mask``, or a normalizer that is not one of the module docstring's."""
+    _, _, lq, lk = inp.shape
+    if inp.is_causal and (inp.has_user_mask or (lq != lk and lq != 1)):
+        return None
+    merged = spec.with_defaults(params)
+    if isinstance(spec.form, SoftmaxOf) and spec.form.linear_factor is not None and spec.stream is None:
+        factor = spec.form.linear_factor(merged)
+        return None if factor is None else SdpaPlan(float(factor))
+    return _sink_plan(spec, merged, inp)
+
+
+def _sink_plan(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> SdpaPlan | None:
+    q, k, v = inp.q, inp.k, inp.v
+    if torch.compiler.is_compiling():
+        return None   # its checks read data (finite scores) and the numba pieces: a traced call streams
+    if q.device.type != "cpu" or min(q.numel(), k.numel()) == 0 or q.shape[-1] != v.shape[-1]:
+        return None   # the CPU flash kernel needs one head size and crashes on empty inputs
+    if inp.additive_mask is not None and inp.additive_mask.requires_grad and torch.is_grad_enabled():
+        return None   # a learned bias: its gradient is not computed here
+    pieces = numba_pieces(spec, params)
+    if pieces is None or pieces.sink_logit is None or pieces.factor is not None:
+        return None
+    form = pieces.form
+    if not isinstance(form, SoftmaxOf) or form.linear_factor is None:
+        return None
+    factor, sink = form.linear_factor(params), pieces.sink_logit(params)
+    if factor is None or scores_may_be_nan(inp):
+        return None   # the flash kernel's maximum skips a NaN score, which makes the reference's row NaN
+    lowest = sink.min().item() if isinstance(sink, torch.Tensor) and sink.numel() else sink
+    if isinstance(lowest, (int, float)) and lowest < _drift_limit(inp, factor) and inp.additive_mask is not None \
+            and _low_rows(inp.additive_mask, _drift_limit(inp, factor)):
+        return None   # a row of fills as low as the sink: out = o e^{lse - T} would cancel there
+    if isinstance(sink, torch.Tensor):
+        b, h, _, _ = inp.shape
+        if sink.dim() > 4 or any(n != 1 for n in sink.shape[-2:]) or not _broadcasts(sink.shape, (b, h, 1, 1)):
+            return None
+    return SdpaPlan(float(factor), sink)
+
+
+def _broadcasts(shape: torch.Size, target: tuple[int, ...]) -> bool:
+    return all(n in (1, t) for n, t in zip(reversed(shape), reversed(target)))
+
+
+def run_sdpa(plan: SdpaPlan, inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor,
+             v: torch.Tensor) -> torch.Tensor:
+    """Attention by SDPA under ``plan`` (``q``, ``k``, ``v``: the caller's tensors; the sink runs
+    on ``inp``'s, in the compute dtype)."""
+    _, _, lq, _ = inp.shape
+    causal = inp.is_causal and lq > 1
+    mask = inp.bool_mask if inp.bool_mask is not None else inp.additive_mask
+    if plan.sink is None:
+        if mask is not None and mask.is_floating_point():
+            mask = sdpa_additive(mask, plan.factor, q.dtype)
+        return torch_f.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=inp.scale * plan.factor, is_causal=causal,
+            enable_gqa=inp.kv_groups > 1)
+    q, k, v = inp.q, inp.k, inp.v
+    if mask is not None:
+        mask = (sdpa_additive(mask, plan.factor, q.dtype) if mask.is_floating_point()
+                else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf")))
+    sink = plan.sink
+    if isinstance(sink, torch.Tensor):
+        sink = sink.to(torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype)
+    else:
+        sink = torch.tensor(float(sink), dtype=torch.float32 if q.dtype in (torch.float16, torch.bfloat16)
+                            else q.dtype)
+    out = _SinkFlash.apply(q, k, v, sink, mask, inp.scale * plan.factor, causal)
+    return out.to(inp.out_dtype)
+
+
+class _SinkFlash(torch.autograd.Function):
+    """Softmax with a sink by torch's CPU flash kernel (module docstring); first derivatives
+    in ``q``, ``k``, ``v`` and the sink."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sink, mask, scale, causal):
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+        total = torch.logaddexp(lse.unsqueeze(-1), sink)      # (B, H, Lq, 1)
+        out = out * torch.exp(lse.unsqueeze(-1) - total).to(out.dtype)
+        ctx.save_for_backward(q, k, v, sink, mask, out, total)
+        ctx.scale, ctx.causal = scale, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():   # create_graph=True: the flash backward builds no graph
+            raise RuntimeError(double_backward_error("sdpa"))
+        q, k, v, sink, mask, out, total = ctx.saved_tensors
+        grad = grad.contiguous()
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad, q, k, v, out, total.squeeze(-1).contiguous(), 0.0, ctx.causal, attn_mask=mask, scale=ctx.scale)
+        dsink = None
+        if ctx.needs_input_grad[3]:
+            flow = (grad.to(total.dtype) * out.to(total.dtype)).sum(-1, keepdim=True)
+            dsink = (-torch.exp(sink - total) * flow).sum_to_size(sink.shape)
+        return dq, dk, dv, dsink, None, None, None
+
+
+def sdpa_additive(mask: torch.Tensor, factor: float, dtype: torch.dtype) -> torch.Tensor:
+    """``factor * mask`` in ``dtype`` for SDPA (``mask`` in the compute dtype). A finite entry
+    that ``factor > 1`` overflows (a finfo.min fill) becomes the lowest number, not ``-inf``: a
+    very negative score is visible, as on the dense and fused paths (a row of them gets uniform
+    weights there, where ``-inf`` would hide the row and output 0)."""
+    if factor <= 1.0:
+        return mask.to(dtype) * factor if factor != 1.0 else mask.to(dtype)
+    scaled = (mask * factor).clamp_min(torch.finfo(mask.dtype).min)
+    return torch.where(mask == float("-inf"), mask, scaled).to(dtype)
+
+
+def _low_rows(mask: torch.Tensor, limit: float) -> bool:
+    """Whether a row of the float ``mask`` has every entry below ``limit`` but not all ``-inf``."""
+    top = mask.detach().amax(-1)
+    return bool(((top > float("-inf")) & (top < limit)).any())
+
+
+def _drift_limit(inp: AttentionInputs, factor: float) -> float:
+    """Scores below this (in the compute dtype) leave the logsumexp of their row rounded by
+    more than 1% in the exponent: ``-0.01 / eps`` (-8.4e4 in float32)."""
+    return -0.01 / torch.finfo(inp.q.dtype).eps / factor
+
+
+def sdpa_backward_drifts(attn_mask, inp: AttentionInputs, plan: SdpaPlan) -> bool:
+    """Whether SDPA's gradient would be off here: a float ``attn_mask`` with a row whose every
+    entry is far below 0 (a padded query under a finfo.min or -1e9 fill), when gradients are
+    wanted. Torch's CPU flash-attention backward rebuilds such a row's weights from a
+    logsumexp rounded at the fill's magnitude (torch 2.13: a row of finfo.min gets
+    ``Lk`` times the gradient of the math backend); ``"auto"`` takes the dense path then.
+    Rows are flagged when their largest mask entry is below :func:`_drift_limit`. With a
+    sink the weights are relative to ``logaddexp(lse, s)``, which such a fill cannot round
+    unless the sink is as low, and :func:`sdpa_plan` declines that case."""
+    if plan.sink is not None or inp.additive_mask is None or torch.compiler.is_compiling():
+        return False
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in (inp.q, inp.k, inp.v)):
+        return False
+    return attn_mask.shape[-1] > 0 and _low_rows(attn_mask, _drift_limit(inp, plan.factor))

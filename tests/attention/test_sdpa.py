@@ -1,0 +1,163 @@
+"""Softmax with a sink through torch's CPU flash kernel (softmaxkit.attention.sdpa)."""
+
+import pytest
+import torch
+
+import softmaxkit as sk
+from softmaxkit import registry
+from softmaxkit.attention import auto_method, sdpa
+from softmaxkit.attention.inputs import prepare
+
+F32 = torch.finfo(torch.float32)
+
+
+def _qkv(b=2, h=4, hk=4, lq=9, lk=9, d=8, dtype=torch.float64, seed=0, spread=1.0):
+    gen = torch.Generator().manual_seed(seed)
+    return (spread * torch.randn(b, h, lq, d, generator=gen, dtype=dtype),
+            spread * torch.randn(b, hk, lk, d, generator=gen, dtype=dtype),
+            torch.randn(b, hk, lk, d, generator=gen, dtype=dtype))
+
+
+def _run(method, q, k, v, sink, **kw):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    if isinstance(sink, torch.Tensor):
+        sink = sink.detach().clone().requires_grad_()
+        leaves.append(sink)
+    out = sk.attention(*leaves[:3], "softmax_sink", method=method, sink=sink, **kw)
+    weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+    return [out.detach()] + list(torch.autograd.grad((out * weight).sum(), leaves))
+
+
+def _masks(lq, lk, dtype):
+    gen = torch.Generator().manual_seed(5)
+    visible = torch.rand(lq, lk, generator=gen) > 0.3
+    visible[2] = False                        # a row that sees nothing
+    additive = torch.randn(2, 1, lq, lk, generator=gen, dtype=dtype)
+    additive[0, 0, 3] = float("-inf")         # nothing visible
+    additive[1, 0, 4] = -1e9                  # a padded query under the usual fill
+    additive[1, 0, 5] = torch.finfo(dtype).min
+    additive[0, 0, 6, :4] = float("-inf")
+    return visible, additive
+
+
+@pytest.mark.parametrize("case", ["plain", "causal_gqa", "decoding", "bool_mask", "additive_mask", "cross"])
+@pytest.mark.parametrize("sink", ["number", "per_head", "per_batch_head"])
+def test_sink_on_sdpa_equals_dense_in_float64(case, sink):
+    """Outputs and the gradients of q, k, v and the sink equal the dense reference to float64
+    rounding, with every visibility the path takes."""
+    lq, lk, hk, kw = 9, 9, 4, {}
+    if case == "causal_gqa":
+        hk, kw = 2, {"is_causal": True}
+    elif case == "decoding":
+        lq, kw = 1, {"is_causal": True}
+    elif case == "cross":
+        lk = 13
+    q, k, v = _qkv(hk=hk, lq=lq, lk=lk)
+    if case in ("bool_mask", "additive_mask"):
+        visible, additive = _masks(lq, lk, q.dtype)
+        kw = {"attn_mask": visible if case == "bool_mask" else additive}
+    logit = {"number": -0.7, "per_head": torch.tensor([0.3, -1.0, 2.0, 0.0], dtype=q.dtype).view(4, 1, 1),
+             "per_batch_head": torch.randn(2, 4, 1, 1, dtype=q.dtype, generator=torch.Generator().manual_seed(2))}[sink]
+    assert auto_method(q, k, v, "softmax_sink", sink=logit, **kw) == "sdpa"
+    got, want = _run("sdpa", q, k, v, logit, **kw), _run("dense", q, k, v, logit, **kw)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_rows_that_see_nothing_give_zero_and_zero_gradient():
+    q, k, v = _qkv()
+    visible = torch.ones(9, 9, dtype=torch.bool)
+    visible[4] = False
+    out, dq, dk, dv, dsink = _run("sdpa", q, k, v, torch.zeros(4, 1, 1, dtype=q.dtype), attn_mask=visible)
+    assert out[:, :, 4].abs().max() == 0 and dq[:, :, 4].abs().max() == 0
+    assert torch.isfinite(dsink).all()
+
+
+def test_float32_error_stays_within_the_dense_float32_error():
+    """FlashAttention's rule against a float64 reference: at most 2x (outputs) and 3x (gradients)
+    the error of the dense path in the same precision, at large scores too."""
+    q, k, v = _qkv(lq=64, lk=64, d=16, spread=3.0)
+    sink = torch.tensor([0.3, -1.0, 4.0, 0.0], dtype=q.dtype).view(4, 1, 1)
+    exact = _run("dense", q, k, v, sink, is_causal=True)
+    lo = [t.float() for t in (q, k, v, sink)]
+    fast, dense = _run("sdpa", *lo, is_causal=True), _run("dense", *lo, is_causal=True)
+    for i, (a, b, ref) in enumerate(zip(fast, dense, exact)):
+        err_fast, err_dense = (a.double() - ref).abs().max(), (b.double() - ref).abs().max()
+        assert err_fast <= (2 if i == 0 else 3) * err_dense + 1e-7, (i, err_fast, err_dense)
+
+
+def test_gradcheck():
+    q, k, v = (t.requires_grad_() for t in _qkv(b=1, h=2, hk=1, lq=4, lk=5, d=3))
+    sink = torch.tensor([0.2, -0.5], dtype=q.dtype).view(2, 1, 1).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, s: sk.attention(q, k, v, "softmax_sink", method="sdpa", sink=s), (q, k, v, sink))
+
+
+@pytest.mark.parametrize("edge", ["nan_query", "inf_key", "empty_queries", "empty_keys", "head_dims", "low_sink",
+                                  "per_query_sink", "learned_bias", "causal_with_mask"])
+def test_auto_leaves_sdpa_where_the_flash_kernel_would_be_wrong(edge):
+    """The flash kernel's maximum skips a NaN score (the reference's row is NaN), it crashes on
+    empty inputs and needs one head size; a sink as low as a row of fills would cancel in
+    ``o e^{lse - T}``; a per-query sink and a learned bias are not its to take. ``auto`` runs
+    another path there and still equals the dense reference."""
+    q, k, v = _qkv(dtype=torch.float32)
+    kw, logit = {}, 0.5
+    if edge == "nan_query":
+        q[0, 1, 2, 3] = float("nan")
+    elif edge == "inf_key":
+        k[1, 0, 4, 0] = float("inf")
+    elif edge == "empty_queries":
+        q = q[:, :, :0]
+    elif edge == "empty_keys":
+        k, v = k[:, :, :0], v[:, :, :0]
+    elif edge == "head_dims":
+        v = torch.randn(2, 4, 9, 5)
+    elif edge == "low_sink":
+        kw, logit = {"attn_mask": _masks(9, 9, torch.float32)[1]}, -1e9
+    elif edge == "per_query_sink":
+        logit = torch.randn(1, 1, 9, 1)
+    elif edge == "learned_bias":
+        kw = {"attn_mask": torch.zeros(9, 9, requires_grad=True)}
+    elif edge == "causal_with_mask":
+        kw = {"attn_mask": torch.ones(9, 9, dtype=torch.bool), "is_causal": True}
+    assert auto_method(q, k, v, "softmax_sink", sink=logit, **kw) != "sdpa"
+    with pytest.raises(ValueError, match="method='sdpa'"):
+        sk.attention(q, k, v, "softmax_sink", method="sdpa", sink=logit, **kw)
+    got = sk.attention(q, k, v, "softmax_sink", sink=logit, **kw)
+    want = sk.attention(q, k, v, "softmax_sink", sink=logit, method="dense", **kw)
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def test_half_precision_inputs():
+    q, k, v = _qkv(dtype=torch.float32)
+    for dtype in (torch.float16, torch.bfloat16):
+        lo = [t.to(dtype) for t in (q, k, v)]
+        got = sk.attention(*lo, "softmax_sink", is_causal=True, sink=0.3)
+        assert got.dtype == dtype and auto_method(*lo, "softmax_sink", is_causal=True, sink=0.3) == "sdpa"
+        want = sk.attention(q, k, v, "softmax_sink", is_causal=True, sink=0.3, method="dense")
+        torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=0)
+
+
+def test_double_backward_is_a_clear_error():
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    out = sk.attention(q, k, v, "softmax_sink", method="sdpa")
+    with pytest.raises(RuntimeError, match="double backward is not supported by the sdpa path"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
+
+
+def test_the_fused_path_keeps_its_sink_when_the_map_is_linear():
+    """The sink's numba form declares ``g(x) = x`` linear (so that SDPA can run it); the fused
+    path must still run the sink's pieces, not fold the map into the query scale and drop the
+    sink."""
+    q, k, v = _qkv()
+    for causal in (False, True):
+        torch.testing.assert_close(sk.attention(q, k, v, "softmax_sink", is_causal=causal, method="fused"),
+                                   sk.attention(q, k, v, "softmax_sink", is_causal=causal, method="dense"))
+
+
+def test_plan_reads_the_pieces_not_the_name():
+    inp = prepare(*_qkv(), is_causal=False, attn_mask=None, scale=None)
+    plan = sdpa.sdpa_plan(registry.get("softmax_sink"), {"sink": 1.5}, inp)
+    assert plan is not None and plan.factor == 1.0 and plan.sink == 1.5
+    assert sdpa.sdpa_plan(registry.get("softmax"), {"temperature": 0.5}, inp) == sdpa.SdpaPlan(2.0)
+    assert sdpa.sdpa_plan(registry.get("ssmax"), {}, inp) is None
