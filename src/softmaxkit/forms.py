@@ -129,6 +129,9 @@ class SoftmaxOf:
     #: when ``g(x) = a x`` for a number ``a`` given by the parameters: ``a`` (else ``None``);
     #: scaled dot-product attention then runs it with its scale times ``a``
     linear_factor: Callable[[Mapping[str, Any]], float | None] | None = None
+    #: whether ``g(x) = g' x`` with ``g'`` free of ``x`` (a function of the parameters and ``n``
+    #: only): SDPA then runs it on queries multiplied by ``g'`` per row (SSMax, per-head temperatures)
+    linear: bool = False
     family = "softmax_of"
 
     def pieces(self) -> tuple[Piece, ...]:

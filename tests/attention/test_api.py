@@ -41,14 +41,17 @@ def test_softmax_with_a_number_temperature_runs_on_sdpa_with_a_scaled_scale(monk
         torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
 
 
-def test_softmax_with_a_tensor_temperature_streams_instead_of_sdpa(monkeypatch):
+def test_softmax_with_a_tensor_temperature_and_an_additive_mask_avoids_sdpa(monkeypatch):
+    """A per-head temperature runs on SDPA with scaled queries (tests/attention/test_sdpa.py), but
+    not with an additive mask, which the temperature scales too."""
     monkeypatch.setattr(api, "run_sdpa", lambda *a: pytest.fail("SDPA used for a tensor temperature"))
     monkeypatch.setattr(api, "dense_attention", lambda *a: pytest.fail("dense path for a long input"))
     q, k, v = _qkv(lq=130, lk=130, b=1, h=2, hk=1)
     t = torch.tensor([0.5, 2.0], dtype=q.dtype).reshape(2, 1, 1)
-    out = sk.attention(q, k, v, temperature=t, is_causal=True)
+    mask = torch.randn(130, 130, dtype=q.dtype, generator=torch.Generator().manual_seed(2))
+    out = sk.attention(q, k, v, temperature=t, attn_mask=mask)
     monkeypatch.undo()
-    ref = sk.attention(q, k, v, temperature=t, is_causal=True, method="dense")
+    ref = sk.attention(q, k, v, temperature=t, attn_mask=mask, method="dense")
     torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
 
 
@@ -73,13 +76,13 @@ def test_small_score_matrices_with_full_tiles_take_the_fused_row_kernels_in_auto
 
     decode, heads = qkv(4, 8, 1, 2048), qkv(8, 4, 128, 128)
     for q, k, v in (decode, heads):
-        for name in ("ssmax", "sigmoid", "softpick"):
+        for name in ("stablemax", "sigmoid", "softpick"):
             assert auto_method(q, k, v, name, is_causal=True) == "fused"
             torch.testing.assert_close(sk.attention(q, k, v, name, is_causal=True),
                                        sk.attention(q, k, v, name, is_causal=True, method="dense"))
         assert auto_method(q, k, v, "sparsemax") == "dense"
     for q, k, v in (qkv(1, 1, 64, 64), qkv(3, 2, 8, 32), qkv(1, 2, 1, 1024)):
-        assert auto_method(q, k, v, "ssmax") == "dense"
+        assert auto_method(q, k, v, "stablemax") == "dense"
     q, k, v = decode
     assert auto_method(q, k, v, "ssmax", s=torch.full((1, 1, 1, 2048), 0.4, dtype=dtype)) == "dense"
 

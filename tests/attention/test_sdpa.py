@@ -1,4 +1,7 @@
-"""Softmax with a sink through torch's CPU flash kernel (softmaxkit.attention.sdpa)."""
+"""The normalizers torch SDPA runs (softmaxkit.attention.sdpa): softmax with a sink through the CPU
+flash kernel, and softmax(c x) with c per head and row (SSMax, per-head temperatures)."""
+
+import math
 
 import pytest
 import torch
@@ -93,20 +96,16 @@ def test_gradcheck():
         lambda q, k, v, s: sk.attention(q, k, v, "softmax_sink", method="sdpa", sink=s), (q, k, v, sink))
 
 
-@pytest.mark.parametrize("edge", ["nan_query", "inf_key", "empty_queries", "empty_keys", "head_dims", "low_sink",
-                                  "per_query_sink", "learned_bias", "causal_with_mask"])
-def test_auto_leaves_sdpa_where_the_flash_kernel_would_be_wrong(edge):
-    """The flash kernel's maximum skips a NaN score (the reference's row is NaN), it crashes on
-    empty inputs and needs one head size; a sink as low as a row of fills would cancel in
-    ``o e^{lse - T}``; a per-query sink and a learned bias are not its to take. ``auto`` runs
-    another path there and still equals the dense reference."""
+@pytest.mark.parametrize("edge", ["empty_queries", "empty_keys", "head_dims", "low_sink", "per_query_sink",
+                                  "learned_bias", "causal_with_mask"])
+def test_sink_leaves_sdpa_where_the_flash_kernel_cannot_run_it(edge):
+    """The flash kernel crashes on empty inputs and needs one head size; a sink as low as a row of
+    fills would cancel in ``o e^{lse - T}``; a per-query sink and a learned bias are not its to
+    take. ``auto`` runs another path there, equal to the dense reference, and ``method="sdpa"``
+    says why it cannot."""
     q, k, v = _qkv(dtype=torch.float32)
     kw, logit = {}, 0.5
-    if edge == "nan_query":
-        q[0, 1, 2, 3] = float("nan")
-    elif edge == "inf_key":
-        k[1, 0, 4, 0] = float("inf")
-    elif edge == "empty_queries":
+    if edge == "empty_queries":
         q = q[:, :, :0]
     elif edge == "empty_keys":
         k, v = k[:, :, :0], v[:, :, :0]
@@ -126,6 +125,78 @@ def test_auto_leaves_sdpa_where_the_flash_kernel_would_be_wrong(edge):
     got = sk.attention(q, k, v, "softmax_sink", sink=logit, **kw)
     want = sk.attention(q, k, v, "softmax_sink", sink=logit, method="dense", **kw)
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("name", ["softmax", "softmax_sink", "ssmax"])
+@pytest.mark.parametrize("edge", ["nan_query", "inf_query", "inf_key", "overflowing_products"])
+def test_auto_gives_the_references_rows_where_sdpa_would_not(name, edge):
+    """The flash kernel's maximum skips a NaN score (a NaN query's row came out 0 where the
+    reference's is NaN), and infinite or overflowing scores come out NaN where the reference has
+    a finite row: ``auto`` checks the queries before and the output after SDPA, and runs another
+    path there."""
+    q, k, v = _qkv(dtype=torch.float32)
+    if edge == "nan_query":
+        q[0, 1, 2, 3] = float("nan")
+    elif edge == "inf_query":
+        q[1, 2, 4, 0] = float("inf")
+    elif edge == "inf_key":
+        k[1, 0, 4, 0] = float("inf")
+    else:
+        q, k = q * 1e19, k * 1e19
+    got = sk.attention(q, k, v, name)
+    want = sk.attention(q, k, v, name, method="dense")
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def _ssmax_or_temperature(name, dtype, heads=4, batch=2):
+    gen = torch.Generator().manual_seed(4)
+    if name == "ssmax":
+        return {"s": 0.2 + torch.rand(batch, heads, 1, 1, generator=gen, dtype=dtype)}
+    return {"temperature": 0.3 + torch.rand(heads, 1, 1, generator=gen, dtype=dtype)}
+
+
+@pytest.mark.parametrize("case", ["causal_gqa", "decoding", "bool_mask", "cross", "given_n"])
+@pytest.mark.parametrize("name", ["ssmax", "softmax"])
+def test_per_row_factor_on_sdpa_equals_dense_in_float64(name, case):
+    """``softmax(c x)`` with ``c`` per head and row (SSMax's ``s log n``, ``n`` the visible keys
+    of the row; a per-head temperature's ``1 / T``) runs on SDPA with the queries times ``c``:
+    outputs and the gradients of q, k, v and the parameters equal the dense reference."""
+    lq, lk, hk, kw = 9, 9, 4, {}
+    if case == "causal_gqa":
+        hk, kw = 2, {"is_causal": True}
+    elif case == "decoding":
+        lq, kw = 1, {"is_causal": True}
+    elif case == "cross":
+        lk = 13
+    elif case == "bool_mask":
+        kw = {"attn_mask": _masks(lq, lk, torch.float64)[0]}
+    q, k, v = _qkv(hk=hk, lq=lq, lk=lk)
+    params = _ssmax_or_temperature(name, q.dtype)
+    if case == "given_n":
+        params = {"s": params["s"], "n": 100.0} if name == "ssmax" else params
+    assert auto_method(q, k, v, name, **kw, **params) == "sdpa"
+    leaves = {n: t for n, t in params.items() if isinstance(t, torch.Tensor)}
+
+    def run(method):
+        inputs = [t.detach().clone().requires_grad_() for t in (q, k, v, *leaves.values())]
+        given = dict(params, **dict(zip(leaves, inputs[3:])))
+        out = sk.attention(*inputs[:3], name, method=method, **kw, **given)
+        weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+        return [out.detach()] + list(torch.autograd.grad((out * weight).sum(), inputs))
+
+    for a, b in zip(run("sdpa"), run("dense")):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def test_per_row_factor_with_an_additive_mask_takes_another_path():
+    """An additive mask would need the factor applied to it per row (an Lq x Lk tensor)."""
+    q, k, v = _qkv()
+    mask = torch.randn(9, 9, dtype=q.dtype)
+    assert auto_method(q, k, v, "ssmax", attn_mask=mask) != "sdpa"
+    with pytest.raises(ValueError, match="method='sdpa'"):
+        sk.attention(q, k, v, "ssmax", attn_mask=mask, method="sdpa")
+    torch.testing.assert_close(sk.attention(q, k, v, "ssmax", attn_mask=mask),
+                               sk.attention(q, k, v, "ssmax", attn_mask=mask, method="dense"))
 
 
 def test_half_precision_inputs():
@@ -156,8 +227,11 @@ def test_the_fused_path_keeps_its_sink_when_the_map_is_linear():
 
 
 def test_plan_reads_the_pieces_not_the_name():
-    inp = prepare(*_qkv(), is_causal=False, attn_mask=None, scale=None)
+    q, k, v = _qkv()
+    inp = prepare(q, k, v, is_causal=False, attn_mask=None, scale=None)
     plan = sdpa.sdpa_plan(registry.get("softmax_sink"), {"sink": 1.5}, inp)
     assert plan is not None and plan.factor == 1.0 and plan.sink == 1.5
     assert sdpa.sdpa_plan(registry.get("softmax"), {"temperature": 0.5}, inp) == sdpa.SdpaPlan(2.0)
-    assert sdpa.sdpa_plan(registry.get("ssmax"), {}, inp) is None
+    assert sdpa.sdpa_plan(registry.get("multimax"), {}, inp) is None
+    row = sdpa.sdpa_plan(registry.get("ssmax"), {"s": 0.5}, inp)
+    torch.testing.assert_close(row.row_scale.reshape(-1), torch.full((9,), 0.5 * math.log(9), dtype=q.dtype))

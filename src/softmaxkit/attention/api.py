@@ -11,7 +11,7 @@ from ..registry import NormalizerSpec
 from .dense import dense_attention
 from .fused import auto_prefers, fused_attention, pays_off_when_small, row_kernels_apply
 from .inputs import AttentionInputs, prepare
-from .sdpa import run_sdpa, sdpa_backward_drifts, sdpa_plan
+from .sdpa import SdpaPlan, run_sdpa, sdpa_backward_drifts, sdpa_plan, sdpa_safe
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
 METHODS = ("auto", "sdpa", "fused", "streaming", "dense")
@@ -150,26 +150,30 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         _validate(spec, params, inp)
     requested = method
     learnable_mask = _learnable_mask(attn_mask)
+    plan = sdpa_plan(spec, params, inp) if method in ("auto", "sdpa") else None
     if method == "auto":
-        method = _auto(spec, params, merged, inp)
+        method = _auto(spec, params, merged, inp, plan)
         if learnable_mask and method not in ("sdpa", "dense"):
             method, requested = "dense", "dense"
     elif learnable_mask and method in ("fused", "streaming"):
         raise ValueError(f"method={method!r} treats attn_mask as a constant, but attn_mask requires grad (a "
                          "learned additive bias); use method='auto' or 'dense', which differentiate it")
     if method == "sdpa":
-        plan = sdpa_plan(spec, params, inp)
         if plan is None:
-            raise ValueError("method='sdpa' needs a normalizer that is softmax(a x) for a number a (softmax "
-                             "with a number temperature), or on the CPU softmax with a sink (per-head sink, "
-                             "one head size for q and v, finite scores), and no causal mask combined with attn_mask or "
-                             "with Lq != Lk (Lq > 1)")
+            raise ValueError("method='sdpa' needs a normalizer that is softmax(c x) for c a number, or per head "
+                             "and row (softmax with a temperature, ssmax; no additive attn_mask then), or on "
+                             "the CPU softmax with a sink (per-head sink, one head size for q and v), and no "
+                             "causal mask combined with attn_mask or with Lq != Lk (Lq > 1)")
         if requested == "auto" and sdpa_backward_drifts(attn_mask, inp, plan):
-            if plan.sink is None:
+            if plan.sink is None and plan.row_scale is None:
                 return dense_attention(inp, normalizer, params)
-            method = _auto(spec, params, merged, inp, sdpa=False)
+            method = _auto(spec, params, merged, inp, None)
         else:
-            return run_sdpa(plan, inp, q, k, v)
+            out = run_sdpa(plan, inp, q, k, v)
+            if requested != "auto" or torch.compiler.is_compiling() or not bool(out.isnan().any()):
+                return out
+            # infinite or overflowing scores, which SDPA makes NaN; the other paths give the reference's rows
+            method = "dense" if learnable_mask else _auto(spec, params, merged, inp, None)
     if method == "fused" and _triton_device(q):
         from .fused_triton import fused_attention as triton_attention
 
@@ -215,16 +219,17 @@ def _params_per_head(spec: NormalizerSpec, merged: dict, inp: AttentionInputs) -
     return all(_per_head(val, spec.param(n).size, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))
 
 
-def _auto(spec: NormalizerSpec, params: dict, merged: dict, inp: AttentionInputs, sdpa: bool = True) -> str:
-    """The method ``"auto"`` runs: SDPA for ``softmax(a x)`` and, on the CPU, softmax with a sink
-    (:func:`.sdpa.sdpa_plan`; ``sdpa=False`` skips it); the dense reference for small
+def _auto(spec: NormalizerSpec, params: dict, merged: dict, inp: AttentionInputs, plan: SdpaPlan | None) -> str:
+    """The method ``"auto"`` runs: SDPA where ``plan`` (:func:`.sdpa.sdpa_plan`) says it runs the
+    normalizer (``softmax(c x)``; on the CPU, softmax with a sink) and the queries are finite
+    (:func:`.sdpa.sdpa_safe`); the dense reference for small
     inputs (``Lq * Lk <= SMALL_SCORES``, unless the CPU row kernels pay off there:
     :func:`.fused.pays_off_when_small`) and for parameters that vary per query or key; on
     CUDA the Triton kernels (``"fused"``) wherever they run (:func:`.fused_triton.fallback_reason`),
     at every length; on the CPU the fused path (the four forms, and normalizers that cannot stream: see
     :func:`.fused.auto_prefers`); otherwise streaming when the normalizer streams, else dense.
     The choice follows ``softmaxkit bench attention`` (fastest exact path per normalizer)."""
-    if sdpa and sdpa_plan(spec, params, inp) is not None:
+    if plan is not None and sdpa_safe(inp):
         return "sdpa"
     _, _, lq, lk = inp.shape
     if not _params_per_head(spec, merged, inp):
@@ -247,5 +252,5 @@ def auto_method(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer
     spec = registry.get(normalizer)
     merged = spec.with_defaults(params)
     inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
-    method = _auto(spec, params, merged, inp)
+    method = _auto(spec, params, merged, inp, sdpa_plan(spec, params, inp))
     return "dense" if _learnable_mask(attn_mask) and method not in ("sdpa", "dense") else method

@@ -27,21 +27,24 @@ from typing import Any
 import torch
 import torch.nn.functional as torch_f
 
+from .. import forms
 from ..forms import SoftmaxOf
 from ..registry import NormalizerSpec
-from .fused import numba_pieces, scores_may_be_nan
+from .fused import numba_pieces
 from .inputs import AttentionInputs
 from .streaming import double_backward_error
 
 
 @dataclass(frozen=True)
 class SdpaPlan:
-    """``softmax(factor x)`` over the visible scores, with one more logit ``sink`` in the
-    denominator when it is not None (a number or a per-head tensor broadcastable to
-    ``(B, H, 1, 1)``)."""
+    """``softmax(factor c x)`` over the visible scores, ``c`` the ``row_scale`` (a tensor
+    broadcastable to ``(B, H, Lq, 1)``, by which the queries are multiplied) or 1, with one more
+    logit ``sink`` in the denominator when it is not None (a number or a per-head tensor
+    broadcastable to ``(B, H, 1, 1)``)."""
 
     factor: float
     sink: Any = None
+    row_scale: torch.Tensor | None = None
 
 
 def sdpa_plan(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> SdpaPlan | None:
@@ -52,10 +55,41 @@ def sdpa_plan(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> SdpaP
     if inp.is_causal and (inp.has_user_mask or (lq != lk and lq != 1)):
         return None
     merged = spec.with_defaults(params)
-    if isinstance(spec.form, SoftmaxOf) and spec.form.linear_factor is not None and spec.stream is None:
-        factor = spec.form.linear_factor(merged)
-        return None if factor is None else SdpaPlan(float(factor))
+    form = spec.form
+    if isinstance(form, SoftmaxOf) and spec.stream is None and form.passes == 1:
+        factor = form.linear_factor(merged) if form.linear_factor is not None else None
+        if factor is not None:
+            return SdpaPlan(float(factor))
+        if form.linear:
+            return _row_scale_plan(form, merged, inp)
     return _sink_plan(spec, merged, inp)
+
+
+def sdpa_safe(inp: AttentionInputs) -> bool:
+    """Whether ``method="auto"`` may take SDPA for these inputs: finite queries (the flash kernel's
+    maximum skips a NaN score, so a NaN query's row comes out 0 where the reference has NaN;
+    infinite or overflowing scores come out NaN, which :func:`.api.attention` checks after the
+    call). A traced call is not checked."""
+    return torch.compiler.is_compiling() or bool(torch.isfinite(inp.q).all())
+
+
+def _per_head(value: Any, inp: AttentionInputs) -> bool:
+    if not isinstance(value, torch.Tensor):
+        return True
+    b, h, _, _ = inp.shape
+    return value.dim() <= 4 and all(n == 1 for n in value.shape[-2:]) and _broadcasts(value.shape, (b, h, 1, 1))
+
+
+def _row_scale_plan(form: SoftmaxOf, params: dict, inp: AttentionInputs) -> SdpaPlan | None:
+    """``g(x) = c x`` with ``c = g'`` a function of per-head parameters and the row's visible
+    count (SSMax's ``s log n``, a per-head temperature's ``1 / T``): the queries times ``c``. An
+    additive mask would need scaling per row too (an ``Lq x Lk`` tensor); it takes another path."""
+    if inp.additive_mask is not None or not all(_per_head(val, inp) for val in params.values()):
+        return None
+    _, _, lq, lk = inp.shape
+    count = inp.visible_count(0, lq, max(lk, 1)) if forms.form_uses_count(form) else None
+    unit = torch.ones_like(count) if count is not None else inp.q.new_ones(1, 1, lq, 1)
+    return SdpaPlan(1.0, row_scale=forms.call(form.dg, unit, params, count))
 
 
 def _sink_plan(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> SdpaPlan | None:
@@ -73,17 +107,13 @@ def _sink_plan(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> Sdpa
     if not isinstance(form, SoftmaxOf) or form.linear_factor is None:
         return None
     factor, sink = form.linear_factor(params), pieces.sink_logit(params)
-    if factor is None or scores_may_be_nan(inp):
-        return None   # the flash kernel's maximum skips a NaN score, which makes the reference's row NaN
+    if factor is None:
+        return None
     lowest = sink.min().item() if isinstance(sink, torch.Tensor) and sink.numel() else sink
     if isinstance(lowest, (int, float)) and lowest < _drift_limit(inp, factor) and inp.additive_mask is not None \
             and _low_rows(inp.additive_mask, _drift_limit(inp, factor)):
         return None   # a row of fills as low as the sink: out = o e^{lse - T} would cancel there
-    if isinstance(sink, torch.Tensor):
-        b, h, _, _ = inp.shape
-        if sink.dim() > 4 or any(n != 1 for n in sink.shape[-2:]) or not _broadcasts(sink.shape, (b, h, 1, 1)):
-            return None
-    return SdpaPlan(float(factor), sink)
+    return SdpaPlan(float(factor), sink) if _per_head(sink, inp) else None
 
 
 def _broadcasts(shape: torch.Size, target: tuple[int, ...]) -> bool:
@@ -97,6 +127,11 @@ def run_sdpa(plan: SdpaPlan, inp: AttentionInputs, q: torch.Tensor, k: torch.Ten
     _, _, lq, _ = inp.shape
     causal = inp.is_causal and lq > 1
     mask = inp.bool_mask if inp.bool_mask is not None else inp.additive_mask
+    if plan.row_scale is not None:
+        out = torch_f.scaled_dot_product_attention(
+            inp.q * plan.row_scale, inp.k, inp.v, attn_mask=mask, scale=inp.scale, is_causal=causal,
+            enable_gqa=inp.kv_groups > 1)
+        return out.to(inp.out_dtype)
     if plan.sink is None:
         if mask is not None and mask.is_floating_point():
             mask = sdpa_additive(mask, plan.factor, q.dtype)

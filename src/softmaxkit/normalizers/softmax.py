@@ -269,7 +269,8 @@ def _numba_pieces():
 
 
 SPEC = builtin(
-    softmax, form=SoftmaxOf(g=scale_by_temperature, dg=d_scale_by_temperature, linear_factor=_inverse_temperature),
+    softmax, form=SoftmaxOf(g=scale_by_temperature, dg=d_scale_by_temperature, linear_factor=_inverse_temperature,
+                   linear=True),
     triton=_triton_pieces,
     numba=_numba_pieces,
     formula="exp(x/T - m) / sum exp(x/T - m)",

@@ -34,7 +34,7 @@ def d_length_scaled(x: torch.Tensor, s: Any, n: Any) -> torch.Tensor:
     return torch.ones_like(x) * (_log_n(n) * s)
 
 
-FORM = SoftmaxOf(g=length_scaled, dg=d_length_scaled)
+FORM = SoftmaxOf(g=length_scaled, dg=d_length_scaled, linear=True)
 
 
 def ssmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
