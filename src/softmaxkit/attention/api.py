@@ -11,7 +11,7 @@ from ..registry import NormalizerSpec
 from .dense import dense_attention
 from .fused import auto_prefers, fused_attention, pays_off_when_small, row_kernels_apply
 from .inputs import AttentionInputs, prepare
-from .sdpa import SdpaPlan, run_sdpa, sdpa_backward_drifts, sdpa_plan, sdpa_safe
+from .sdpa import SdpaPlan, checks_skipped, run_sdpa, sdpa_backward_drifts, sdpa_plan, sdpa_safe
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
 METHODS = ("auto", "sdpa", "fused", "streaming", "dense")
@@ -124,8 +124,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     Args:
         normalizer: a registered name (``softmaxkit list``).
         scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
-        method: ``"auto"`` (see :func:`auto_method`), ``"sdpa"`` (``softmax(a x)`` normalizers,
-            and softmax with a sink on the CPU), ``"fused"`` (CPU: query blocks against whole visible rows with the closed-form
+        method: ``"auto"`` (see :func:`auto_method`), ``"sdpa"`` (``softmax(c x)`` normalizers,
+            ``c`` a number or per head and row, and softmax with a sink on the CPU: :mod:`.sdpa`),
+            ``"fused"`` (CPU: query blocks against whole visible rows with the closed-form
             backward of the normalizer's family, :mod:`.fused`; CUDA: the Triton kernels of
             :mod:`softmaxkit.attention.fused_triton` for normalizers that declare Triton pieces,
             which ``"auto"`` takes there too), ``"streaming"`` or ``"dense"``. The streaming path
@@ -170,7 +171,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
             method = _auto(spec, params, merged, inp, None)
         else:
             out = run_sdpa(plan, inp, q, k, v)
-            if requested != "auto" or torch.compiler.is_compiling() or not bool(out.isnan().any()):
+            if requested != "auto" or checks_skipped(inp) or not bool(out.isnan().any()):
                 return out
             # infinite or overflowing scores, which SDPA makes NaN; the other paths give the reference's rows
             method = "dense" if learnable_mask else _auto(spec, params, merged, inp, None)

@@ -2,6 +2,10 @@ r"""The normalizers torch's scaled dot-product attention can run, and how.
 
 * ``softmax(a x)`` for a number ``a`` (softmax with a number temperature): SDPA itself, with
   its scale times ``a``, on every device.
+* ``softmax(c x)`` with ``c = g'`` per head and row (a ``SoftmaxOf`` form with ``linear=True``:
+  SSMax's ``s log n``, ``n`` the row's visible keys; a per-head temperature's ``1 / T``): SDPA
+  on the queries times ``c``, so that autograd carries the parameters' gradients. Not with an
+  additive mask, which ``c`` would have to scale too.
 * Softmax with a sink, ``p_j = e^{a x_j} / (e^{s} + \sum_k e^{a x_k})`` (a normalizer whose
   numba pieces declare a ``sink`` logit and whose map is linear; gpt-oss, OpenAI 2025, arXiv
   2508.10925), on the CPU: torch's flash kernel
@@ -69,8 +73,14 @@ def sdpa_safe(inp: AttentionInputs) -> bool:
     """Whether ``method="auto"`` may take SDPA for these inputs: finite queries (the flash kernel's
     maximum skips a NaN score, so a NaN query's row comes out 0 where the reference has NaN;
     infinite or overflowing scores come out NaN, which :func:`.api.attention` checks after the
-    call). A traced call is not checked."""
-    return torch.compiler.is_compiling() or bool(torch.isfinite(inp.q).all())
+    call). A traced call is not checked, nor one on an accelerator (the check would synchronise
+    it with the host on every call)."""
+    return checks_skipped(inp) or bool(torch.isfinite(inp.q).all())
+
+
+def checks_skipped(inp: AttentionInputs) -> bool:
+    """Whether :func:`sdpa_safe` and the NaN check after SDPA are skipped (traced, or not CPU)."""
+    return torch.compiler.is_compiling() or inp.q.device.type != "cpu"
 
 
 def _per_head(value: Any, inp: AttentionInputs) -> bool:
