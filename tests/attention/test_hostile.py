@@ -314,3 +314,34 @@ def test_fused_gradients_at_large_scores_follow_the_dense_float32_error(name, sp
         floor = 1e-6 * float(want.abs().max())
         base_err = float((base.double() - want).abs().max())
         assert float((got.double() - want).abs().max()) <= 3 * base_err + floor + 1e-12
+
+
+#: one per row kernel: softmax_of (and its sink), weighted, sum_normalized, signed, elementwise
+ONE_PASS_ON_THE_ROW_KERNELS = ["softmax", "multimax", "softmax_sink", "stablemax", "softpick", "relu_l1", "sigmoid"]
+
+
+@pytest.mark.parametrize("name", ONE_PASS_ON_THE_ROW_KERNELS)
+def test_plus_infinite_scores_give_the_dense_limit_on_the_fused_path(name):
+    """A visible ``+inf`` score (an additive mask of ``+inf``) makes a normalised row its limit, equal
+    weights on its ``+inf`` entries, which does not move with the scores (zero gradient there), as
+    the dense path has it. The row kernels gave NaN rows (sum-normalised family, MultiMax's ``0 inf``)
+    or the gradient of the finite row (softmax family); ``auto`` took SDPA's NaN."""
+    dtype = torch.float32
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 200, 8, generator=gen, dtype=dtype) for _ in range(3))
+    mask = torch.zeros(200, 200, dtype=dtype)
+    mask[3, 5] = mask[4, 7] = mask[4, 9] = float("inf")
+    mask[6] = float("-inf")
+    mask[6, 2] = float("inf")
+
+    def run(method):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = sk.attention(*leaves, name, attn_mask=mask, method=method)
+        weight = torch.linspace(-1, 2, out.numel(), dtype=dtype).reshape(out.shape)
+        return [out.detach()] + list(torch.autograd.grad((out * weight).sum(), leaves))
+
+    want = run("dense")
+    tol = 1e-5
+    for method in ("fused", "auto"):
+        for got, ref in zip(run(method), want):
+            torch.testing.assert_close(got, ref, rtol=tol, atol=tol)

@@ -108,7 +108,10 @@ def _triton_pieces():
         b = tl.maximum(x - tl.load(par + 1), 0.0)
         c = tl.maximum(tl.load(par + 2) - x, 0.0)
         d = tl.maximum(x - tl.load(par + 3), 0.0)
-        return x + tl.load(par + 4) * a + tl.load(par + 5) * b + tl.load(par + 6) * c * c + tl.load(par + 7) * d * d
+        t1, t2, t3, t4 = tl.load(par + 4), tl.load(par + 5), tl.load(par + 6), tl.load(par + 7)
+        # a zero t gives no term (0 inf = NaN at an infinite score), as in the numba pieces
+        return (x + tl.where(t1 != 0.0, t1 * a, 0.0) + tl.where(t2 != 0.0, t2 * b, 0.0)
+                + tl.where(t3 != 0.0, (t3 * c) * c, 0.0) + tl.where(t4 != 0.0, (t4 * d) * d, 0.0))
 
     @triton.jit
     def dg(x, n, par):
@@ -163,11 +166,14 @@ def _numba_pieces():
         b = max(x - par[1], zero)
         c = max(par[2] - x, zero)
         d = max(x - par[3], zero)
-        # a zero t gives no quadratic term: selected, since the kernels' fastmath may reassociate
-        # (t c) c into t (c c), which overflows to inf (and 0 inf = NaN) once |x| > 1.8e19 in float32
+        # a zero t gives no term: selected, since the kernels' fastmath may reassociate (t c) c into
+        # t (c c), which overflows to inf (and 0 inf = NaN) once |x| > 1.8e19 in float32, and an
+        # infinite score makes t a = 0 inf = NaN too (the reference's row then is its limit)
         low = (par[6] * c) * c if par[6] != zero else zero
         high = (par[7] * d) * d if par[7] != zero else zero
-        return x + par[4] * a + par[5] * b + low + high
+        below = par[4] * a if par[4] != zero else zero
+        above = par[5] * b if par[5] != zero else zero
+        return x + below + above + low + high
 
     @njit(cache=True, inline="always")
     def dg(x, n, par):

@@ -187,7 +187,9 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
     quadratic terms at scores of 1e4: ``g' ~ 4e4``; a small temperature) a row whose mass sits
     on one key got float32 gradients of 4-600 where the exact ones are 0. Entries of weight
     exactly 0 (among them those whose ``g`` was held) get ``dS = 0``; a row whose every visible
-    ``g`` was held keeps ``g'(x) p (dp - D)`` where it is finite (see :func:`_g_held`)."""
+    ``g`` was held keeps ``g'(x) p (dp - D)`` where it is finite (see :func:`_g_held`). A row with
+    a visible ``+inf`` score has the limit's weights (equal on its ``+inf`` entries), which do not
+    move with the scores: ``dS = 0`` there, as the dense path has it."""
     masked = hidden.shape[0] > 0
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     ninf = cast_like(-np.inf, s[0, 0])
@@ -212,7 +214,9 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
         extra = sink(n, hp)
         m = extra
         free = 0   # visible entries whose g was not held
+        infinite = 0   # visible +inf scores: the row's weights are their limit, constant in the scores
         for j in range(row.shape[0]):
+            infinite |= 1 if row[j] > biggest and not hid[j] else 0
             z, held = _g_and_held(g, row[j], n, hp, lowest)
             free += 0 if held or hid[j] else 1
             z = ninf if hid[j] else z
@@ -246,7 +250,7 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
                 keep = keep and not (all_held and not (abs(slope) <= biggest and abs(d) <= biggest))
             else:
                 keep = keep and not all_held
-            drow[j] = d if keep else zero
+            drow[j] = d if keep and infinite == 0 else zero
         _zero_tail(full, end)
         _zero_tail(dfull, end)
 
@@ -399,6 +403,7 @@ def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan
     """``dS = dg p (dp - dd)``, ``p = w / W``, with ``dp - dd`` formed from the row as
     ``(dp W - sum_i w_i dp_i) / W`` (see :func:`sum_normalized_backward`; ``dd`` is unused)."""
     masked = hidden.shape[0] > 0
+    biggest = np.finfo(s.dtype).max
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     for r in prange(s.shape[0]):
         wide_vectors()
@@ -416,6 +421,10 @@ def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan
             continue
         zero = cast_like(0.0, n)
         total, weighted = _piece_sums(row, drow, hid, w, n, hp)
+        if total > biggest and _infinite_limit(row, hid, False, w, n, hp, biggest):
+            _zero_tail(full, end)
+            _zero_tail(dfull, 0)   # the limit does not move with the scores
+            continue
         inv = cast_like(1.0, n) / total if total > 0 else zero
         for j in range(row.shape[0]):
             x = row[j]
@@ -431,11 +440,32 @@ def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan
         _zero_tail(dfull, end)
 
 
+@njit(cache=False, error_model="numpy", inline="always")
+def _infinite_limit(row, hid, values, fn, n, hp, biggest):
+    """The limit weights of a row with visible infinite terms (``fn(x) = +inf`` of the raw scores
+    in ``row``; with ``values``, ``row`` holds the terms themselves): equal on those entries, 0
+    elsewhere, written over ``row``, as the dense path has it. Returns how many there are (0:
+    none, ``row`` untouched: a sum that overflowed on finite terms keeps the formula)."""
+    count = 0
+    for j in range(row.shape[0]):
+        f = row[j] if values else fn(row[j], n, hp)
+        count += 1 if f > biggest and not hid[j] else 0
+    if count == 0:
+        return 0
+    share = cast_like(1.0, row[0]) / count
+    zero = cast_like(0.0, row[0])
+    for j in range(row.shape[0]):
+        f = row[j] if values else fn(row[j], n, hp)
+        row[j] = share if f > biggest and not hid[j] else zero
+    return count
+
+
 # ---- sum_normalized --------------------------------------------------------------------
 
 @njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def sum_normalized_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, h, eps):
     masked = hidden.shape[0] > 0
+    biggest = np.finfo(s.dtype).max
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     for r in prange(s.shape[0]):
         wide_vectors()
@@ -458,6 +488,8 @@ def sum_normalized_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_n
             total += f
         d = total + eps
         den[r] = d if d != 0 else cast_like(1.0, n)
+        if total > biggest and _infinite_limit(row, hid, True, h, n, hp, biggest):
+            den[r] = cast_like(1.0, n)
         _zero_tail(full, end)
 
 
@@ -469,6 +501,7 @@ def sum_normalized_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, che
     ``O``'s rounding alone left float32 gradients 5-20x less accurate than the dense path's
     (``dd`` is unused here)."""
     masked = hidden.shape[0] > 0
+    biggest = np.finfo(s.dtype).max
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     for r in prange(s.shape[0]):
         wide_vectors()
@@ -486,6 +519,10 @@ def sum_normalized_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, che
             continue
         zero = cast_like(0.0, n)
         total, weighted = _piece_sums(row, drow, hid, h, n, hp)
+        if total > biggest and _infinite_limit(row, hid, False, h, n, hp, biggest):
+            _zero_tail(full, end)
+            _zero_tail(dfull, 0)   # the limit does not move with the scores
+            continue
         den = total + eps
         inv = cast_like(1.0, n) / den if den != 0 else cast_like(1.0, n)
         for j in range(row.shape[0]):
@@ -534,6 +571,11 @@ def signed_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_
             _zero_tail(full, 0)
             den[r] = 1.0
             continue
+        # (m is held at finfo.max): a visible +inf score makes the row its limit
+        if m >= -lowest and _infinite_limit(row, hid, True, _identity_map, n, hp, -lowest):
+            den[r] = 1.0
+            _zero_tail(full, end)
+            continue
         c = fmax(m, zero)
         total = eps * exp_nonpositive_fast(m - c)
         for j in range(row.shape[0]):
@@ -572,6 +614,11 @@ def signed_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
         m = _max_of(row, hidden, r, masked, _identity_map, n, hp, ninf, lowest)
         if m == ninf:
             _zero_tail(full, 0)
+            _zero_tail(dfull, 0)
+            continue
+        # (m is held at finfo.max): a visible +inf score makes the row its limit, constant in the scores
+        if m >= -lowest and _infinite_limit(row, hid, True, _identity_map, n, hp, -lowest):
+            _zero_tail(full, end)
             _zero_tail(dfull, 0)
             continue
         ties = zero
