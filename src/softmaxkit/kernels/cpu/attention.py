@@ -214,9 +214,7 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
         extra = sink(n, hp)
         m = extra
         free = 0   # visible entries whose g was not held
-        infinite = 0   # visible +inf scores: the row's weights are their limit, constant in the scores
         for j in range(row.shape[0]):
-            infinite |= 1 if row[j] > biggest and not hid[j] else 0
             z, held = _g_and_held(g, row[j], n, hp, lowest)
             free += 0 if held or hid[j] else 1
             z = ninf if hid[j] else z
@@ -226,6 +224,9 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
             _zero_tail(full, 0)
             _zero_tail(dfull, 0)
             continue
+        # a visible +inf score (g holds it at finfo.max): the row's weights are their limit, constant
+        # in the scores
+        infinite = _count_infinite(raw, hid) if m >= biggest else 0
         total = exp_nonpositive_fast(extra - m) if extra > ninf else cast_like(0.0, m)
         weighted = zero
         for j in range(row.shape[0]):
@@ -440,7 +441,16 @@ def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan
         _zero_tail(dfull, end)
 
 
-@njit(cache=False, error_model="numpy", inline="always")
+@njit(cache=False, error_model="numpy")
+def _count_infinite(row, hid):
+    """How many visible entries of ``row`` are ``+inf`` (called off the kernels' hot loops)."""
+    count = 0
+    for j in range(row.shape[0]):
+        count += 1 if row[j] == np.inf and not hid[j] else 0
+    return count
+
+
+@njit(cache=False, error_model="numpy")
 def _infinite_limit(row, hid, values, fn, n, hp, biggest):
     """The limit weights of a row with visible infinite terms (``fn(x) = +inf`` of the raw scores
     in ``row``; with ``values``, ``row`` holds the terms themselves): equal on those entries, 0
