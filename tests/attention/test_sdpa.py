@@ -43,11 +43,8 @@ def _masks(lq, lk, dtype):
     return visible, additive
 
 
-@pytest.mark.parametrize("case", ["plain", "causal_gqa", "decoding", "bool_mask", "additive_mask", "cross"])
-@pytest.mark.parametrize("sink", ["number", "per_head", "per_batch_head"])
-def test_sink_on_sdpa_equals_dense_in_float64(case, sink):
-    """Outputs and the gradients of q, k, v and the sink equal the dense reference to float64
-    rounding, with every visibility the path takes."""
+def _scenario(case):
+    """``(q, k, v, kwargs)`` of a visibility case, float64."""
     lq, lk, hk, kw = 9, 9, 4, {}
     if case == "causal_gqa":
         hk, kw = 2, {"is_causal": True}
@@ -55,10 +52,18 @@ def test_sink_on_sdpa_equals_dense_in_float64(case, sink):
         lq, kw = 1, {"is_causal": True}
     elif case == "cross":
         lk = 13
-    q, k, v = _qkv(hk=hk, lq=lq, lk=lk)
-    if case in ("bool_mask", "additive_mask"):
-        visible, additive = _masks(lq, lk, q.dtype)
+    elif case in ("bool_mask", "additive_mask"):
+        visible, additive = _masks(lq, lk, torch.float64)
         kw = {"attn_mask": visible if case == "bool_mask" else additive}
+    return (*_qkv(hk=hk, lq=lq, lk=lk), kw)
+
+
+@pytest.mark.parametrize("case", ["plain", "causal_gqa", "decoding", "bool_mask", "additive_mask", "cross"])
+@pytest.mark.parametrize("sink", ["number", "per_head", "per_batch_head"])
+def test_sink_on_sdpa_equals_dense_in_float64(case, sink):
+    """Outputs and the gradients of q, k, v and the sink equal the dense reference to float64
+    rounding, with every visibility the path takes."""
+    q, k, v, kw = _scenario(case)
     logit = {"number": -0.7, "per_head": torch.tensor([0.3, -1.0, 2.0, 0.0], dtype=q.dtype).view(4, 1, 1),
              "per_batch_head": torch.randn(2, 4, 1, 1, dtype=q.dtype, generator=torch.Generator().manual_seed(2))}[sink]
     assert auto_method(q, k, v, "softmax_sink", sink=logit, **kw) == "sdpa"
@@ -161,16 +166,7 @@ def test_per_row_factor_on_sdpa_equals_dense_in_float64(name, case):
     """``softmax(c x)`` with ``c`` per head and row (SSMax's ``s log n``, ``n`` the visible keys
     of the row; a per-head temperature's ``1 / T``) runs on SDPA with the queries times ``c``:
     outputs and the gradients of q, k, v and the parameters equal the dense reference."""
-    lq, lk, hk, kw = 9, 9, 4, {}
-    if case == "causal_gqa":
-        hk, kw = 2, {"is_causal": True}
-    elif case == "decoding":
-        lq, kw = 1, {"is_causal": True}
-    elif case == "cross":
-        lk = 13
-    elif case == "bool_mask":
-        kw = {"attn_mask": _masks(lq, lk, torch.float64)[0]}
-    q, k, v = _qkv(hk=hk, lq=lq, lk=lk)
+    q, k, v, kw = _scenario(case)
     params = _ssmax_or_temperature(name, q.dtype)
     if case == "given_n":
         params = {"s": params["s"], "n": 100.0} if name == "ssmax" else params
