@@ -101,9 +101,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
 
     Shapes as in ``torch.nn.functional.scaled_dot_product_attention``: ``q`` is
     ``(B, H, Lq, D)``, ``k`` and ``v`` are ``(B, Hkv, Lk, D)`` and ``(B, Hkv, Lk, Dv)`` with
-    ``Hkv`` dividing ``H`` (grouped-query attention). A normalizer that is ``softmax(a x)``
-    for a number ``a`` (softmax with a number temperature) goes to torch SDPA, and on the CPU
-    so does softmax with a sink (torch's flash kernel and its logsumexp: :mod:`.sdpa`). On the CPU
+    ``Hkv`` dividing ``H`` (grouped-query attention). A normalizer that is ``softmax(c x)``
+    for ``c`` a number (softmax with a number temperature) or per head and row (ssmax, a
+    per-head temperature: queries times ``c``) goes to torch SDPA, and on the CPU so does
+    softmax with a sink (torch's flash kernel and its logsumexp: :mod:`.sdpa`). On the CPU
     the others take the fused path (``method="fused"``): blocks of queries against their
     whole visible rows, never the ``Lq x Lk`` matrix, with the closed-form backward of the
     normalizer's family; every streamable normalizer can also run over key blocks
