@@ -10,7 +10,7 @@ from ..forms import COUNT
 from ..registry import NormalizerSpec
 from .dense import dense_attention
 from .fused import auto_prefers, fused_attention, pays_off_when_small, row_kernels_apply
-from .inputs import AttentionInputs, prepare
+from .inputs import AttentionInputs, per_head, prepare
 from .sdpa import SdpaPlan, checks_skipped, run_sdpa, sdpa_backward_drifts, sdpa_plan, sdpa_safe
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
@@ -19,21 +19,6 @@ METHODS = ("auto", "sdpa", "fused", "streaming", "dense")
 #: score matrix is small and one dense pass beats the streaming loop there (and the fused
 #: loop, unless its tiles stay full: :func:`.fused.pays_off_when_small`).
 SMALL_SCORES = 128 * 128
-
-
-def _per_head(value: torch.Tensor, size: int, inp: AttentionInputs) -> bool:
-    """A tensor parameter streams when it is constant over queries and keys (e.g. one per head);
-    a parameter of ``size > 1`` values carries them along its first axis."""
-    b, h, _, _ = inp.shape
-    return _per_head_of(value, size, b, h)
-
-
-def _per_head_of(value: torch.Tensor, size: int, b: int, h: int) -> bool:
-    shape = value.shape[1:] if size > 1 else value.shape
-    try:
-        return torch.broadcast_shapes(shape, (b, h, 1, 1)) == (b, h, 1, 1)
-    except RuntimeError:
-        return False
 
 
 def _validate(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> None:
@@ -49,7 +34,7 @@ def validate_params(spec: NormalizerSpec, params: dict, shape: tuple[int, int, i
     Tensors that vary per query or key are checked by the dense reference that uses them."""
     b, h, lk = shape
     checked = {n: val for n, val in params.items()
-               if not isinstance(val, torch.Tensor) or (n != COUNT and _per_head_of(val, spec.param(n).size, b, h))}
+               if not isinstance(val, torch.Tensor) or (n != COUNT and per_head(val, b, h, spec.param(n).size))}
     key = _validation_key(spec, checked, max(lk, 2), dtype, device)
     if key is not None and _VALIDATED.get(key) is spec:
         return
@@ -218,7 +203,8 @@ def _learnable_mask(attn_mask) -> bool:
 
 
 def _params_per_head(spec: NormalizerSpec, merged: dict, inp: AttentionInputs) -> bool:
-    return all(_per_head(val, spec.param(n).size, inp) for n, val in merged.items() if isinstance(val, torch.Tensor))
+    b, h, _, _ = inp.shape
+    return all(per_head(val, b, h, spec.param(n).size) for n, val in merged.items() if isinstance(val, torch.Tensor))
 
 
 def _auto(spec: NormalizerSpec, params: dict, merged: dict, inp: AttentionInputs, plan: SdpaPlan | None) -> str:

@@ -27,6 +27,7 @@ from torch.autograd.function import once_differentiable
 from .. import registry
 from ..forms import COUNT, SoftmaxOf, SumNormalized, Threshold
 from ..kernels.dispatch import ENTMAX_MIN_ALPHA
+from .inputs import per_head
 
 FAMILY_CODES = {"softmax_of": 0, "sum_normalized": 1, "elementwise": 3, "threshold": 4}
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -77,13 +78,6 @@ def _alpha(form: Threshold, params: Mapping[str, Any]) -> float | None:
     return float(alpha) if MIN_ALPHA <= alpha <= 2.0 else None
 
 
-def _per_head(value: torch.Tensor, b: int, h: int) -> bool:
-    try:
-        return torch.broadcast_shapes(value.shape, (b, h, 1, 1)) == (b, h, 1, 1)
-    except RuntimeError:
-        return False
-
-
 def fallback_reason(spec: registry.NormalizerSpec, params: Mapping[str, Any], q: torch.Tensor,
                     k: torch.Tensor, v: torch.Tensor) -> str | None:
     """Why these inputs cannot run the fused Triton kernels (``None``: they can)."""
@@ -109,7 +103,7 @@ def fallback_reason(spec: registry.NormalizerSpec, params: Mapping[str, Any], q:
     pieces = pieces_of(spec)
     values = list(pieces.values(merged))
     for value in values + ([merged[COUNT]] if merged.get(COUNT) is not None else []):
-        if isinstance(value, torch.Tensor) and not _per_head(value, b, h):
+        if isinstance(value, torch.Tensor) and not per_head(value, b, h):
             return "a tensor parameter that varies per query or key"
     if isinstance(form, SumNormalized) and form.signed and any(
             isinstance(val, torch.Tensor) and val.requires_grad for val in values):

@@ -20,6 +20,17 @@ from .._checks import check_finite, check_floating
 from .._rows import compute_dtype
 
 
+def per_head(value: torch.Tensor, b: int, h: int, size: int = 1) -> bool:
+    """Whether a tensor parameter is constant over queries and keys (one value per batch entry and
+    head at most: broadcastable to ``(B, H, 1, 1)``); a parameter of ``size > 1`` values carries
+    them along its first axis."""
+    shape = value.shape[1:] if size > 1 else value.shape
+    try:
+        return torch.broadcast_shapes(shape, (b, h, 1, 1)) == (b, h, 1, 1)
+    except RuntimeError:
+        return False
+
+
 @dataclass
 class Tile:
     """Query rows ``r0:r1`` against key columns ``c0:c1``.

@@ -35,7 +35,7 @@ from .. import forms
 from ..forms import SoftmaxOf
 from ..registry import NormalizerSpec
 from .fused import numba_pieces
-from .inputs import AttentionInputs
+from .inputs import AttentionInputs, per_head
 from .streaming import double_backward_error
 
 
@@ -84,10 +84,8 @@ def checks_skipped(inp: AttentionInputs) -> bool:
 
 
 def _per_head(value: Any, inp: AttentionInputs) -> bool:
-    if not isinstance(value, torch.Tensor):
-        return True
     b, h, _, _ = inp.shape
-    return value.dim() <= 4 and all(n == 1 for n in value.shape[-2:]) and _broadcasts(value.shape, (b, h, 1, 1))
+    return not isinstance(value, torch.Tensor) or per_head(value, b, h)
 
 
 def _row_scale_plan(form: SoftmaxOf, params: dict, inp: AttentionInputs) -> SdpaPlan | None:
@@ -120,14 +118,11 @@ def _sink_plan(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> Sdpa
     if factor is None:
         return None
     lowest = sink.min().item() if isinstance(sink, torch.Tensor) and sink.numel() else sink
-    if isinstance(lowest, (int, float)) and lowest < _drift_limit(inp, factor) and inp.additive_mask is not None \
-            and _low_rows(inp.additive_mask, _drift_limit(inp, factor)):
+    limit = _drift_limit(inp, factor)
+    if isinstance(lowest, (int, float)) and lowest < limit and inp.additive_mask is not None \
+            and _low_rows(inp.additive_mask, limit):
         return None   # a row of fills as low as the sink: out = o e^{lse - T} would cancel there
     return SdpaPlan(float(factor), sink) if _per_head(sink, inp) else None
-
-
-def _broadcasts(shape: torch.Size, target: tuple[int, ...]) -> bool:
-    return all(n in (1, t) for n, t in zip(reversed(shape), reversed(target)))
 
 
 def run_sdpa(plan: SdpaPlan, inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor,
@@ -151,13 +146,9 @@ def run_sdpa(plan: SdpaPlan, inp: AttentionInputs, q: torch.Tensor, k: torch.Ten
     q, k, v = inp.q, inp.k, inp.v
     if mask is not None:
         mask = (sdpa_additive(mask, plan.factor, q.dtype) if mask.is_floating_point()
-                else torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf")))
-    sink = plan.sink
-    if isinstance(sink, torch.Tensor):
-        sink = sink.to(torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype)
-    else:
-        sink = torch.tensor(float(sink), dtype=torch.float32 if q.dtype in (torch.float16, torch.bfloat16)
-                            else q.dtype)
+                else torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf")))
+    wide = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype   # the logsumexp's dtype
+    sink = plan.sink.to(wide) if isinstance(plan.sink, torch.Tensor) else torch.tensor(float(plan.sink), dtype=wide)
     out = _SinkFlash.apply(q, k, v, sink, mask, inp.scale * plan.factor, causal)
     return out.to(inp.out_dtype)
 
