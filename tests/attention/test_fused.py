@@ -535,16 +535,17 @@ def test_float32_error_within_flash_attentions_rule_of_dense(name, scale):
 
 
 def test_multimax_with_a_finfo_min_mask_fill():
-    """The Hugging Face mask habit (additive finfo.min) on MultiMax with its defaults (softmax):
-    the numba piece's (t c) c term, reassociated by fastmath into t (c c), overflowed to NaN and
-    made every row wrong by O(1)."""
+    """The Hugging Face mask habit (additive finfo.min) on MultiMax with t = 0 given as a tensor (so
+    that the row kernels run the modulator, not plain softmax): the numba piece's (t c) c term,
+    reassociated by fastmath into t (c c), overflowed to NaN and made every row wrong by O(1)."""
     gen = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 1, 160, 16, generator=gen) for _ in range(3))
     fill = torch.finfo(torch.float32).min
     mask = torch.zeros(1, 1, 160, 160)
     mask[..., ::3] = fill
-    got = sk.attention(q, k, v, "multimax", attn_mask=mask, method="fused")
-    want = sk.attention(q, k, v, "multimax", attn_mask=mask, method="dense")
+    t = torch.zeros(4)
+    got = sk.attention(q, k, v, "multimax", attn_mask=mask, method="fused", t=t)
+    want = sk.attention(q, k, v, "multimax", attn_mask=mask, method="dense", t=t)
     torch.testing.assert_close(got, want)
 
 

@@ -228,6 +228,44 @@ def test_plan_reads_the_pieces_not_the_name():
     plan = sdpa.sdpa_plan(registry.get("softmax_sink"), {"sink": 1.5}, inp)
     assert plan is not None and plan.factor == 1.0 and plan.sink == 1.5
     assert sdpa.sdpa_plan(registry.get("softmax"), {"temperature": 0.5}, inp) == sdpa.SdpaPlan(2.0)
-    assert sdpa.sdpa_plan(registry.get("multimax"), {}, inp) is None
+    assert sdpa.sdpa_plan(registry.get("multimax"), {}, inp) == sdpa.SdpaPlan(1.0)   # t = 0: softmax
+    assert sdpa.sdpa_plan(registry.get("multimax"), {"t": (0.0, 0.0, 0.1, 0.0)}, inp) is None
     row = sdpa.sdpa_plan(registry.get("ssmax"), {"s": 0.5}, inp)
     torch.testing.assert_close(row.row_scale.reshape(-1), torch.full((9,), 0.5 * math.log(9), dtype=q.dtype))
+
+
+@pytest.mark.parametrize("case", ["causal_gqa", "decoding", "bool_mask", "additive_mask", "cross"])
+def test_multimax_without_modulation_is_softmax_on_sdpa(case):
+    """MultiMax with every ``t`` the number 0 (its functional default) is plain softmax, exactly:
+    SDPA runs it (``"auto"`` takes another path for the gradient of a row of finfo.min fills:
+    :func:`~softmaxkit.attention.sdpa.sdpa_backward_drifts`), and outputs and q, k, v gradients
+    equal the dense reference's."""
+    q, k, v, kw = _scenario(case)
+    assert auto_method(q, k, v, "multimax", **kw) == "sdpa"
+
+    def run(method):
+        inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        out = sk.attention(*inputs, "multimax", method=method, r=(0.5, -0.5, 1.0, 2.0), **kw)
+        weight = torch.linspace(-1, 2, out.numel(), dtype=out.dtype).reshape(out.shape)
+        return [out.detach()] + list(torch.autograd.grad((out * weight).sum(), inputs))
+
+    for a, b in zip(run("auto"), run("dense")):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("params", [{"t": (0.0, 0.1, 0.0, 0.0)}, {"t": torch.zeros(4)},
+                                    {"r": torch.zeros(4)}], ids=["modulated", "tensor_t", "tensor_r"])
+def test_multimax_with_modulation_or_tensor_parameters_stays_off_sdpa(params):
+    """A nonzero ``t`` modulates the scores; a tensor ``r`` or ``t`` may be learned (its gradient
+    is wanted even where ``t = 0``): both take the fused path, which equals dense."""
+    q, k, v = _qkv()
+    assert auto_method(q, k, v, "multimax", is_causal=True, **params) != "sdpa"
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    tensors = {n: t.clone().requires_grad_() for n, t in params.items() if isinstance(t, torch.Tensor)}
+    given = dict(params, **tensors)
+    grads = {}
+    for method in ("auto", "dense"):
+        out = sk.attention(*leaves, "multimax", is_causal=True, method=method, **given)
+        grads[method] = [out] + list(torch.autograd.grad(out.sum(), leaves + list(tensors.values())))
+    for a, b in zip(grads["auto"], grads["dense"]):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)

@@ -66,7 +66,19 @@ def d_modulator(x: torch.Tensor, r: Sequence[Any], t: Sequence[Any]) -> torch.Te
             - _slope(t[2], r[2] - x) + _slope(t[3], x - r[3]))
 
 
-FORM = SoftmaxOf(g=modulator, dg=d_modulator)
+def _unmodulated(params: Any) -> float | None:
+    """``1`` when every ``t`` is the number 0 and no parameter is a tensor: then ``sigma(x) = x``
+    exactly (:func:`_term` gives 0 at every finite ``x``) and MultiMax is plain softmax, which
+    scaled dot-product attention runs; else None."""
+    values = [params.get("r", R_INIT), params.get("t", T_INIT)]
+    if any(isinstance(v, torch.Tensor) for v in values):
+        return None
+    if any(isinstance(v, torch.Tensor) for seq in values for v in seq):
+        return None
+    return 1.0 if all(float(v) == 0.0 for v in values[1]) else None
+
+
+FORM = SoftmaxOf(g=modulator, dg=d_modulator, linear_factor=_unmodulated)
 
 
 def multimax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
