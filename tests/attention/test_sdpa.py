@@ -269,3 +269,29 @@ def test_multimax_with_modulation_or_tensor_parameters_stays_off_sdpa(params):
         grads[method] = [out] + list(torch.autograd.grad(out.sum(), leaves + list(tensors.values())))
     for a, b in zip(grads["auto"], grads["dense"]):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+def test_sink_on_views_whose_last_axis_is_strided(which):
+    """torch's CPU flash kernel, called directly, reads rows as contiguous: a view whose last axis
+    has another stride (a transpose made contiguous and transposed back) read other memory."""
+    q, k, v = _qkv()
+    strided = {name: t.transpose(-1, -2).contiguous().transpose(-1, -2) if name == which else t
+               for name, t in zip("qkv", (q, k, v))}
+    assert strided[which].stride(-1) != 1
+    for a, b in zip(_run("sdpa", *strided.values(), 0.5), _run("dense", q, k, v, 0.5)):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("name", ["softmax", "ssmax"])
+def test_per_row_factor_in_a_wider_dtype_than_the_inputs(name, dtype):
+    """A float64 per-head parameter (``torch.tensor`` of a numpy array) with float32 or bfloat16
+    inputs: the queries keep their dtype (SDPA wants one dtype for q, k and v), as on the other paths."""
+    q, k, v = (t.to(dtype) for t in _qkv())
+    param = torch.tensor([0.5, 2.0, 1.0, 1.5], dtype=torch.float64).view(4, 1, 1)
+    params = {"temperature": param} if name == "softmax" else {"s": param}
+    got = sk.attention(q, k, v, name, method="sdpa", **params)
+    want = sk.attention(q, k, v, name, method="dense", **params)
+    assert got.dtype == want.dtype == dtype
+    torch.testing.assert_close(got, want, **({} if dtype == torch.float32 else {"rtol": 0.02, "atol": 0.02}))

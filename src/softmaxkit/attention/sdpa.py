@@ -134,7 +134,7 @@ def run_sdpa(plan: SdpaPlan, inp: AttentionInputs, q: torch.Tensor, k: torch.Ten
     mask = inp.bool_mask if inp.bool_mask is not None else inp.additive_mask
     if plan.row_scale is not None:
         out = torch_f.scaled_dot_product_attention(
-            inp.q * plan.row_scale, inp.k, inp.v, attn_mask=mask, scale=inp.scale, is_causal=causal,
+            inp.q * plan.row_scale.to(inp.q.dtype), inp.k, inp.v, attn_mask=mask, scale=inp.scale, is_causal=causal,
             enable_gqa=inp.kv_groups > 1)
         return out.to(inp.out_dtype)
     if plan.sink is None:
@@ -143,7 +143,9 @@ def run_sdpa(plan: SdpaPlan, inp: AttentionInputs, q: torch.Tensor, k: torch.Ten
         return torch_f.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, scale=inp.scale * plan.factor, is_causal=causal,
             enable_gqa=inp.kv_groups > 1)
-    q, k, v = inp.q, inp.k, inp.v
+    # the flash kernel, called directly, reads each row of q, k and v as contiguous (torch's public
+    # SDPA makes them so; a view with another last-axis stride read other memory)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (inp.q, inp.k, inp.v))
     if mask is not None:
         mask = (sdpa_additive(mask, plan.factor, q.dtype) if mask.is_floating_point()
                 else torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf")))
