@@ -345,3 +345,35 @@ def test_plus_infinite_scores_give_the_dense_limit_on_the_fused_path(name):
     for method in ("fused", "auto"):
         for got, ref in zip(run(method), want):
             torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize(("name", "param"), [("softmax_sink", "sink"), ("ssmax", "s"), ("softmax", "temperature"),
+                                             ("sigmoid", "bias"), ("stablemax", None)])
+@pytest.mark.parametrize("where", ["mask", "query"])
+def test_per_head_parameter_gradients_beside_infinite_scores(name, param, where):
+    """A row made its limit by a ``+inf`` score (an additive mask of ``+inf``, or an infinite query
+    entry: ``+inf`` and ``-inf`` scores) has zero gradient, so it adds nothing to a per-head
+    parameter's gradient: the fused path's chain rule multiplied that 0 by the piece's infinite
+    derivative there (``d(s x log n)/ds``; the sink's weight ``e^{s - inf}`` over ``inf``), NaN."""
+    dtype = torch.float64
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 160, 4, generator=gen, dtype=dtype) for _ in range(3))
+    mask = None
+    if where == "mask":
+        mask = torch.zeros(160, 160, dtype=dtype)
+        mask[1, 2] = mask[50, 7] = float("inf")
+    else:
+        q[0, 1, 4, 0] = float("inf")
+    value = torch.tensor([0.3, 0.7], dtype=dtype).view(2, 1, 1)
+
+    def run(method):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        params = {} if param is None else {param: value.clone().requires_grad_()}
+        out = sk.attention(*leaves, name, attn_mask=mask, method=method, **params)
+        weight = torch.linspace(-1, 2, out.numel(), dtype=dtype).reshape(out.shape)
+        return [out.detach()] + list(torch.autograd.grad((out * weight).sum(), leaves + list(params.values())))
+
+    want = run("dense")
+    for method in ("fused", "auto"):
+        for got, ref in zip(run(method), want):
+            torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9, equal_nan=True)

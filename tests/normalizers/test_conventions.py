@@ -141,6 +141,18 @@ def test_positive_infinity_gives_the_limit_or_stays_in_its_row(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
+def test_a_nan_beside_a_positive_infinity_keeps_its_row_nan(name):
+    """A visible NaN makes its row NaN even when a ``+inf`` would make the row its limit (softpick,
+    stablemax, the sum-normalized rectifiers and softmax_sink returned the limit and hid the NaN)."""
+    x = torch.tensor([[float("inf"), 1.0, float("nan")], [0.1, 0.2, 0.3]], dtype=torch.float64)
+    out = call(name, x)
+    assert torch.isnan(out[0, 2]), out
+    if not elementwise(name):
+        assert torch.isnan(out[0]).all(), out
+    torch.testing.assert_close(out[1], call(name, x[1]))
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_rows_of_length_one_and_empty_dims(name):
     one = scores(4, 1)
     out = call(name, one, **params_for(name, 1))

@@ -675,7 +675,7 @@ class _FusedAttention(torch.autograd.Function):
                 if wanted:
                     with torch.enable_grad():
                         pblk = _block_params(plan, leaves, blk)
-                        val = forms.call(piece, raw, pblk, blk.count)
+                        val = forms.call(piece, _finite_scores(raw, kind), pblk, blk.count)
                         dpar = torch.autograd.grad(val, [leaves[n] for n in wanted], ds, allow_unused=True)
                 if not linear:
                     with torch.no_grad():
@@ -689,6 +689,17 @@ class _FusedAttention(torch.autograd.Function):
                         dparams[name] = g if dparams[name] is None else dparams[name] + g
         return (None, dq if needs[1] else None, dk if needs[2] else None, dv if needs[3] else None,
                 *_param_grads(dparams, plan.names, tensors, needs[4:]))
+
+
+def _finite_scores(raw: torch.Tensor, kind: str) -> torch.Tensor:
+    """``softmax_of``: the tile's scores with each infinite entry 0, for the parameters' chain rule.
+    The gradient at ``g`` of an infinite score is 0 (a ``+inf`` makes its row the limit, a visible
+    ``-inf`` has weight 0), but ``g``'s derivative in a parameter there is infinite
+    (``d(s x log n)/ds``), and ``0 * inf`` would make the parameter's gradient NaN. (The other
+    families' gradient at ``h`` is not 0 there, and their pieces' derivatives stay finite.)"""
+    if kind != "softmax_of":
+        return raw
+    return torch.where(torch.isinf(raw), torch.zeros_like(raw), raw)
 
 
 def _param_grads(dparams: dict, names: list, tensors, needs) -> list:
@@ -878,7 +889,7 @@ def _tile_backward(plan: _Plan, s: torch.Tensor, dp: torch.Tensor, blk: _Block, 
         targets = [leaves[n] for n in wanted]
         with torch.enable_grad():
             pblk = _block_params(plan, leaves, blk)
-            val = forms.call(piece, raw, pblk, blk.count)
+            val = forms.call(piece, _finite_scores(raw, plan.kind), pblk, blk.count)
             if val.requires_grad:
                 dpar = torch.autograd.grad(val, targets, dp, allow_unused=True)
             if pieces.sink_logit is not None:
@@ -903,7 +914,10 @@ def _sink_logit_grads(logit: Any, z: torch.Tensor, blk: _Block, dd, targets: lis
     with torch.no_grad():
         zf = blk.fill(z.detach().clone(), float("-inf"))
         c = torch.maximum(zf.amax(-1, keepdim=True), s)
+        limit = c == float("inf")   # a +inf score takes the row's whole mass: p_sink = 0
+        c = torch.where(limit, torch.zeros_like(c), c)
         p_sink = torch.exp(s - c) / (torch.exp(zf - c).sum(-1, keepdim=True) + torch.exp(s - c))
+        p_sink = torch.where(limit, torch.zeros_like(p_sink), p_sink)
         weight = -p_sink * torch.as_tensor(dd, dtype=z.dtype).view(*z.shape[:-1], 1)
     val = logit.expand(z.shape[:-2] + (1, 1)).expand(*z.shape[:-2], rows, 1)
     return list(torch.autograd.grad(val, targets, weight, allow_unused=True))

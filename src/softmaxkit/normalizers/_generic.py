@@ -20,7 +20,7 @@ from .. import forms
 from .._checks import can_branch_on, check_finite, check_number
 from .._rows import Rows, prepare_rows
 from ._entmax import entmax_rows, per_row
-from .softmax import infinite_limit, softmax_rows
+from .softmax import infinite_limit, limit_rows, softmax_rows
 
 
 def aligned(rows: Rows, params: Mapping[str, Any], sizes: Mapping[str, int]) -> dict[str, Any]:
@@ -70,10 +70,6 @@ def _finite(rows: Rows) -> tuple[torch.Tensor, torch.Tensor]:
     return finite, torch.where(finite, rows.x, torch.zeros_like(rows.x))
 
 
-def _positive_infinite_rows(rows: Rows) -> torch.Tensor:
-    return (rows.visible & (rows.x == float("inf"))).any(-1, keepdim=True)
-
-
 def softmax_of_rows(rows: Rows, form: forms.SoftmaxOf, params: Mapping[str, Any]) -> torch.Tensor:
     """``softmax(g(x))`` over visible entries; ``+inf`` stays ``+inf`` (``g`` is increasing).
 
@@ -121,7 +117,7 @@ def sum_normalized_rows(rows: Rows, form: forms.SumNormalized, params: Mapping[s
             p = torch.where(over, scaled, p)
     if wide is not None:
         p = torch.where(wide[0], wide[1].to(p.dtype), p)
-    return torch.where(_positive_infinite_rows(rows), infinite_limit(rows.x.detach(), rows.visible), p)
+    return torch.where(limit_rows(rows.x, rows.visible), infinite_limit(rows.x.detach(), rows.visible), p)
 
 
 def elementwise_rows(rows: Rows, form: forms.Elementwise, params: Mapping[str, Any]) -> torch.Tensor:

@@ -55,6 +55,13 @@ def infinite_limit(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     return top / top.sum(-1, keepdim=True).clamp_min(1)
 
 
+def limit_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """The rows that take :func:`infinite_limit`: a visible ``+inf`` and no visible NaN (a NaN
+    makes its row NaN, as it does every other row)."""
+    return ((visible & (z == float("inf"))).any(-1, keepdim=True)
+            & ~(visible & torch.isnan(z)).any(-1, keepdim=True))
+
+
 def softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """Softmax along the last axis over visible entries (building block, no checks)."""
     e, d, _, inf_rows = _exp_terms(z, visible)
@@ -88,7 +95,14 @@ def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Te
         scale = temperature.to(torch.promote_types(temperature.dtype, rows.x.dtype)).reciprocal()
     else:
         scale = 1.0 / temperature
-    z = rows.safe_x * rows.align(scale, "temperature")
+    aligned = rows.align(scale, "temperature")
+    z = rows.safe_x * aligned
+    if isinstance(aligned, torch.Tensor) and aligned.requires_grad:
+        # an infinite score's z does not move with T (its row is the limit, or its weight 0): no
+        # gradient to T from it, where the product's would be 0 * inf = NaN
+        infinite = torch.isinf(rows.safe_x)
+        z = torch.where(infinite, rows.safe_x * aligned.detach(),
+                        rows.safe_x.masked_fill(infinite, 0.0) * aligned)
     if not isinstance(scale, torch.Tensor) and scale <= 1:
         return z
     # A visible finite score whose x / T overflows is not a limit of the definition: a row of

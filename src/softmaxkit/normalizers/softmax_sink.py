@@ -20,7 +20,7 @@ from .._rows import prepare_rows
 from ..forms import SoftmaxOf, StreamRule, SumNormalized, identity, one, shifted_exp
 from ..registry import Example, Learnable, builtin
 from ._generic import finish
-from .softmax import infinite_limit
+from .softmax import infinite_limit, limit_rows
 
 
 def exp_over_sink(x: torch.Tensor, sink: Any) -> torch.Tensor:
@@ -54,8 +54,7 @@ def softmax_sink(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = Non
     c = torch.maximum(top, s).detach()
     e = torch.where(finite, torch.exp(xs - c), torch.zeros_like(xs))
     p = e / (e.sum(-1, keepdim=True) + torch.exp(s - c))
-    p = torch.where((rows.visible & (rows.x == float("inf"))).any(-1, keepdim=True),
-                    infinite_limit(rows.x.detach(), rows.visible), p)
+    p = torch.where(limit_rows(rows.x, rows.visible), infinite_limit(rows.x.detach(), rows.visible), p)
     return finish(rows, p)
 
 

@@ -16,7 +16,7 @@ from .._rows import prepare_rows
 from ..forms import StreamRule, SumNormalized, keep_visible
 from ..registry import Example, builtin
 from ._generic import finish
-from .softmax import infinite_limit
+from .softmax import infinite_limit, limit_rows
 
 
 def shifted_gain(x: torch.Tensor, c: torch.Tensor | float = 0.0) -> torch.Tensor:
@@ -57,8 +57,7 @@ def softpick(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None, e
     c = m.detach().clamp_min(0.0)
     gain = torch.where(finite, shifted_gain(xs, c), torch.zeros_like(xs))
     p = torch.relu(gain) / (gain.abs().sum(-1, keepdim=True) + eps * torch.exp(m - c))
-    p = torch.where((rows.visible & (rows.x == float("inf"))).any(-1, keepdim=True),
-                    infinite_limit(rows.x.detach(), rows.visible), p)
+    p = torch.where(limit_rows(rows.x, rows.visible), infinite_limit(rows.x.detach(), rows.visible), p)
     return finish(rows, p)
 
 

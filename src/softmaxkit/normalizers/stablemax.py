@@ -15,7 +15,7 @@ from .._rows import nonzero_or_one, prepare_rows
 from ..forms import SoftmaxOf
 from ..registry import Example, builtin
 from ._generic import finish
-from .softmax import infinite_limit
+from .softmax import infinite_limit, limit_rows
 
 
 def log_s(x: torch.Tensor) -> torch.Tensor:
@@ -51,8 +51,7 @@ def stablemax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) 
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
     weights = torch.where(finite, torch.exp(g - top), torch.zeros_like(xs))
     p = weights / nonzero_or_one(weights.sum(-1, keepdim=True))
-    inf_rows = (rows.visible & (rows.x == float("inf"))).any(-1, keepdim=True)
-    p = torch.where(inf_rows, infinite_limit(rows.x.detach(), rows.visible), p)
+    p = torch.where(limit_rows(rows.x, rows.visible), infinite_limit(rows.x.detach(), rows.visible), p)
     return finish(rows, p)
 
 
