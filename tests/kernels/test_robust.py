@@ -344,6 +344,44 @@ def test_topk_tie_order_is_the_same_on_kernel_and_reference(log):
         assert bool((got[1][:, 1:] > got[1][:, :-1])[same].all())
 
 
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_topk_ties_between_minus_inf_and_underflowing_scores(log, dtype):
+    """A k-th score of ``-inf`` (or of ``-finfo.max``) ties with the ``-inf`` entries left out:
+    the smallest indices among them are taken, as the reference does (the kernel returned the
+    selected scores' own indices)."""
+    fn = sk.log_softmax_topk if log else sk.softmax_topk
+    inf = float("inf")
+    x = torch.tensor([[0.0, -inf, -inf, -800.0, -801.0, -inf, 0.5],
+                      [0.0, -inf, -torch.finfo(dtype).max, -inf, -inf, 1.0, -inf]], dtype=dtype)
+    for k in (3, 4, 5, 7):
+        with sk.use_backend("numba"):
+            got = fn(x, k)
+        with sk.use_backend("reference"):
+            want = fn(x, k)
+        assert torch.equal(got[1], want[1]), (k, got[1], want[1])
+        torch.testing.assert_close(got[0], want[0])
+
+
+@pytest.mark.parametrize("backend", ["numba", "auto"])
+@pytest.mark.parametrize("dtype", [F32, F64])
+def test_softmax_gradient_at_minus_inf_entries_of_a_nan_row(backend, dtype):
+    """The reference gives a ``-inf`` entry gradient 0, as a masked one, even in a row that a NaN
+    makes NaN; the kernel's backward gave ``0 * NaN``."""
+    x = torch.randn(3, 300000 if backend == "auto" else 50, dtype=dtype)
+    x[0, 4], x[0, 6], x[1, 9] = float("nan"), float("-inf"), float("-inf")
+    g = torch.randn_like(x)
+
+    def grad(name):
+        leaf = x.clone().requires_grad_()
+        with sk.use_backend(name):
+            return torch.autograd.grad(sk.softmax(leaf), leaf, g)[0]
+
+    got, want = grad(backend), grad("reference")
+    assert got[0, 6] == 0 and got[1, 9] == 0
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
 # ---- the aten path of auto ------------------------------------------------------------------
 
 def test_auto_calls_aten_where_no_kernel_measurably_wins():

@@ -94,7 +94,10 @@ def _differentiable_backward(y, grad, special, scale, mode):
     """The backward kernel's formula in PyTorch ops, for double backward."""
     keep = (special == 0).reshape(grad.shape[:-1] + (1,))
     if mode == _k.PROBS:
-        dx = y * (grad - (y * grad).sum(-1, keepdim=True))
+        dot = (y * grad).sum(-1, keepdim=True)
+        dx = y * (grad - dot)
+        # a NaN row's -inf entries (y = 0) keep the reference's zero gradient, as in backward_rows
+        dx = torch.where((y == 0) & torch.isnan(dot), torch.zeros_like(dx), dx)
     else:
         visible = y != float("-inf")
         total = torch.where(visible, grad, torch.zeros_like(grad)).sum(-1, keepdim=True)

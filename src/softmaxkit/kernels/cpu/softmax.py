@@ -440,7 +440,9 @@ def backward_rows(y, g, dx, special, scale, mode):
     """Gradient of softmax (``mode`` PROBS) or log-softmax (LOG_PROBS) from its output ``y``.
 
     softmax: ``dx = scale * y (g - <y, g>)``; log-softmax: ``dx = scale * (g - e^y sum g)``
-    over visible entries (``y > -inf``), 0 elsewhere. Rows flagged in ``special`` get 0.
+    over visible entries (``y > -inf``), 0 elsewhere. Rows flagged in ``special`` get 0. In a
+    softmax row whose ``<y, g>`` is NaN, entries with ``y = 0`` (``-inf`` scores: every other
+    entry of a NaN row is NaN) get 0, as the reference gives a ``-inf`` entry.
     """
     rows, n = y.shape
     for r in prange(rows):
@@ -456,6 +458,11 @@ def backward_rows(y, g, dx, special, scale, mode):
             continue
         if mode == PROBS:
             c = _dot(yr, gr)
+            if c != c:   # a NaN row (or gradient): its -inf entries (weight 0) keep the reference's 0
+                zero = cast_like(0.0, scale)
+                for i in range(n):
+                    dr[i] = scale * yr[i] * (gr[i] - c) if yr[i] != zero else zero
+                continue
             for i in range(n):
                 dr[i] = scale * yr[i] * (gr[i] - c)
         else:

@@ -198,7 +198,8 @@ def _order_by_value(xr, k, sv, si, vals, m, d, log_d, log):
     while gt < k and vals[gt] > vk:
         gt += 1
     below = np.nextafter(sv[k - 1], cast_like(-np.inf, sv[k - 1]))
-    if k < n and below > cast_like(-np.inf, below) and _value(below, m, d, log_d, log) == vk:
+    # (below = -inf too: a k-th score of -inf, or of -finfo.max, ties with the -inf entries left out)
+    if k < n and _value(below, m, d, log_d, log) == vk:
         # outside entries can tie with the k-th value: take the smallest tied indices
         ties_hi = sv[gt]
         found = 0
