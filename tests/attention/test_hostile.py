@@ -377,3 +377,18 @@ def test_per_head_parameter_gradients_beside_infinite_scores(name, param, where)
     for method in ("fused", "auto"):
         for got, ref in zip(run(method), want):
             torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9, equal_nan=True)
+
+
+@pytest.mark.parametrize("method", ["streaming", "fused", "auto"])
+def test_a_row_that_sees_nothing_under_a_very_low_sink(method):
+    """A sink below -745 (float64; -104 in float32) underflows against the stand-in shift 0 of a row
+    with nothing visible: the streaming rule divided 0 by 0."""
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 2, 6, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    mask = torch.ones(6, 6, dtype=torch.bool)
+    mask[1] = False
+    for sink in (-1000.0, -1e300):
+        got = sk.attention(q, k, v, "softmax_sink", attn_mask=mask, sink=sink, method=method)
+        want = sk.attention(q, k, v, "softmax_sink", attn_mask=mask, sink=sink, method="dense")
+        assert (got[:, :, 1] == 0).all()
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)

@@ -74,7 +74,10 @@ class SoftmaxSinkRule(StreamRule):
         sink = sink if isinstance(sink, torch.Tensor) else torch.full_like(c, float(sink))
         top = torch.maximum(c, sink).detach()
         scale = torch.exp(c - top)
-        return sums["num"] * scale / (sums["den"] * scale + torch.exp(sink - top))
+        den = sums["den"] * scale + torch.exp(sink - top)
+        # a row that sees nothing (its stand-in c = 0 above a sink below -745 in float64: e^{s - 0}
+        # underflows) has num = 0: its output is 0, not 0 / 0
+        return sums["num"] * scale / torch.where(den == 0, torch.ones_like(den), den)
 
 
 def sink_logit(params: Any) -> Any:
