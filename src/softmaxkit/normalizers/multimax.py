@@ -174,30 +174,36 @@ def _numba_pieces():
     @njit(cache=True, inline="always")
     def g(x, n, par):
         zero = cast_like(0.0, x)
-        a = max(par[0] - x, zero)
-        b = max(x - par[1], zero)
-        c = max(par[2] - x, zero)
-        d = max(x - par[3], zero)
+        r1, r2, r3, r4 = par[0], par[1], par[2], par[3]   # loaded before the selects (see dg)
+        t1, t2, t3, t4 = par[4], par[5], par[6], par[7]
+        a = max(r1 - x, zero)
+        b = max(x - r2, zero)
+        c = max(r3 - x, zero)
+        d = max(x - r4, zero)
         # a zero t gives no term: selected, since the kernels' fastmath may reassociate (t c) c into
         # t (c c), which overflows to inf (and 0 inf = NaN) once |x| > 1.8e19 in float32, and an
         # infinite score makes t a = 0 inf = NaN too (the reference's row then is its limit)
-        low = (par[6] * c) * c if par[6] != zero else zero
-        high = (par[7] * d) * d if par[7] != zero else zero
-        below = par[4] * a if par[4] != zero else zero
-        above = par[5] * b if par[5] != zero else zero
+        low = (t3 * c) * c if t3 != zero else zero
+        high = (t4 * d) * d if t4 != zero else zero
+        below = t1 * a if t1 != zero else zero
+        above = t2 * b if t2 != zero else zero
         return x + below + above + low + high
 
     @njit(cache=True, inline="always")
     def dg(x, n, par):
         zero, one, two = cast_like(0.0, x), cast_like(1.0, x), cast_like(2.0, x)
-        limit = _SQUARE_LIMIT
-        below = par[4] if par[0] - x > zero else zero
-        above = par[5] if x - par[1] > zero else zero
-        c = max(par[2] - x, zero)
-        d = max(x - par[3], zero)
+        limit = cast_like(_SQUARE_LIMIT, x)   # inf in float32
+        # every parameter loaded before the selects: a load inside one (``par[4] if ... else 0``) is
+        # not speculated, so LLVM kept a branch per score and the backward row loop scalar (4x slower)
+        r1, r2, r3, r4 = par[0], par[1], par[2], par[3]
+        t1, t2, t3, t4 = par[4], par[5], par[6], par[7]
+        below = t1 if r1 - x > zero else zero
+        above = t2 if x - r2 > zero else zero
+        c = max(r3 - x, zero)
+        d = max(x - r4, zero)
         c = c if c <= limit else zero   # (float64 only: where _term holds the square constant)
         d = d if d <= limit else zero
-        return one - below + above - two * (par[6] * c) + two * (par[7] * d)
+        return one - below + above - two * (t3 * c) + two * (t4 * d)
 
     def values(params):
         r, t = params["r"], params["t"]
