@@ -240,18 +240,26 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
         # equal weights, and g'(x) p (dp - D) as the dense path's gradient where g' and that
         # product are finite; 0 elsewhere (MultiMax's quadratic g' overflows at the fill)
         all_held = free == 0 and extra == ninf
-        for j in range(row.shape[0]):
-            p = row[j] * inv
-            row[j] = p
-            d = p * (drow[j] - d0)
-            keep = p != zero
-            if apply_d:
+        if infinite != 0 or (all_held and not apply_d):
+            for j in range(row.shape[0]):
+                row[j] = row[j] * inv
+                drow[j] = zero
+        elif all_held:   # (rare: its checks in a loop of their own, so that the common one vectorises)
+            for j in range(row.shape[0]):
+                p = row[j] * inv
+                row[j] = p
                 slope = dg(raw[j], n, hp)
-                d = slope * d
-                keep = keep and not (all_held and not (abs(slope) <= biggest and abs(d) <= biggest))
-            else:
-                keep = keep and not all_held
-            drow[j] = d if keep and infinite == 0 else zero
+                d = slope * (p * (drow[j] - d0))
+                finite = abs(slope) <= biggest and abs(d) <= biggest
+                drow[j] = d if p != zero and finite else zero
+        else:
+            for j in range(row.shape[0]):
+                p = row[j] * inv
+                row[j] = p
+                d = p * (drow[j] - d0)
+                if apply_d:
+                    d = dg(raw[j], n, hp) * d
+                drow[j] = d if p != zero else zero
         _zero_tail(full, end)
         _zero_tail(dfull, end)
 
