@@ -205,11 +205,30 @@ def test_half_precision_inputs():
         torch.testing.assert_close(got.float(), want, atol=2e-2, rtol=0)
 
 
-def test_double_backward_is_a_clear_error():
-    q, k, v = (t.requires_grad_() for t in _qkv())
-    out = sk.attention(q, k, v, "softmax_sink", method="sdpa")
+@pytest.mark.parametrize("name,params", [("softmax_sink", {}), ("softmax", {}), ("ssmax", {}),
+                                         ("softmax", {"temperature": torch.tensor([0.5, 2.0, 1.0, 1.5]).view(4, 1, 1)})])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_double_backward_is_a_clear_error(name, params, dtype):
+    """torch's CPU flash kernel has no double backward: every SDPA path says so in the package's
+    words (torch's error named ``_scaled_dot_product_flash_attention_for_cpu_backward``)."""
+    q, k, v = (t.to(dtype).requires_grad_() for t in _qkv())
+    out = sk.attention(q, k, v, name, method="sdpa", **params)
     with pytest.raises(RuntimeError, match="double backward is not supported by the sdpa path"):
         torch.autograd.grad(out.sum(), q, create_graph=True)
+
+
+def test_double_backward_with_a_learned_mask_on_sdpa():
+    """With a mask that requires grad torch runs its math backend, whose double backward works:
+    it is left to run, and equals the dense path's."""
+    q, k, v = (t.requires_grad_() for t in _qkv())
+    mask = torch.randn(9, 9, dtype=q.dtype, requires_grad=True)
+    grads = []
+    for method in ("sdpa", "dense"):
+        out = sk.attention(q, k, v, "softmax", attn_mask=mask, method=method)
+        (dq,) = torch.autograd.grad(out.sum(), q, create_graph=True)
+        grads.append(torch.autograd.grad((dq * dq).sum(), (q, k, mask)))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
 def test_the_fused_path_keeps_its_sink_when_the_map_is_linear():

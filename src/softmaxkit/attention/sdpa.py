@@ -127,6 +127,44 @@ def _sink_plan(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> Sdpa
 
 def run_sdpa(plan: SdpaPlan, inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor,
              v: torch.Tensor) -> torch.Tensor:
+    """:func:`_run_sdpa`, whose gradient, where torch's CPU flash kernel computes it (no double
+    backward), raises the package's clear error when a graph of it is requested."""
+    out = _run_sdpa(plan, inp, q, k, v)
+    if plan.sink is None and not torch.compiler.is_compiling() and _flash_backward(out):
+        out = _FirstDerivativeOnly.apply(out)
+    return out
+
+
+def _flash_backward(out: torch.Tensor) -> bool:
+    """Whether ``out``'s gradient comes from torch's CPU flash kernel (directly, or through a
+    dtype cast); torch runs its math backend, which has a double backward, for a learned mask."""
+    fn = out.grad_fn
+    for _ in range(2):
+        if fn is None:
+            return False
+        if "FlashAttentionForCpu" in type(fn).__name__:
+            return True
+        fn = fn.next_functions[0][0] if fn.next_functions else None
+    return False
+
+
+class _FirstDerivativeOnly(torch.autograd.Function):
+    """The identity; its backward refuses ``create_graph=True`` with :func:`double_backward_error`
+    (torch's own error names ``_scaled_dot_product_flash_attention_for_cpu_backward``)."""
+
+    @staticmethod
+    def forward(ctx, out):
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.is_grad_enabled():
+            raise RuntimeError(double_backward_error("sdpa"))
+        return grad
+
+
+def _run_sdpa(plan: SdpaPlan, inp: AttentionInputs, q: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> torch.Tensor:
     """Attention by SDPA under ``plan`` (``q``, ``k``, ``v``: the caller's tensors; the sink runs
     on ``inp``'s, in the compute dtype)."""
     _, _, lq, _ = inp.shape
