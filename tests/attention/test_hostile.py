@@ -392,3 +392,28 @@ def test_a_row_that_sees_nothing_under_a_very_low_sink(method):
         want = sk.attention(q, k, v, "softmax_sink", attn_mask=mask, sink=sink, method="dense")
         assert (got[:, :, 1] == 0).all()
         torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize(("name", "param"), [("ssmax", "s"), ("sigmoid", "bias_offset")])
+@pytest.mark.parametrize("causal", [False, True])
+def test_minus_infinite_scores_leave_the_visible_count(name, param, causal):
+    """An infinite key entry makes scores of ``-inf`` (and ``+inf``) in every query: the reference
+    counts a ``-inf`` score as hidden, so the ``n`` of SSMax's ``s log n`` and sigmoid's ``-log n``
+    leaves it out; the row kernels counted the key (the mask's count)."""
+    dtype = torch.float64
+    gen = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 2, 150, 4, generator=gen, dtype=dtype) for _ in range(3))
+    k[0, 0, 1, 0] = float("inf")
+    k[0, 1, 3, 2] = float("-inf")
+    value = torch.tensor([0.6, 1.4], dtype=dtype).view(2, 1, 1)
+
+    def run(method):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)] + [value.clone().requires_grad_()]
+        out = sk.attention(*leaves[:3], name, is_causal=causal, method=method, **{param: leaves[3]})
+        weight = torch.linspace(-1, 2, out.numel(), dtype=dtype).reshape(out.shape)
+        return [out.detach()] + list(torch.autograd.grad((out * weight).sum(), [leaves[2], leaves[3]]))
+
+    want = run("dense")
+    for method in ("fused", "auto"):
+        for got, ref in zip(run(method), want):
+            torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9, equal_nan=True)

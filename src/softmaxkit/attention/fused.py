@@ -771,7 +771,33 @@ def _tile_args(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
     """``(s, lim, hidden, cnt, par, rows_per_head, check_nan)`` of the row kernels for the tile ``s``
     (as ``(rows, keys)``); all but ``s`` from :func:`_tile_meta`."""
     nb, nh, rows, c = s.shape
-    return (s.view(nb * nh * rows, c).numpy(),) + _tile_meta(plan, blk, params)
+    meta = _tile_meta(plan, blk, params)
+    count = _finite_count(plan, s, blk, params, meta[0])
+    if count is not None:
+        meta = meta[:2] + (count.reshape(-1).numpy(),) + meta[3:]
+    return (s.view(nb * nh * rows, c).numpy(),) + meta
+
+
+def _finite_count(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict, lim: np.ndarray) -> torch.Tensor | None:
+    """The visible keys of each row of the tile ``s`` whose score is not ``-inf`` (``(nb, nh, rows, 1)``,
+    at least 1, also kept as ``blk.stats["count"]`` for the pieces' torch side), when a score may be
+    non-finite (:func:`scores_may_be_nan`: an infinite q or k entry, overflowing products) and the
+    pieces read the visible count ``n`` (not given): the reference counts a ``-inf`` score as
+    hidden (SSMax's ``s log n``, sigmoid's ``-log n``). Else None."""
+    if not plan.needs_count or params.get(forms.COUNT) is not None or not plan.scores_may_be_nan():
+        return None
+    nb, nh, rows, c = s.shape
+    visible = (s != float("-inf")) & (torch.arange(c) < torch.from_numpy(lim).view(nb, nh, rows, 1))
+    if blk.hidden is not None:
+        visible &= ~blk.hidden
+    count = visible.sum(-1, keepdim=True).clamp_min_(1).to(s.dtype)
+    blk.stats["count"] = count
+    return count
+
+
+def _count(blk: _Block) -> torch.Tensor | None:
+    """The visible count the pieces see on the torch side (:func:`_finite_count` where it applies)."""
+    return blk.stats.get("count", blk.count)
 
 
 def _tile_meta(plan: _Plan, blk: _Block, params: dict) -> tuple:
@@ -889,13 +915,13 @@ def _tile_backward(plan: _Plan, s: torch.Tensor, dp: torch.Tensor, blk: _Block, 
         targets = [leaves[n] for n in wanted]
         with torch.enable_grad():
             pblk = _block_params(plan, leaves, blk)
-            val = forms.call(piece, _finite_scores(raw, plan.kind), pblk, blk.count)
+            val = forms.call(piece, _finite_scores(raw, plan.kind), pblk, _count(blk))
             if val.requires_grad:
                 dpar = torch.autograd.grad(val, targets, dp, allow_unused=True)
             if pieces.sink_logit is not None:
                 dsink = _sink_logit_grads(pieces.sink_logit(pblk), raw, blk, dd, targets)
                 dpar = dsink if dpar is None else [_sum_grads(a, b) for a, b in zip(dpar, dsink)]
-        dp.mul_(forms.call(dpiece, raw, params, blk.count))
+        dp.mul_(forms.call(dpiece, raw, params, _count(blk)))
     return dp, dpar
 
 
