@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from ._intrinsics import _bits_f32, _bits_f64, _f32_from_bits, _f64_from_bits, held_constant
+from ._intrinsics import _bits_f32, _bits_f64, _f32_from_bits, _f64_from_bits, fused_multiply_add, held_constant
 
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
@@ -42,6 +42,8 @@ _Q64 = tuple(1.0 / math.factorial(k + 2) for k in range(12))   # Taylor: 5e-18 o
 _F_LOG2E = np.float32(LOG2E)
 _F_LN2_HI = np.float32(0.693359375)                # 9 significant bits: n * hi is exact
 _F_LN2_LO = np.float32(LN2 - 0.693359375)
+_F_LN2_HEAD = np.float32(LN2)                       # ln2 = head + tail to ~2^-48: exact products by FMA
+_F_LN2_TAIL = np.float32(LN2 - float(np.float32(LN2)))
 _F_MAGIC = np.float32(1.5 * 2.0 ** 23 + 127.0)     # rounds x log2e to an integer; bias 127 built in
 _F_ROUND = np.float32(1.5 * 2.0 ** 23)
 _F_LOW = np.float32(-87.33654)                       # exp(_F_LOW) ~ smallest normal float32
@@ -145,8 +147,12 @@ def _exp_parts32(x):
     rounding = held_constant(_F_ROUND)
     t = xc * held_constant(_F_LOG2E) + rounding
     n = t - rounding
-    r, r_err = _two_sum(xc - n * held_constant(_F_LN2_HI), -(n * held_constant(_F_LN2_LO)))
-    return _one_plus(r, r * r * _poly32(r) + r_err), n
+    # |n| reaches 2^22 here, where n * ln2_hi (9 bits) is no longer exact and n * ln2_lo rounds
+    # by more than r's precision (5e-6 relative at x = 9e5): two exact products (FMA) against
+    # ln2 split into float32 head and tail keep r within 3e-8
+    r = fused_multiply_add(-n, held_constant(_F_LN2_HEAD), xc)
+    r = fused_multiply_add(-n, held_constant(_F_LN2_TAIL), r)
+    return _one_plus(r, r * r * _poly32(r)), n
 
 
 # ---- float64 -------------------------------------------------------------------------

@@ -57,6 +57,20 @@ def fmax(typingctx, a, b):
 
 
 @intrinsic
+def fused_multiply_add(typingctx, a, b, c):
+    """``llvm.fma``: ``a b + c`` with one rounding (a ``vfmadd`` where the CPU has FMA), whatever
+    the fast-math flags; the exact product is what an error-free range reduction needs."""
+    if not (a == b == c) or not isinstance(a, types.Float):
+        return None
+
+    def codegen(context, builder, signature, args):
+        t = args[0].type
+        fn = builder.module.declare_intrinsic("llvm.fma", [t], ir.FunctionType(t, [t, t, t]))
+        return builder.call(fn, args)
+    return a(a, b, c), codegen
+
+
+@intrinsic
 def held_constant(typingctx, x):
     """``x``, a float constant, kept in a register (or a stack slot) across the loop that uses
     it, off AVX-512.
