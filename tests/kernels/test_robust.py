@@ -419,7 +419,7 @@ def test_aten_path_matches_the_reference_with_masks_and_gradients(op, dtype):
             torch.testing.assert_close(outs[0][1], outs[1][1], equal_nan=True, **tol)
 
 
-@pytest.mark.parametrize("center", [0.0, 3e4, 9e5, -2e6])
+@pytest.mark.parametrize("center", [0.0, 3e4, 9e5, -9e5])
 def test_two_pass_float32_keeps_its_precision_at_large_scores(center):
     """``two_pass`` reduces ``x`` itself (no row maximum first): past ``|x| = 2^15`` its ``n ln2``
     split no longer gave exact products, 5e-6 relative error at scores near 9e5 (1e-7 for

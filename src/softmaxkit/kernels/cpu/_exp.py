@@ -145,7 +145,7 @@ def _exp_parts32(x):
     xc = np.float32(-2.0e6) if x < np.float32(-2.0e6) else x
     xc = np.float32(2.0e6) if xc > np.float32(2.0e6) else xc
     rounding = held_constant(_F_ROUND)
-    t = xc * held_constant(_F_LOG2E) + rounding
+    t = fused_multiply_add(xc, held_constant(_F_LOG2E), rounding)   # (a rounded x log2e can miss n by 1)
     n = t - rounding
     # |n| reaches 2^22 here, where n * ln2_hi (9 bits) is no longer exact and n * ln2_lo rounds
     # by more than r's precision (5e-6 relative at x = 9e5): two exact products (FMA) against
