@@ -5,7 +5,7 @@ import torch
 
 import softmaxkit as sk
 from softmaxkit.kernels import dispatch
-from softmaxkit.kernels.cpu.scan import first_entries_have_nan
+from softmaxkit.kernels.cpu.scan import first_entries_have_nan, has_minus_inf
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -21,6 +21,21 @@ def test_scan_finds_exactly_a_nan_in_the_first_column(dtype, shape):
     assert first_entries_have_nan(x)
     flat[-1, 0] = float("inf")              # infinities are not NaN
     assert not first_entries_have_nan(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("size", [1, 7, 32, 1001])
+def test_minus_inf_scan_finds_one_anywhere_and_nothing_else(dtype, size):
+    x = torch.randn(size, dtype=dtype)
+    assert not has_minus_inf(x)
+    x[0] = float("inf")
+    x[-1] = float("nan")
+    assert not has_minus_inf(x)
+    for at in {0, size // 2, size - 1}:
+        y = x.clone()
+        y[at] = float("-inf")
+        assert has_minus_inf(y)
+    assert has_minus_inf(torch.full((2, 3), float("-inf"), dtype=dtype))
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
@@ -193,3 +208,16 @@ def test_logsumexp_gradient_on_the_default_path_is_the_softmax(dtype, rows, keep
     (got,) = torch.autograd.grad(sk.logsumexp(x, keepdim=keepdim), x, g)
     expected = torch.softmax(x.detach().double(), -1).to(dtype) * g.reshape(rows, 1)
     torch.testing.assert_close(got, expected)
+
+
+def test_a_small_input_takes_a_measured_win_only_past_the_launch_cost(monkeypatch):
+    """The kernel's parallel launch costs 15-20 us: a "small" softmax of 64 x 1000 stays with
+    aten even where the table says the kernel wins on small inputs; 256 x 1000 takes it."""
+    wins = {("softmax", torch.float32, False, torch.get_num_threads()): {"small"},
+            ("logsumexp", torch.float32, False, torch.get_num_threads()): {"small"}}
+    monkeypatch.setattr(dispatch, "_WIN_CLASSES", wins)
+    assert not dispatch._numba_wins("softmax", torch.zeros(64, 1000))
+    assert dispatch._numba_wins("softmax", torch.zeros(256, 1000))
+    assert not dispatch._numba_wins("logsumexp", torch.zeros(16, 1000))
+    assert dispatch._numba_wins("logsumexp", torch.zeros(64, 1000))
+    assert not dispatch._numba_wins("log_softmax", torch.zeros(256, 1000))   # no win in this table

@@ -64,6 +64,11 @@ SOFTMAX_ALGORITHMS = ("three_pass", "two_pass", "online")
 #: 65536), but the first call in a fresh environment compiles them (seconds, then cached
 #: on disk); small calls stay on the reference so that toy use never pays that.
 AUTO_MIN_NUMEL = 16384
+#: ``auto`` takes a measured kernel win (:data:`NUMBA_WINS`) for these ops only from this many
+#: elements: below, the kernel's parallel launch (15-20 us) costs more than the faster loop
+#: saves (AVX2, float32, 2 threads, kernel / torch: softmax 1.14 at 64 x 1000 and 0.77 at
+#: 256 x 1000, log-softmax 1.18 and 0.82; log-sum-exp 1.11 at 16 x 1000 and 0.69 at 64 x 1000).
+KERNEL_MIN_NUMEL = {"softmax": 1 << 17, "log_softmax": 1 << 17, "logsumexp": 1 << 15}
 #: entmax kernels cover alpha >= this (closer to 1 the reference's log1p form is used).
 ENTMAX_MIN_ALPHA = 1.05
 
@@ -336,7 +341,7 @@ def _numba_wins(op, x, threads=None) -> bool:
     dtype, n = x.dtype, x.shape[-1]
     if dtype is _F32 and n >= LONG_FLOAT32_ROW:
         return True
-    if x.numel() < AUTO_MIN_NUMEL:   # a toy call: the parallel launch costs more than the op
+    if x.numel() < KERNEL_MIN_NUMEL.get(op, AUTO_MIN_NUMEL):   # the parallel launch costs more than the op
         return False
     classes = _WIN_CLASSES.get((op, dtype, x.requires_grad and torch.is_grad_enabled(),
                                 torch.get_num_threads() if threads is None else threads))
@@ -624,11 +629,25 @@ def _reference_log_softmax_grad(y):
     """``y`` (aten's log-softmax), with a hook giving it the reference's gradient when it has
     ``-inf`` entries. Checked once, here, while ``y`` is still in cache, so that the common
     gradient (no ``-inf``) runs aten's backward with no hook."""
-    if y.requires_grad and y.numel():
-        low = float(y.detach().amin())   # torch's parallel min: faster than any count we measured
-        if not low > float("-inf"):      # -inf, or NaN (a row the caller recomputes): masked
-            y.register_hook(functools.partial(_drop_invisible_grad, y.detach()))
+    if y.requires_grad and y.numel() and _has_minus_inf(y):
+        y.register_hook(functools.partial(_drop_invisible_grad, y.detach()))
     return y
+
+
+#: Up to this many entries the look for ``-inf`` log-probabilities runs on one thread in numba
+#: (about 2 us at 32000 float32); above, torch's parallel min is faster.
+SERIAL_SCAN_NUMEL = 1 << 18
+
+
+def _has_minus_inf(y) -> bool:
+    """Whether ``y`` (a log-softmax) has a ``-inf`` entry. (A row holding a NaN is NaN throughout,
+    and the hook leaves NaN entries as they are.)"""
+    if (y.numel() <= SERIAL_SCAN_NUMEL and y.is_cpu and y.dtype in _CTYPES and y.is_contiguous()
+            and not is_functorch_wrapped(y)):
+        scan = (_SCANS or _scans()).get("minus inf")
+        if scan is not None:
+            return scan(y)
+    return not float(y.detach().amin()) > float("-inf")
 
 
 _SCANS: dict = {}
@@ -638,9 +657,9 @@ def _scans() -> dict:
     """The first-column NaN scan by dtype, and the all-finite check under ``"all finite"`` (none
     without numba), loaded on first use."""
     if numba_available():
-        from .cpu.scan import all_finite, first_entries_have_nan
+        from .cpu.scan import all_finite, first_entries_have_nan, has_minus_inf
         _SCANS.update({torch.float32: first_entries_have_nan, torch.float64: first_entries_have_nan,
-                       "all finite": all_finite})
+                       "all finite": all_finite, "minus inf": has_minus_inf})
     else:
         _SCANS[None] = None
     return _SCANS
@@ -901,6 +920,7 @@ def _entmax_alpha(x, alpha):
 
 __all__ = [
     "AUTO_MIN_NUMEL",
+    "KERNEL_MIN_NUMEL",
     "BACKENDS",
     "NUMBA_WINS",
     "WINS_BY_ISA",
