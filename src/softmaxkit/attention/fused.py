@@ -66,6 +66,7 @@ import torch
 from .. import forms
 from ..forms import Elementwise, SoftmaxOf, SumNormalized
 from ..kernels import memory
+from ..normalizers._entmax import centered
 from ..registry import NormalizerSpec
 from .inputs import AttentionInputs
 from .streaming import double_backward_error
@@ -426,18 +427,26 @@ def _entmax(z: torch.Tensor, alpha: float, blk: _Block,
     solver on the filled tile, and ``tau`` from each row's largest weight."""
     from ..kernels import dispatch
 
-    if torch.compiler.is_compiling():
-        p = entmax_by_bisection(blk.fill(z, float("-inf")), alpha)
-    elif dispatch.plan("entmax", z, -1, None, alpha=alpha) == "numba" and z.is_contiguous():
+    compiling = torch.compiler.is_compiling()
+    if not compiling and dispatch.plan("entmax", z, -1, None, alpha=alpha) == "numba" and z.is_contiguous():
         return _entmax_kernel(z, alpha, blk, v)
-    else:
-        from ..normalizers.entmax import entmax
+    from ..normalizers.entmax import entmax
 
-        p = entmax(blk.fill(z, float("-inf")), alpha=alpha)
-    # the threshold relative to the row's maximum, as the kernel returns it (z is filled)
+    blk.fill(z, float("-inf"))
+    # the threshold relative to the row's maximum, as the kernel returns it
     shift = z.amax(-1, keepdim=True)
     shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
     blk.stats["shift"] = shift
+    if compiling:
+        p = entmax_by_bisection(z, alpha)
+    elif alpha not in (1.5, 2.0):
+        # in float64: the backward forms the support's weights from the threshold, and a
+        # float32 threshold loses those near it (dv was 100x the dense path's error at alpha = 5)
+        wide = z.double() - shift.double()
+        p64 = entmax(wide, alpha=alpha)
+        return p64.to(z.dtype), _tau_of(wide, p64, alpha, blk.empty)
+    else:
+        p = entmax(z, alpha=alpha)
     return p, _tau_of(z - shift, p, alpha, blk.empty)
 
 
@@ -469,9 +478,10 @@ def _entmax_kernel(z: torch.Tensor, alpha: float, blk: _Block,
     else:
         tau, shift, todo = entmax_in_place(z, alpha, stop)
     # thresholds relative to each row's maximum (``shift``): exact at huge scores, such as a
-    # row of finfo.min mask fills, where u z - tau in the scores' precision lost the support
-    tau = tau.to(z.dtype).unsqueeze(-1)
-    shift = shift.to(z.dtype).unsqueeze(-1)
+    # row of finfo.min mask fills, where u z - tau in the scores' precision lost the support;
+    # kept in float64 for the backward kernel, which forms the support's weights as the forward
+    tau = tau.to(torch.float64).unsqueeze(-1)
+    shift = shift.to(torch.float64).unsqueeze(-1)
     if bool(todo.any()):   # a NaN or a +inf: those rows (the kernel left z as it was) by the reference
         rows = z[todo]
         visible = rows != float("-inf")   # a NaN is visible (and makes its row NaN)
@@ -524,20 +534,21 @@ def _threshold_grad(z: torch.Tensor, dp: torch.Tensor, blk: _Block, alpha: float
         return z, dp
     blk.fill(z, float("-inf"))
     u = alpha - 1.0
-    base = z.sub_(shift).mul_(u).sub_(tau).clamp_min_(0.0)
-    if u == 1.0:
-        p, sw = base, (base > 0).to(base.dtype)
-    elif u == 0.5:
-        p, sw = base * base, base
-    else:
-        p = base ** (1.0 / u)
-        sw = torch.where(base > 0, base, torch.ones_like(base)) ** (1.0 / u - 1.0)
-        sw.masked_fill_(base <= 0, 0.0)
+    if u == 1.0 or u == 0.5:
+        base = z.sub_(shift.to(z.dtype)).mul_(u).sub_(tau.to(z.dtype)).clamp_min_(0.0)
+        p, sw = (base, (base > 0).to(base.dtype)) if u == 1.0 else (base * base, base)
+        total = sw.sum(-1, keepdim=True)
+        ds = dp.mul_(sw)
+        mean = ds.sum(-1, keepdim=True) / torch.where(total > 0, total, torch.ones_like(total))
+        return p, ds.sub_(sw.mul_(mean))
+    # any other alpha: the support's weights in float64, as the forward forms them
+    base = (z.double() - shift.double()).mul_(u).sub_(tau.double()).clamp_min_(0.0)
+    p = (base ** (1.0 / u)).to(z.dtype)
+    sw = torch.where(base > 0, base, torch.ones_like(base)) ** (1.0 / u - 1.0)
+    sw.masked_fill_(base <= 0, 0.0)
     total = sw.sum(-1, keepdim=True)
-    ds = dp.mul_(sw)
-    mean = ds.sum(-1, keepdim=True) / torch.where(total > 0, total, torch.ones_like(total))
-    ds.sub_(sw.mul_(mean))
-    return p, ds
+    ds = centered(sw, dp.double(), torch.where(total > 0, total, torch.ones_like(total)), dominant=u > 1.0)
+    return p, ds.to(dp.dtype)
 
 
 #: bisection steps of :func:`entmax_by_bisection`: the bracket (width below 1) shrinks to

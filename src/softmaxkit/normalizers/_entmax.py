@@ -220,17 +220,42 @@ def _m_series(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _m_times_p(p, g, d, u):
+def _m_times_p(p, g, d, u, log_p):
     r"""``p_i d_i^2 M(t_i)`` with ``t = u d`` and ``M(t) = (1/(1+t) - log1p(t)/t) / t``.
 
-    Uses ``g = p^{1-u} = p/(1+t)``: directly ``d^2 (g - p log1p(t)/t) / t`` for
+    Uses ``g = p^{1-u} = p/(1+t)`` and ``log1p(t) = u log p`` (``1 + t = p^u``; ``t`` itself
+    rounds to -1 at a small ``p``): directly ``d^2 (g - p u log p / t) / t`` for
     ``|t| >= 0.05``, the power series of ``M`` below that (where the direct form cancels).
     """
     t = u * d
     small = t.abs() < _SERIES_CUTOFF
     safe_t = torch.where(small, torch.ones_like(t), t)
-    direct = d * d * (g - p * torch.log1p(safe_t) / safe_t) / safe_t
+    direct = d * d * (g - p * (u * log_p) / safe_t) / safe_t
     return torch.where(small, p * d * d * _m_series(torch.where(small, t, torch.zeros_like(t))), direct)
+
+
+def centered(g: torch.Tensor, v: torch.Tensor, g_sum: torch.Tensor, dominant: bool = True) -> torch.Tensor:
+    r"""``g (v - sum_j g_j v_j / sum_j g_j)`` along the last axis, the entmax Jacobian applied to ``v``.
+
+    Past alpha = 2 the weights ``g = p^{2-alpha}`` grow without bound as ``p -> 0``; where one
+    entry holds nearly all of ``sum g``, its ``v_k - mean`` is a difference of nearly equal
+    numbers, multiplied by the huge ``g_k`` (float32 at alpha = 5 lost 4.4 of 41). With
+    ``dominant`` (the caller's alpha may exceed 2) the entry of the largest ``g`` takes the
+    leave-one-out form ``g_k sum_{j != k} g_j (v_k - v_j) / sum g``, with no cancellation."""
+    out = g * (v - (g * v).sum(-1, keepdim=True) / g_sum)
+    if not dominant or g.shape[-1] < 2:
+        return out
+    k = g.argmax(-1, keepdim=True)
+    others = torch.ones_like(g, dtype=torch.bool).scatter(-1, k, False)
+    g_others = torch.where(others, g, torch.zeros_like(g))
+    g_k, v_k = g.gather(-1, k), v.gather(-1, k)
+    spread = (g_others * (v_k - v)).sum(-1, keepdim=True)
+    return out.scatter(-1, k, g_k * spread / g_sum)
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float64 where the device has it (the backward's weights span many decades)."""
+    return t if t.dtype == torch.float64 or t.device.type == "mps" else t.double()
 
 
 class _EntmaxFunction(torch.autograd.Function):
@@ -272,6 +297,7 @@ class _EntmaxFunction(torch.autograd.Function):
     def setup_context(ctx, inputs, output):   # separate from forward: torch.func transforms need it
         ctx.save_for_backward(output, inputs[2])
         ctx.save_for_forward(output, inputs[2])
+        ctx.method = inputs[3]
 
     @staticmethod
     def vmap(info, in_dims, z, visible, u, method):
@@ -300,19 +326,20 @@ class _EntmaxFunction(torch.autograd.Function):
     def _dp_du(p, u, g, g_sum, on, log_p):
         safe_u = torch.where(u > 0, u, torch.ones_like(u))
         d = torch.where(u > 0, torch.expm1(u * log_p) / safe_u, log_p)
-        h = torch.where(on, _m_times_p(p, g, d, u), torch.zeros_like(p))
+        h = torch.where(on, _m_times_p(p, g, d, u, log_p), torch.zeros_like(p))
         return h - g * h.sum(-1, keepdim=True) / g_sum
 
     @staticmethod
     def backward(ctx, grad_p):
         p, u = ctx.saved_tensors
-        g, g_sum, on, log_p = _EntmaxFunction._weights(p, u)
-        gp = g * grad_p
-        grad_z = gp - g * gp.sum(-1, keepdim=True) / g_sum
+        wp, wu = _wide(p), _wide(u)
+        g, g_sum, on, log_p = _EntmaxFunction._weights(wp, wu)
+        wgrad = _wide(grad_p)
+        grad_z = centered(g, wgrad, g_sum, ctx.method == "bisect").to(p.dtype)
         grad_u = None
         if ctx.needs_input_grad[2]:
-            dp_du = _EntmaxFunction._dp_du(p, u, g, g_sum, on, log_p)
-            grad_u = (grad_p * dp_du).sum(-1, keepdim=True).sum_to_size(u.shape)
+            dp_du = _EntmaxFunction._dp_du(wp, wu, g, g_sum, on, log_p)
+            grad_u = (wgrad * dp_du).sum(-1, keepdim=True).sum_to_size(u.shape).to(u.dtype)
         return grad_z, None, grad_u, None
 
     @staticmethod
@@ -320,14 +347,14 @@ class _EntmaxFunction(torch.autograd.Function):
         """Forward mode (``torch.func.jvp``, ``forward_ad``): the Jacobian in ``z`` is symmetric,
         so the tangent is the backward's formula applied to ``dz``, plus ``dp/du * du``."""
         p, u = ctx.saved_tensors
-        g, g_sum, on, log_p = _EntmaxFunction._weights(p, u)
-        out = torch.zeros_like(p)
+        wp, wu = _wide(p), _wide(u)
+        g, g_sum, on, log_p = _EntmaxFunction._weights(wp, wu)
+        out = torch.zeros_like(wp)
         if dz is not None:
-            gd = g * dz
-            out = gd - g * gd.sum(-1, keepdim=True) / g_sum
+            out = centered(g, _wide(dz), g_sum, ctx.method == "bisect")
         if du is not None:
-            out = out + _EntmaxFunction._dp_du(p, u, g, g_sum, on, log_p) * du
-        return out
+            out = out + _EntmaxFunction._dp_du(wp, wu, g, g_sum, on, log_p) * _wide(du)
+        return out.to(p.dtype)
 
 
 # ----------------------------------------------------------------------------------------

@@ -423,7 +423,7 @@ def entmax_attend(x, v, rows_per_head, alpha, stop, out, tau, shift, special, gr
 @njit(fastmath={"reassoc", "nsz"}, cache=True, error_model="numpy")
 def _grad_sums(z, dp, u, t):
     """``sum s`` and ``sum s dp`` over a row, ``s = w^{1/u - 1}`` on the support ``w = u z - t > 0``
-    (a NaN in ``w`` makes both NaN)."""
+    (a NaN in ``w`` makes both NaN), for sparsemax (``u = 1``) and 1.5-entmax (``u = 1/2``)."""
     zero = cast_like(0.0, z[0])
     s_sum = zero
     sd = zero
@@ -438,13 +438,6 @@ def _grad_sums(z, dp, u, t):
             s = w if not (w <= zero) else zero
             s_sum += s
             sd += s * dp[j]
-    else:
-        for j in range(z.shape[0]):
-            w = u * z[j] - t
-            if not (w <= zero):
-                s = cast_like(math.exp((1.0 / u - 1.0) * math.log(w)), zero)
-                s_sum += s
-                sd += s * dp[j]
     return s_sum, sd
 
 
@@ -464,16 +457,51 @@ def _grad_write(z, dp, u, t, mean):
             w = w if not (w <= zero) else zero
             z[j] = w * w
             dp[j] = w * (dp[j] - mean)
-    else:
+
+
+@njit(cache=True, error_model="numpy")
+def _power_grad(z, dp, u, t, c):
+    """:func:`_grad_sums` and :func:`_grad_write` for any other alpha, with the support's
+    ``w = u (z - c) - t`` formed in float64 as the forward forms it (float32 lost the small
+    weights near the threshold: the gradient of v was 100x the dense path's at alpha = 5).
+    Past alpha = 2 (``u > 1``) the weight ``s = w^{1/u - 1}`` of the smallest support entry
+    may hold nearly all of ``sum s``, where its ``dp - mean`` cancels: that entry takes the
+    leave-one-out form ``s_k sum_{j != k} s_j (dp_k - dp_j) / sum s``."""
+    e = 1.0 / u - 1.0
+    s_sum = 0.0
+    sd = 0.0
+    k = -1
+    wk = 0.0
+    for j in range(z.shape[0]):
+        w = u * (np.float64(z[j]) - c) - t
+        if not (w <= 0.0):
+            s = math.exp(e * math.log(w))
+            s_sum += s
+            sd += s * np.float64(dp[j])
+            if k < 0 or w < wk:
+                k, wk = j, w
+    mean = sd / s_sum if s_sum > 0 else 0.0
+    grad_k = 0.0
+    if u > 1.0 and k >= 0:
+        dk = np.float64(dp[k])
+        spread = 0.0
         for j in range(z.shape[0]):
-            w = u * z[j] - t
-            if not (w <= zero):
-                lw = math.log(w)
-                z[j] = cast_like(math.exp(lw / u), zero)
-                dp[j] = cast_like(math.exp((1.0 / u - 1.0) * lw), zero) * (dp[j] - mean)
-            else:
-                z[j] = zero
-                dp[j] = zero
+            w = u * (np.float64(z[j]) - c) - t
+            if w > 0.0 and j != k:
+                spread += math.exp(e * math.log(w)) * (dk - np.float64(dp[j]))
+        grad_k = math.exp(e * math.log(wk)) * spread / s_sum
+    zero = cast_like(0.0, z[0])
+    for j in range(z.shape[0]):
+        w = u * (np.float64(z[j]) - c) - t
+        if not (w <= 0.0):
+            lw = math.log(w)
+            z[j] = cast_like(math.exp(lw / u), zero)
+            dp[j] = cast_like(math.exp(e * lw) * (np.float64(dp[j]) - mean), zero)
+        else:
+            z[j] = zero
+            dp[j] = zero
+    if u > 1.0 and k >= 0:
+        dp[k] = cast_like(grad_k, zero)
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
@@ -484,7 +512,8 @@ def entmax_tile_grad(z, dp, alpha, tau, shift, stop, groups):
     hold) becomes ``p = [u (z - shift_r) - tau_r]_+^{1/u}`` and row ``r`` of ``dp`` (the incoming gradient
     of ``p``) becomes the gradient of the scores, ``s (dp - sum(s dp) / sum(s))`` with
     ``s = p^{2 - alpha}`` on the support (Peters, Niculae & Martins 2019, arXiv 1905.05702).
-    Two passes over each row's visible prefix, in the scores' precision like the forward."""
+    Two passes over each row's visible prefix, in the scores' precision for sparsemax and
+    1.5-entmax (closed forms), in float64 for any other alpha (:func:`_power_grad`)."""
     rows, n = z.shape
     u = alpha - 1.0
     groups = max(1, min(rows, groups))
@@ -494,15 +523,18 @@ def entmax_tile_grad(z, dp, alpha, tau, shift, stop, groups):
             zr = z[r]
             dr = dp[r]
             if stop_r > 0:
-                t = cast_like(tau[r], zr[0])
-                c = cast_like(shift[r], zr[0])
-                if c != 0:   # here, not in the fastmath loops, whose reassociation would undo it
-                    for j in range(stop_r):
-                        zr[j] = zr[j] - c
-                uu = cast_like(u, zr[0])
-                s_sum, sd = _grad_sums(zr[:stop_r], dr[:stop_r], uu, t)
-                mean = sd / s_sum if s_sum > 0 else sd - sd
-                _grad_write(zr[:stop_r], dr[:stop_r], uu, t, mean)
+                if u != 1.0 and u != 0.5:
+                    _power_grad(zr[:stop_r], dr[:stop_r], u, tau[r], shift[r])
+                else:
+                    t = cast_like(tau[r], zr[0])
+                    c = cast_like(shift[r], zr[0])
+                    if c != 0:   # here, not in the fastmath loops, whose reassociation would undo it
+                        for j in range(stop_r):
+                            zr[j] = zr[j] - c
+                    uu = cast_like(u, zr[0])
+                    s_sum, sd = _grad_sums(zr[:stop_r], dr[:stop_r], uu, t)
+                    mean = sd / s_sum if s_sum > 0 else sd - sd
+                    _grad_write(zr[:stop_r], dr[:stop_r], uu, t, mean)
             zr[stop_r:] = 0
             dr[stop_r:] = 0
 
@@ -557,4 +589,15 @@ def entmax_backward_rows(p, dy, alpha, dx, dalpha):
         for j in range(count):
             i = idx[j]
             dxr[i] = _g(vals[j], u) * (np.float64(gr[i]) - mean)
+        if u > 1.0 and count > 1:
+            # past alpha = 2, g = p^{2-alpha} grows without bound as p -> 0: the smallest p may
+            # hold nearly all of sum g, and its dy - mean cancels; it takes the leave-one-out form
+            k = 0
+            for j in range(1, count):
+                k = j if vals[j] < vals[k] else k
+            dk = np.float64(gr[idx[k]])
+            spread = 0.0
+            for j in range(count):
+                spread += 0.0 if j == k else _g(vals[j], u) * (dk - np.float64(gr[idx[j]]))
+            dxr[idx[k]] = _g(vals[k], u) * spread / sum_g
         dalpha[r] = (sum_p_dy - mean) / (u * u) - (sum_plogp_dy - mean * sum_plogp) / u
