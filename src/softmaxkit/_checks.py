@@ -17,7 +17,7 @@ import torch
 __all__ = [
     "check_floating", "check_dim", "check_positive", "check_at_least", "check_nonnegative",
     "check_int_in_range", "check_number", "check_finite", "check_bool", "check_known_params",
-    "check_choice", "check_count", "check_head_shape", "check_in_range", "is_functorch_wrapped", "can_branch_on",
+    "check_choice", "check_count", "check_head_shape", "check_in_range", "is_functorch_wrapped", "can_branch_on", "has_no_data",
 ]
 
 #: Whether a tensor is seen through a ``torch.func`` transform (``vmap``, ``grad``): it has no
@@ -27,8 +27,22 @@ is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor
 
 def can_branch_on(t: torch.Tensor) -> bool:
     """Whether a branch on the values of ``t`` is allowed: not while ``torch.compile`` traces,
-    not under a ``torch.func`` transform."""
-    return not (torch.compiler.is_compiling() or is_functorch_wrapped(t))
+    not under a ``torch.func`` transform, not on a tensor without data (meta, fake)."""
+    return not (torch.compiler.is_compiling() or is_functorch_wrapped(t) or has_no_data(t))
+
+
+def has_no_data(t: torch.Tensor) -> bool:
+    """A meta tensor, or a fake one (``FakeTensorMode``, ``make_fx(tracing_mode="fake")``,
+    export): shapes only, no values to read or branch on."""
+    if t.is_meta:
+        return True
+    if type(t) is torch.Tensor:
+        return False
+    try:
+        from torch._subclasses.fake_tensor import is_fake
+    except ImportError:   # (a torch without it)
+        return False
+    return is_fake(t)
 
 
 def check_floating(x: object, name: str = "x") -> None:

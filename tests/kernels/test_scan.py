@@ -221,3 +221,36 @@ def test_a_small_input_takes_a_measured_win_only_past_the_launch_cost(monkeypatc
     assert not dispatch._numba_wins("logsumexp", torch.zeros(16, 1000))
     assert dispatch._numba_wins("logsumexp", torch.zeros(64, 1000))
     assert not dispatch._numba_wins("log_softmax", torch.zeros(256, 1000))   # no win in this table
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_per_sample_gradients_through_the_default_path(op):
+    """vmap(grad(...)) (per-sample gradients) and vmap(jacrev(...)) on the default backend: the
+    lanes must not branch on a wrapped tensor's values (log-softmax's look for -inf did)."""
+    fn = getattr(sk, op)
+    x = torch.randn(3, 5, 7, dtype=torch.float64)
+
+    def loss(r):
+        return fn(r).sum() if op == "logsumexp" else (fn(r) * torch.arange(7.0, dtype=r.dtype)).sum()
+
+    per_sample = torch.vmap(torch.func.grad(loss))(x)
+    with sk.use_backend("reference"):
+        expected = torch.vmap(torch.func.grad(loss))(x)
+    torch.testing.assert_close(per_sample, expected)
+    assert torch.vmap(torch.func.jacrev(fn))(x).shape[0] == 3
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp", "sparsemax"])
+def test_meta_and_fake_tensors_give_shapes_on_the_default_path(op):
+    """Meta and fake tensors (FakeTensorMode, make_fx's fake tracing, export) have no data: the
+    default path must not read their address (a fake tensor's crashed the process)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    fn = getattr(sk, op)
+    shape = (4,) if op == "logsumexp" else (4, 8)
+    assert fn(torch.empty(4, 8, device="meta")).shape == shape
+    with FakeTensorMode():
+        assert fn(torch.empty(4, 8)).shape == shape
+    graph = make_fx(lambda t: fn(t), tracing_mode="fake")(torch.randn(4, 8))
+    torch.testing.assert_close(graph(torch.randn(4, 8).exp()).shape, torch.Size(shape))

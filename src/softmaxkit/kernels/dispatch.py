@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad
 
-from .._checks import is_functorch_wrapped
+from .._checks import has_no_data, is_functorch_wrapped
 from . import memory
 from .cpu._intrinsics import VECTOR_ISA
 
@@ -132,7 +132,7 @@ def _traced(x) -> bool:
     (``torch.autograd.forward_ad.dual_level``): the kernels' autograd functions have no
     ``jvp`` (they raised, and the fused top-k dropped the tangent), the reference has one."""
     return (torch.compiler.is_compiling() or forward_ad._current_level >= 0
-            or (isinstance(x, torch.Tensor) and is_functorch_wrapped(x)))
+            or (isinstance(x, torch.Tensor) and (is_functorch_wrapped(x) or has_no_data(x))))
 
 
 def _plain_last_axis(x, dim) -> bool:
@@ -679,7 +679,7 @@ def _lane_rows(x, dim) -> int:
     traced, and ``x`` a plain contiguous CPU float32 / float64 tensor normalised along its
     last, non-empty axis; else 0. Each check is one attribute read: this runs on every
     ``sk.softmax`` call that could have been ``torch.softmax``. Tensors seen through a
-    functorch transform pass here and fail at the output's address read."""
+    functorch transform pass here; the lanes send them to the full path."""
     if (type(x) is not torch.Tensor or type(dim) is not int or torch.compiler.is_compiling()
             or _current.get().backend != "auto" or forward_ad._current_level >= 0):
         return 0   # (forward-mode AD: aten's tangent at -inf scores is not the reference's 0)
@@ -732,23 +732,22 @@ def softmax_lane(x, dim, log=False):
     defines differently (nothing visible, a NaN, a ``+inf``) all NaN, and None sends those
     calls to the full path, which recomputes them."""
     rows = _lane_rows(x, dim)
-    if not rows:
+    if not rows or is_functorch_wrapped(x):   # (wrapped: no address to read, the full path's reference)
         return None
     op = "log_softmax" if log else "softmax"
     if (rows > 1 or _ONE_ROW_WINS or x.shape[-1] >= (ONE_LONG_ROW if op in _LONG_ROW_OPS else LONG_FLOAT32_ROW)) \
             and _numba_wins(op, x):
         return _kernel_forward(op, x)
-    plain = not is_functorch_wrapped(x)   # (an autograd.Function applies)
-    if plain and x.numel() * x.element_size() >= memory.MIN_BYTES:
+    if x.numel() * x.element_size() >= memory.MIN_BYTES:
         out = _huge_page_softmax(x, log)
-    elif plain and log and rows >= NUMBA_BACKWARD_ROWS and x.requires_grad and torch.is_grad_enabled() \
+    elif log and rows >= NUMBA_BACKWARD_ROWS and x.requires_grad and torch.is_grad_enabled() \
             and numba_available():
         out = _AtenSoftmax.apply(x, log, False)
     elif log:
         out = _reference_log_softmax_grad(torch.log_softmax(x, -1))
     else:
         out = torch.softmax(x, -1)
-    if rows == 1 and plain:
+    if rows == 1:
         return None if math.isnan(_READ[x.dtype](out.data_ptr()).value) else out
     return None if _lane_bad(out, rows) else out
 

@@ -198,6 +198,8 @@ def _solve_on_candidates(solver, z, visible, reach):
     row, the solver runs on the top ``k`` entries (``torch.topk``) and the result is
     scattered back. This is exact: it only skips entries whose weight is 0.
     """
+    if not can_branch_on(z):
+        return solver(z, visible)
     candidates = visible & (z > -reach)
     k = int(candidates.sum(-1).max()) if z.numel() else 0
     if 4 * k > z.shape[-1]:
@@ -287,7 +289,7 @@ class _EntmaxFunction(torch.autograd.Function):
             p = _solve_on_candidates(_sparsemax_sorted, shifted, visible, 1.0)
         elif method == "entmax15":
             p = _solve_on_candidates(_entmax15_sorted, shifted, visible, 2.0)
-        elif bool((u > 0).all()):
+        elif can_branch_on(u) and bool((u > 0).all()):
             p = _solve_on_candidates(lambda w, vis: _entmax_bisect(w, vis, u), shifted, visible, 1 / u)
         else:
             p = _entmax_bisect(shifted, visible, u)
