@@ -314,3 +314,26 @@ def test_per_row_factor_in_a_wider_dtype_than_the_inputs(name, dtype):
     want = sk.attention(q, k, v, name, method="dense", **params)
     assert got.dtype == want.dtype == dtype
     torch.testing.assert_close(got, want, **({} if dtype == torch.float32 else {"rtol": 0.02, "atol": 0.02}))
+
+
+@pytest.mark.parametrize("dtype,fill", [(torch.float16, -1e9), (torch.bfloat16, torch.finfo(torch.float32).min),
+                                        (torch.float16, torch.finfo(torch.float32).min)])
+def test_a_float32_fill_past_the_range_of_half_inputs(dtype, fill):
+    """A float32 mask fill that float16 / bfloat16 cannot hold: cast as it was, it became -inf on
+    SDPA, and a padded query (every key filled) output 0 where the other paths give the mean of
+    v (uniform weights). ``auto`` takes another path; ``sdpa`` keeps the fill at the dtype's
+    lowest number, so the row stays visible."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 6, 16, generator=gen).to(dtype) for _ in range(3))
+    mask = torch.zeros(1, 1, 6, 6)
+    mask[..., 3:] = fill
+    mask[..., 5, :] = fill
+    with torch.no_grad():
+        dense = sk.attention(q, k, v, attn_mask=mask, method="dense")
+        auto = sk.attention(q, k, v, attn_mask=mask)
+        sdpa = sk.attention(q, k, v, attn_mask=mask, method="sdpa")
+    assert auto_method(q, k, v, attn_mask=mask) != "sdpa"
+    torch.testing.assert_close(auto.float(), dense.float(), atol=2e-2, rtol=0)
+    torch.testing.assert_close(dense[..., 5, :].float(), v.float().mean(-2), atol=2e-2, rtol=0)
+    assert sdpa[..., 5, :].abs().sum() > 0
+    torch.testing.assert_close(sdpa[..., :5, :].float(), dense[..., :5, :].float(), atol=2e-2, rtol=0)

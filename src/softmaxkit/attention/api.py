@@ -11,7 +11,7 @@ from ..registry import NormalizerSpec
 from .dense import dense_attention
 from .fused import auto_prefers, fused_attention, pays_off_when_small, row_kernels_apply
 from .inputs import AttentionInputs, per_head, prepare
-from .sdpa import SdpaPlan, checks_skipped, run_sdpa, sdpa_backward_drifts, sdpa_plan, sdpa_safe
+from .sdpa import SdpaPlan, checks_skipped, run_sdpa, sdpa_backward_drifts, sdpa_mask_clamped, sdpa_plan, sdpa_safe
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
 METHODS = ("auto", "sdpa", "fused", "streaming", "dense")
@@ -151,7 +151,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
                              "and row (softmax with a temperature, ssmax; no additive attn_mask then), or on "
                              "the CPU softmax with a sink (per-head sink, one head size for q and v), and no "
                              "causal mask combined with attn_mask or with Lq != Lk (Lq > 1)")
-        if requested == "auto" and sdpa_backward_drifts(attn_mask, inp, plan):
+        if requested == "auto" and sdpa_mask_clamped(attn_mask, q.dtype, plan):
+            method = _auto(spec, params, merged, inp, None)
+        elif requested == "auto" and sdpa_backward_drifts(attn_mask, inp, plan):
             if plan.sink is None and plan.row_scale is None:
                 return dense_attention(inp, normalizer, params)
             method = _auto(spec, params, merged, inp, None)
@@ -240,5 +242,8 @@ def auto_method(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer
     spec = registry.get(normalizer)
     merged = spec.with_defaults(params)
     inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
-    method = _auto(spec, params, merged, inp, sdpa_plan(spec, params, inp))
+    plan = sdpa_plan(spec, params, inp)
+    method = _auto(spec, params, merged, inp, plan)
+    if method == "sdpa" and plan is not None and sdpa_mask_clamped(attn_mask, q.dtype, plan):
+        method = _auto(spec, params, merged, inp, None)
     return "dense" if _learnable_mask(attn_mask) and method not in ("sdpa", "dense") else method

@@ -223,14 +223,32 @@ class _SinkFlash(torch.autograd.Function):
 
 
 def sdpa_additive(mask: torch.Tensor, factor: float, dtype: torch.dtype) -> torch.Tensor:
-    """``factor * mask`` in ``dtype`` for SDPA (``mask`` in the compute dtype). A finite entry
-    that ``factor > 1`` overflows (a finfo.min fill) becomes the lowest number, not ``-inf``: a
+    """``factor * mask`` in ``dtype`` for SDPA. A finite entry that ``factor > 1`` or the cast to
+    a narrower ``dtype`` overflows (a finfo.min or -1e9 fill) becomes the lowest number of
+    ``dtype``, not ``-inf``: a
     very negative score is visible, as on the dense and fused paths (a row of them gets uniform
     weights there, where ``-inf`` would hide the row and output 0)."""
-    if factor <= 1.0:
+    low = torch.finfo(dtype).min
+    if factor <= 1.0 and low <= torch.finfo(mask.dtype).min:
         return mask.to(dtype) * factor if factor != 1.0 else mask.to(dtype)
-    scaled = (mask * factor).clamp_min(torch.finfo(mask.dtype).min)
+    # (also a narrower dtype: a float32 -1e9 or finfo.min fill cast to float16 / bfloat16)
+    scaled = (mask * factor if factor != 1.0 else mask).clamp_min(max(low, torch.finfo(mask.dtype).min))
     return torch.where(mask == float("-inf"), mask, scaled).to(dtype)
+
+
+def sdpa_mask_clamped(attn_mask, dtype: torch.dtype, plan: SdpaPlan) -> bool:
+    """Whether :func:`sdpa_additive` would clamp a finite entry of a float ``attn_mask`` to the
+    lowest number of a narrower input ``dtype`` (a float32 ``-1e9`` or finfo.min fill with float16
+    or bfloat16 inputs). SDPA then still keeps the scores beside it, where the dense path adds
+    the fill in float32 and rounds them away (a padded query's output differed);
+    ``"auto"`` takes another path then."""
+    if attn_mask is None or not attn_mask.is_floating_point() or torch.compiler.is_compiling():
+        return False
+    low = torch.finfo(dtype).min
+    if low <= torch.finfo(attn_mask.dtype).min or attn_mask.numel() == 0:
+        return False
+    mask = attn_mask.detach()
+    return bool(((mask * max(plan.factor, 1.0) < low) & (mask > float("-inf"))).any())
 
 
 def _low_rows(mask: torch.Tensor, limit: float) -> bool:

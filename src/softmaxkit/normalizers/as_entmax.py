@@ -20,7 +20,8 @@ from ._entmax import check_alpha, entmax_from_rows, per_row
 
 def length_scale(n: Any, beta: Any, gamma: Any, delta: Any) -> Any:
     r"""The scale ``delta + beta (log n)^gamma``, with the length term 0 at ``n = 1``."""
-    log_n = torch.log(n) if isinstance(n, torch.Tensor) else torch.log(torch.tensor(float(n)))
+    # a number n in float64 (a float32 log n cost fused and streaming float64 1.8e-8)
+    log_n = torch.log(n) if isinstance(n, torch.Tensor) else torch.log(torch.tensor(float(n), dtype=torch.float64))
     longer = log_n > 0
     safe_log_n = torch.where(longer, log_n, torch.ones_like(log_n))
     length_term = torch.where(longer, safe_log_n ** gamma, torch.zeros_like(safe_log_n))
