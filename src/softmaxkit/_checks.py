@@ -17,7 +17,8 @@ import torch
 __all__ = [
     "check_floating", "check_dim", "check_positive", "check_at_least", "check_nonnegative",
     "check_int_in_range", "check_number", "check_finite", "check_bool", "check_known_params",
-    "check_choice", "check_count", "check_head_shape", "check_in_range", "is_functorch_wrapped", "can_branch_on", "has_no_data",
+    "check_choice", "check_count", "check_head_shape", "check_in_range", "is_functorch_wrapped", "can_branch_on",
+    "has_no_data",
 ]
 
 #: Whether a tensor is seen through a ``torch.func`` transform (``vmap``, ``grad``): it has no
