@@ -18,7 +18,7 @@ __all__ = [
     "check_floating", "check_dim", "check_positive", "check_at_least", "check_nonnegative",
     "check_int_in_range", "check_number", "check_finite", "check_bool", "check_known_params",
     "check_choice", "check_count", "check_head_shape", "check_in_range", "is_functorch_wrapped", "can_branch_on",
-    "has_no_data",
+    "has_no_data", "backward_in_torch_ops",
 ]
 
 #: Whether a tensor is seen through a ``torch.func`` transform (``vmap``, ``grad``): it has no
@@ -30,6 +30,22 @@ def can_branch_on(t: torch.Tensor) -> bool:
     """Whether a branch on the values of ``t`` is allowed: not while ``torch.compile`` traces,
     not under a ``torch.func`` transform, not on a tensor without data (meta, fake)."""
     return not (torch.compiler.is_compiling() or is_functorch_wrapped(t) or has_no_data(t))
+
+
+def backward_in_torch_ops(grad: torch.Tensor | None) -> bool:
+    """Whether a backward must be written in differentiable torch ops rather than a kernel: a
+    graph of the gradient is being built (``create_graph=True``), or the incoming gradient is
+    batched (``is_grads_batched=True``, vectorised ``jacobian`` / ``hessian``: a tensor seen
+    through vmap, with no storage whose address a kernel could read)."""
+    if torch.is_grad_enabled():
+        return True
+    if grad is None:
+        return False
+    try:
+        grad.data_ptr()
+    except RuntimeError:
+        return True
+    return False
 
 
 def has_no_data(t: torch.Tensor) -> bool:

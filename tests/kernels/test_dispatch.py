@@ -225,3 +225,25 @@ def test_long_float32_rows_take_the_kernel_and_keep_every_row_exact(op, threads)
                 assert (sums[[0, 3, 4, 5]] - 1).abs().max() < 1e-5 and sums[1] == 0
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp", "sparsemax", "entmax15"])
+@pytest.mark.parametrize("backend", ["numba", "auto"])
+def test_batched_gradients_through_the_kernels(op, backend):
+    """``is_grads_batched=True`` (vectorised jacobian / hessian) runs the backward under vmap,
+    where a kernel cannot read the gradient's address: the kernels' backward then takes its
+    torch formula (it raised "Batching rule not implemented for aten::detach")."""
+    fn = getattr(sk, op)
+    x = torch.randn(300, 60, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    with sk.use_backend(backend):
+        y = fn(x)
+    v = torch.randn((3,) + y.shape, dtype=y.dtype, generator=torch.Generator().manual_seed(1))
+    (batched,) = torch.autograd.grad(y, x, v, is_grads_batched=True)
+    with sk.use_backend("reference"):
+        y_ref = fn(x)
+    for i in range(3):
+        (one,) = torch.autograd.grad(y_ref, x, v[i], retain_graph=True)
+        torch.testing.assert_close(batched[i], one)
+    with sk.use_backend(backend):
+        jac = torch.autograd.functional.jacobian(fn, x[:2].detach(), vectorize=True)
+    assert torch.isfinite(jac).all()

@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad
 
-from .._checks import has_no_data, is_functorch_wrapped
+from .._checks import backward_in_torch_ops, has_no_data, is_functorch_wrapped
 from . import memory
 from .cpu._intrinsics import VECTOR_ISA
 
@@ -606,7 +606,7 @@ class _LogSumExpGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (z,) = ctx.saved_tensors
-        if torch.is_grad_enabled():   # create_graph: a graph of the gradient
+        if backward_in_torch_ops(grad):   # create_graph (a graph of the gradient), or batched gradients
             return grad * torch.softmax(z, ctx.d), None
         return torch.softmax(z, ctx.d, out=memory.empty(z.shape, z.dtype)).mul_(grad), None
 
@@ -775,7 +775,7 @@ class _AtenSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
-        if torch.is_grad_enabled():   # create_graph: the same formula as differentiable ops
+        if backward_in_torch_ops(grad):   # create_graph or batched gradients: the same formula as torch ops
             if ctx.log:
                 grad = _drop_invisible_grad(y, grad)
                 return grad - torch.exp(y) * grad.sum(-1, keepdim=True), None, None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..._checks import backward_in_torch_ops
 from .. import memory
 from . import FLAG_TODO, call_kernel, entry_point, keep_torch_threads, sync_threads
 from . import softmax as _k
@@ -179,7 +180,7 @@ class _SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _grad_todo):
         y, special = ctx.saved_tensors
-        if torch.is_grad_enabled():   # create_graph=True: the same formula, differentiable
+        if backward_in_torch_ops(grad):   # create_graph=True or batched gradients: the same formula, differentiable
             return _differentiable_backward(y, grad, special, ctx.scale, ctx.mode), None, None, None
         dx = _run_backward(_rows(y), grad, special, ctx.scale, ctx.mode)
         return (dx if dx.shape == grad.shape else dx.reshape(grad.shape)), None, None, None
@@ -199,7 +200,7 @@ class _LogSumExpFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _grad_todo):
         x, lse, todo = ctx.saved_tensors
-        if torch.is_grad_enabled():   # create_graph=True: d lse / dx = softmax(x), differentiable
+        if backward_in_torch_ops(grad):   # create_graph=True or batched gradients: d lse / dx = softmax(x), differentiable
             # (not exp(x - lse): the rounded lse of a row of finfo.min fills gave each entry 1, not 1/n)
             finite = (torch.isfinite(lse) & ~todo).unsqueeze(-1)
             # the branch not taken must stay finite: a NaN there would reach x's gradient as 0 * NaN

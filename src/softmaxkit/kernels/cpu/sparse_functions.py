@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ..._checks import backward_in_torch_ops
 from .. import memory
 from . import FLAG_TODO, call_kernel, keep_torch_threads, sync_threads
 from . import sparse as _k
@@ -71,7 +72,7 @@ class _EntmaxFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _grad_todo):
         y, alpha, special, alpha_tensor = ctx.saved_tensors
-        if torch.is_grad_enabled():   # create_graph=True: the same formulas, differentiable
+        if backward_in_torch_ops(grad):   # create_graph=True or batched gradients: the same formulas, differentiable
             a = alpha_tensor.unsqueeze(-1) if ctx.has_alpha_tensor else ctx.alpha_value
             dx, dalpha = _differentiable_backward(y, grad, a, special.reshape(y.shape[:-1] + (1,)))
             return dx, (dalpha if ctx.has_alpha_tensor else None), None
