@@ -200,7 +200,7 @@ class _LogSumExpFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _grad_todo):
         x, lse, todo = ctx.saved_tensors
-        if backward_in_torch_ops(grad):   # create_graph=True or batched gradients: d lse / dx = softmax(x), differentiable
+        if backward_in_torch_ops(grad):   # create_graph=True or batched: d lse / dx = softmax(x), differentiable
             # (not exp(x - lse): the rounded lse of a row of finfo.min fills gave each entry 1, not 1/n)
             finite = (torch.isfinite(lse) & ~todo).unsqueeze(-1)
             # the branch not taken must stay finite: a NaN there would reach x's gradient as 0 * NaN
