@@ -337,3 +337,15 @@ def test_a_float32_fill_past_the_range_of_half_inputs(dtype, fill):
     torch.testing.assert_close(dense[..., 5, :].float(), v.float().mean(-2), atol=2e-2, rtol=0)
     assert sdpa[..., 5, :].abs().sum() > 0
     torch.testing.assert_close(sdpa[..., :5, :].float(), dense[..., :5, :].float(), atol=2e-2, rtol=0)
+
+
+def test_auto_method_names_the_path_attention_runs_for_a_padded_query_with_gradients():
+    """A float mask with a padded query (-1e9 fill) and gradients wanted: attention() leaves
+    SDPA (its backward drifts there), and auto_method says so."""
+    q, k, v = (torch.randn(1, 2, 6, 16) for _ in range(3))
+    q.requires_grad_()
+    mask = torch.zeros(1, 1, 6, 6)
+    mask[:, :, 5, :] = -1e9
+    assert auto_method(q, k, v, attn_mask=mask) == "dense"
+    with torch.no_grad():
+        assert auto_method(q, k, v, attn_mask=mask) == "sdpa"

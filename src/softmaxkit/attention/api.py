@@ -244,6 +244,9 @@ def auto_method(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer
     inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
     plan = sdpa_plan(spec, params, inp)
     method = _auto(spec, params, merged, inp, plan)
-    if method == "sdpa" and plan is not None and sdpa_mask_clamped(attn_mask, q.dtype, plan):
-        method = _auto(spec, params, merged, inp, None)
+    if method == "sdpa" and plan is not None:   # as attention() leaves SDPA after planning it
+        if sdpa_mask_clamped(attn_mask, q.dtype, plan):
+            method = _auto(spec, params, merged, inp, None)
+        elif sdpa_backward_drifts(attn_mask, inp, plan):
+            method = "dense" if plan.sink is None and plan.row_scale is None else _auto(spec, params, merged, inp, None)
     return "dense" if _learnable_mask(attn_mask) and method not in ("sdpa", "dense") else method
