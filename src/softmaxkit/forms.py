@@ -44,6 +44,8 @@ from typing import Any
 
 import torch
 
+from ._checks import can_branch_on
+
 Piece = Callable[..., torch.Tensor]
 
 FAMILIES = ("softmax_of", "sum_normalized", "elementwise", "threshold")
@@ -225,7 +227,7 @@ def safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
-def held_overflow(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+def held_overflow(x: torch.Tensor, z: torch.Tensor, slope: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
     """``z = g(x)`` held within ``[finfo.min, finfo.max]`` where ``g`` overflowed a score that
     is not ``-inf``. Down (SSMax's ``s log n``, a temperature below 1 or MultiMax's slope above 1
     on a ``finfo.min`` mask fill): a row all of whose visible scores overflowed gets equal
@@ -233,9 +235,23 @@ def held_overflow(x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
     any other row such entries still get weight 0. Up (MultiMax's quadratic term with ``t3 > 0``
     on a ``finfo.min`` fill): the row's weight goes equally to those entries, as softmax gives
     a row's ``+inf`` entries, instead of ``inf - inf = NaN``. (The fused CPU kernels do the same
-    in ``_g_held``, the Triton kernels in ``_held``.)"""
+    in ``_g_held``, the Triton kernels in ``_held``.)
+
+    ``slope``: ``g'(x)`` (called only when a finite score overflowed and a gradient is being
+    recorded). A held entry then keeps ``g'`` as its derivative, not the clamp's 0: the row of
+    equal weights moves with its scores as softmax of the exact ``g`` does (the dense path, which
+    recomputes such float32 rows in float64, and the fused kernels)."""
     finfo = torch.finfo(z.dtype)
-    return torch.where(x > float("-inf"), z.clamp(finfo.min, finfo.max), z)
+    held = torch.where(x > float("-inf"), z.clamp(finfo.min, finfo.max), z)
+    if slope is None or not (torch.is_grad_enabled() and x.requires_grad):
+        return held
+    over = torch.isinf(z) & torch.isfinite(x)
+    if can_branch_on(over) and not bool(over.any()):
+        return held
+    d = slope()
+    d = torch.where(over & torch.isfinite(d), d, torch.zeros_like(d))
+    moved = torch.where(over, x, torch.zeros_like(x))
+    return held + (moved - moved.detach()) * d
 
 
 def shifted_exp(z: torch.Tensor, visible: torch.Tensor | None, c: torch.Tensor) -> torch.Tensor:
@@ -302,7 +318,8 @@ class SoftmaxOfRule(StreamRule):
         self.needs_count = uses_count(form.g)
 
     def z(self, p, x, st):
-        return held_overflow(x, call(self.form.g, x, st["params"], st.get("n")))
+        params, n = st["params"], st.get("n")
+        return held_overflow(x, call(self.form.g, x, params, n), lambda: call(self.form.dg, x, params, n))
 
     def terms(self, p, z, visible, st):
         e = shifted_exp(z, visible, st[f"c{p}"])

@@ -155,11 +155,10 @@ def test_a_row_of_finfo_min_fills_stays_visible_when_g_overflows(method, name, p
     """g(x) past -finfo.max (SSMax's s log n, MultiMax's slope, 1 / T above 1) on a row whose
     every score is a finfo.min fill: the fused kernels and the streaming rule read the
     overflowed -inf as "nothing visible" (output 0), where the dense path gives the row
-    uniform weights. They now hold g at -finfo.max there (hostile audit, 2026-12-01). The
-    streaming rule gives a held score a clamp's derivative 0 (the dense path differentiates its
-    (x - max) form instead); the fused kernels give the row the dense path's gradient
-    g'(x) p (dp - D) where g' and it are finite, 0 elsewhere (MultiMax's quadratic terms had
-    made it NaN)."""
+    uniform weights. They now hold g at -finfo.max there (hostile audit, 2026-12-01), and give
+    the row the dense path's gradient g'(x) p (dp - D) where g' and it are finite, 0 elsewhere
+    (2026-12-02: the fused kernels' MultiMax quadratic terms had made it NaN; the streaming
+    rule had given a held score the clamp's derivative 0)."""
     gen = torch.Generator().manual_seed(5)
     length = 130
     q, k, v = (torch.randn(1, 2, length, 8, generator=gen).requires_grad_() for _ in range(3))
@@ -174,15 +173,10 @@ def test_a_row_of_finfo_min_fills_stays_visible_when_g_overflows(method, name, p
     dq, dk, dv = torch.autograd.grad((out * weight).sum(), [q, k, v], retain_graph=True)
     assert torch.isfinite(dq).all() and torch.isfinite(dk).all()
     torch.testing.assert_close(dv, torch.autograd.grad((want * weight).sum(), v, retain_graph=True)[0], rtol=1e-4, atol=1e-4)
-    if method == "fused":   # g'(x) p (dp - D) on the held row as well, where finite (2026-12-02)
-        ref = torch.autograd.grad((want * weight).sum(), [q, k], retain_graph=True)
-        for g, r in zip((dq, dk), ref):
-            torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
-    weight[..., 2, :] = 0   # without row 2's own gradient, every path agrees with dense
-    # (the streaming rule gives the held row's scores the clamp's derivative 0)
-    got = torch.autograd.grad((out * weight).sum(), [q, k])
-    ref = torch.autograd.grad((want * weight).sum(), [q, k])
-    for g, r in zip(got, ref):
+    # g'(x) p (dp - D) on the held row as well, where finite: the fused kernels (2026-12-02) and
+    # the streaming rule (which gave held scores the clamp's derivative 0 until 2026-12-02)
+    ref = torch.autograd.grad((want * weight).sum(), [q, k], retain_graph=True)
+    for g, r in zip((dq, dk), ref):
         torch.testing.assert_close(g, r, rtol=1e-4, atol=1e-4)
 
 

@@ -7,6 +7,8 @@ that overflows) came out all zeros instead of equal weights. The float64 computa
 the same definition is the oracle; the other rows of the batch must stay exact.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -59,6 +61,27 @@ def test_overflowing_rows_have_finite_gradients(name, params):
 def test_ssmax_finfo_min_row_is_uniform():
     x = torch.full((1, 600), FMIN)
     torch.testing.assert_close(sk.ssmax(x), torch.full_like(x, 1 / 600))
+
+
+@pytest.mark.parametrize("s", [0.43, 1.0])
+def test_a_float64_row_of_finfo_min_fills_is_uniform_with_the_slope_as_gradient(s):
+    """float64 has no wider dtype to retry in: SSMax's ``s log(n) x`` of a float64 finfo.min fill
+    overflowed to -inf and the row came out all zeros (hostile audit, 2026-12-02). g is now held
+    at the float64 range, with ``g' = s log n`` as its derivative: the gradient of the uniform
+    row is ``g' p (w - sum p w)``, as float32 rows (recomputed in float64) already had."""
+    n = 600
+    x = torch.full((2, n), torch.finfo(F64).min, dtype=F64)
+    x[1, :3] = torch.tensor([0.5, -1.0, 2.0], dtype=F64)
+    x.requires_grad_()
+    out = sk.ssmax(x, s=s)
+    torch.testing.assert_close(out[0], torch.full((n,), 1 / n, dtype=F64))
+    torch.testing.assert_close(out[1, :3], torch.softmax(x[1, :3].detach() * s * math.log(n), -1))
+    assert out[1, 3:].eq(0).all()
+    weight = torch.linspace(-1, 1, n, dtype=F64)
+    grad, = torch.autograd.grad((out * weight).sum(), x)
+    want = s * math.log(n) / n * (weight - weight.mean())
+    torch.testing.assert_close(grad[0], want)
+    assert torch.isfinite(grad).all()
 
 
 @pytest.mark.parametrize("name", ["relu_l1", "softplus_l1"])

@@ -75,15 +75,18 @@ def softmax_of_rows(rows: Rows, form: forms.SoftmaxOf, params: Mapping[str, Any]
 
     In float32 (float16 / bfloat16 compute in it), a finite score whose ``g`` overflows (SSMax's
     ``s log(n) x`` of a ``finfo.min`` fill over long rows: every entry ``-inf``, the row read
-    as empty) is not a limit of the definition: the call is then computed in float64."""
+    as empty) is not a limit of the definition: the call is then computed in float64. Where
+    ``g`` overflows float64 too (a float64 ``finfo.min`` fill), it is held at the float64
+    range (:func:`~softmaxkit.forms.held_overflow`): a row of such fills gets equal weights."""
     finite, xs = _finite(rows)
     gx = forms.call(form.g, xs, params, rows.count)
+    if rows.x.dtype == torch.float64:
+        gx = forms.held_overflow(xs, gx, lambda: forms.call(form.dg, xs, params, rows.count))
     p = softmax_rows(torch.where(finite, gx, rows.x), rows.visible)
     if rows.x.dtype == torch.float32 and can_branch_on(gx):
         over = (finite & ~torch.isfinite(gx)).any(-1, keepdim=True)
         if bool(over.any()):   # those rows (only) in float64
-            gx = forms.call(form.g, xs.double(), params, rows.count.double())
-            wide = softmax_rows(torch.where(finite, gx, rows.x.double()), rows.visible)
+            wide = softmax_of_rows(dataclasses.replace(rows, x=rows.x.double()), form, params)
             p = torch.where(over, wide.to(p.dtype), p)
     return p
 
