@@ -411,3 +411,25 @@ def test_minus_infinite_scores_leave_the_visible_count(name, param, causal):
     for method in ("fused", "auto"):
         for got, ref in zip(run(method), want):
             torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("method", ["fused", "fused, numba kernels", "streaming"])
+def test_sa_softmax_output_on_a_row_of_finfo_min_fills_is_the_dense_one(method, dtype):
+    """SA-Softmax ``x softmax(x)`` on a row whose every score is a finfo.min fill (left padding):
+    the output ``fill * mean(v)`` is finite, but the fused kernels summed ``x e`` against the
+    values before dividing by ``n`` and the streaming rule summed ``x e v`` (n fills times v:
+    inf, and NaN in float32; hostile audit, 2026-12-02). Both now divide first; the streaming
+    rule sums ``(x - c) e v`` and adds ``c`` times the mean of v. (Its gradients overflow by
+    definition there: forward only.)"""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=gen, dtype=dtype) for _ in range(3))
+    fill = torch.finfo(dtype).min
+    mask = torch.zeros(16, 16, dtype=dtype)
+    mask[:3] = fill            # rows of fills only
+    mask[5, :4] = fill         # fills next to ordinary scores: weight 0 there
+    with sk.use_backend("numba" if "numba" in method else "auto"), torch.no_grad():
+        out = sk.attention(q, k, v, "sa_softmax", attn_mask=mask, method=method.split(",")[0])
+        want = sk.attention(q, k, v, "sa_softmax", attn_mask=mask, method="dense")
+    assert torch.isfinite(want).all() and torch.isfinite(out).all()
+    torch.testing.assert_close(out, want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-5)

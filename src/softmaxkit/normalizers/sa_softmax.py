@@ -50,42 +50,42 @@ def sa_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
 
 
 class SASoftmaxRule(StreamRule):
-    """Plain: ``sum x e^{x-c} v / sum e^{x-c}``. Normalized: the rescaling
-    ``(x - low) / (high - low + eps)`` is affine in ``x``, so it splits into two value sums,
-    ``sum (x - c) e^{x-c} v`` and ``sum e^{x-c} v``, the first taken relative to the running
-    shift ``c`` (the row maximum so far) so that it never overflows: where ``e^{x-c} > 0``,
-    ``x - c`` lies within the exponent's range of 0. The output is then
-    ``S_1 / (S r) + (c - low) / r * S_0 / S`` with ``r = high - low + eps``, where
-    ``0 <= c - low <= r``: no cancellation between huge terms (a row of finfo.min fills gave
+    """``sum x e^{x-c} v / sum e^{x-c}``, and normalized, that times an affine map of ``x``. Both
+    split into two value sums, ``S_1 = sum (x - c) e^{x-c} v`` and ``S_0 = sum e^{x-c} v``, the first
+    taken relative to the running shift ``c`` (the row maximum so far) so that it never overflows:
+    where ``e^{x-c} > 0``, ``x - c`` lies within the exponent's range of 0. Plain: ``S_1 / S + c S_0 / S``
+    (summing ``x e^{x-c} v`` itself overflowed on a row of finfo.min fills, whose output ``c S_0 / S``
+    is finite). Normalized: ``S_1 / (S r) + (c - low) / r * S_0 / S`` with ``r = high - low + eps``,
+    where ``0 <= c - low <= r``: no cancellation between huge terms (a row of finfo.min fills gave
     ``inf - inf = NaN``), and no overflow before the division by ``r``."""
+
+    value_terms = (frozenset({"num", "num0"}),)
 
     def __init__(self, normalized: bool = False):
         self.normalized = normalized
-        self.value_terms = (frozenset({"num", "num0"}),) if normalized else (frozenset({"num"}),)
         self.max_grad = self.min_grad = normalized
 
     def terms(self, p, z, visible, st):
         e = shifted_exp(z, visible, st["c0"])
         # z only where e > 0, as in the reference: a finfo.min fill (e = 0) times an incoming
         # gradient overflows, and inf * 0 = NaN in exp's backward
-        zero = torch.zeros_like(z)
-        if not self.normalized:
-            return {"num": torch.where(e > 0, z, zero) * e, "den": e}
-        return {"num": torch.where(e > 0, z - st["c0"], zero) * e, "num0": e, "den": e}
+        return {"num": torch.where(e > 0, z - st["c0"], torch.zeros_like(z)) * e, "num0": e, "den": e}
 
     def rescaled(self, sums, alpha, c_old, c_new):
-        if self.normalized:  # sum (x - c_new) e = sum (x - c_old) e + (c_old - c_new) sum e, times alpha
-            sums = {**sums, "num": sums["num"] + (c_old - c_new) * sums["num0"]}
+        # sum (x - c_new) e = sum (x - c_old) e + (c_old - c_new) sum e, times alpha
+        sums = {**sums, "num": sums["num"] + (c_old - c_new) * sums["num0"]}
         return super().rescaled(sums, alpha, c_old, c_new)
 
     def output(self, sums, st):
-        plain = safe_div(sums["num"], sums["den"])
+        shifted = safe_div(sums["num"], sums["den"])
+        mean = safe_div(sums["num0"], sums["den"])
+        c = torch.where(sums["den"] > 0, st["c0"], torch.zeros_like(st["c0"]))
         if not self.normalized:
-            return plain
+            return shifted + c * mean
         low = st["mn0"].clamp_max(0.0)
         high = st["m0"].clamp_min(0.0)
         spread = high - low + st["params"]["eps"]
-        return plain / spread + (st["c0"] - low) / spread * safe_div(sums["num0"], sums["den"])
+        return shifted / spread + (c - low) / spread * mean
 
 
 @functools.cache

@@ -266,7 +266,8 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
 
 @njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def factor_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, g, sink, w):
-    """``softmax_of`` times a factor: ``p = w(x) e^{g(x) - m} / (sum e^{g - m} (+ e^{sink - m}))``."""
+    """``softmax_of`` times a factor: ``p = w(x) e^{g(x) - m} / (sum e^{g - m} (+ e^{sink - m}))``,
+    written whole (``den`` = 1)."""
     masked = hidden.shape[0] > 0
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     ninf = cast_like(-np.inf, s[0, 0])
@@ -297,7 +298,13 @@ def factor_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_
             e = zero if hid[j] else e
             row[j] = zero if e == zero else w(x, n, hp) * e
             total += e
-        den[r] = total
+        # normalised here, not by the caller after the value GEMM: w e summed against the values
+        # overflows where the output does not (SA-Softmax's w(x) = x on a row of finfo.min fills:
+        # the sum of n fills times v, then / n)
+        inv = cast_like(1.0, m) / total
+        for j in range(row.shape[0]):
+            row[j] = row[j] * inv
+        den[r] = 1.0
         _zero_tail(full, end)
 
 
