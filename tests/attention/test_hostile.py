@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import softmaxkit as sk
+from softmaxkit.attention.api import auto_method
 
 F64 = torch.float64
 
@@ -433,3 +434,46 @@ def test_sa_softmax_output_on_a_row_of_finfo_min_fills_is_the_dense_one(method, 
         want = sk.attention(q, k, v, "sa_softmax", attn_mask=mask, method="dense")
     assert torch.isfinite(want).all() and torch.isfinite(out).all()
     torch.testing.assert_close(out, want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["softmax", "softpick", "entmax15", "clipped_softmax", "adaptive_softmax", "multimax"])
+def test_a_plus_inf_mask_entry_gives_its_key_the_row_on_every_method(name, dtype):
+    """A float mask adding +inf to a key: the dense reference gives that key the row's whole
+    weight (output v[key]). The streaming rules (auto's path for clipped and adaptive softmax)
+    and SDPA gave NaN rows, fused entmax15 raised a dtype error in float32 and NaN q / k
+    gradients in float64 (hostile audit, 2026-12-02). Every method now runs the dense path then."""
+    gen = torch.Generator().manual_seed(2)
+    length = 150
+    q, k, v = (torch.randn(1, 2, length, 8, generator=gen, dtype=dtype) for _ in range(3))
+    mask = torch.zeros(length, length, dtype=dtype)
+    mask[:, 1] = float("inf")
+    results = {}
+    for method in ("dense", "auto", "fused", "streaming"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = sk.attention(*leaves, name, attn_mask=mask, method=method)
+        results[method] = [out, *torch.autograd.grad((out * out.detach()).sum(), leaves)]
+    torch.testing.assert_close(results["dense"][0], v[:, :, 1:2].expand_as(v))
+    assert auto_method(q, k, v, name, attn_mask=mask) == "dense"
+    for method in ("auto", "fused", "streaming"):
+        for got, want in zip(results[method], results["dense"]):
+            assert torch.isfinite(got).all(), method
+            torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("fill", [-1e9, torch.finfo(torch.float32).min])
+def test_explicit_sdpa_leaves_torch_where_a_padded_query_row_drifts(fill):
+    """``method="sdpa"`` ran torch's kernel even where ``auto`` leaves it: on a query row whose
+    every key a finite fill hides, torch's backward gave dq of about -9 where the dense gradient
+    is 0.03 (hostile audit, 2026-12-02). The explicit method now takes auto's way out there."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 140, 16, generator=gen) for _ in range(3))
+    mask = torch.zeros(140, 140)
+    mask[5] = fill
+    grads = {}
+    for method in ("sdpa", "dense"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = sk.attention(*leaves, "softmax", attn_mask=mask, method=method)
+        grads[method] = [out, *torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), leaves)]
+    for got, want in zip(grads["sdpa"], grads["dense"]):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from .._checks import check_choice
+from .._checks import can_branch_on, check_choice
 from ..forms import COUNT
 from ..registry import NormalizerSpec
 from .dense import dense_attention
@@ -99,7 +99,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     against a long cache, many heads of 128 queries).
 
     Visibility: ``attn_mask`` is bool (True = visible) or float (added to the scores;
-    ``-inf`` hides a key), broadcastable to ``(B, H, Lq, Lk)``; ``is_causal`` lets query
+    ``-inf`` hides a key; ``+inf`` gives that key its row's whole weight, shared equally
+    between such keys, and runs every method on the dense path), broadcastable to
+    ``(B, H, Lq, Lk)``; ``is_causal`` lets query
     ``i`` see keys ``j <= i + Lk - Lq`` (aligned to the end of the keys, so one decoding
     query sees the whole cache); both may be combined. The normalizer sees only visible
     keys (``n`` in ssmax and sigmoid counts them); a query with no visible key outputs 0.
@@ -111,7 +113,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         normalizer: a registered name (``softmaxkit list``).
         scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
         method: ``"auto"`` (see :func:`auto_method`), ``"sdpa"`` (``softmax(c x)`` normalizers,
-            ``c`` a number or per head and row, and softmax with a sink on the CPU: :mod:`.sdpa`),
+            ``c`` a number or per head and row, and softmax with a sink on the CPU: :mod:`.sdpa`;
+            where torch's kernel would get rows wrong, e.g. the gradient of a query whose every
+            key a finite fill hides, or NaN from infinite scores, it runs what ``"auto"`` would),
             ``"fused"`` (CPU: query blocks against whole visible rows with the closed-form
             backward of the normalizer's family, :mod:`.fused`; CUDA: the Triton kernels of
             :mod:`softmaxkit.attention.fused_triton` for normalizers that declare Triton pieces,
@@ -135,6 +139,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
     if not torch.compiler.is_compiling():  # a reference on a dummy row may branch on data (sparsemax)
         _validate(spec, params, inp)
+    if _gives_a_key_everything(attn_mask):
+        return dense_attention(inp, normalizer, params)
     requested = method
     learnable_mask = _learnable_mask(attn_mask)
     plan = sdpa_plan(spec, params, inp) if method in ("auto", "sdpa") else None
@@ -151,15 +157,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
                              "and row (softmax with a temperature, ssmax; no additive attn_mask then), or on "
                              "the CPU softmax with a sink (per-head sink, one head size for q and v), and no "
                              "causal mask combined with attn_mask or with Lq != Lk (Lq > 1)")
-        if requested == "auto" and sdpa_mask_clamped(attn_mask, q.dtype, plan):
+        # (an explicit "sdpa" too: torch's kernel would give these rows wrong values or gradients)
+        if sdpa_mask_clamped(attn_mask, q.dtype, plan):
             method = _auto(spec, params, merged, inp, None)
-        elif requested == "auto" and sdpa_backward_drifts(attn_mask, inp, plan):
+        elif sdpa_backward_drifts(attn_mask, inp, plan):
             if plan.sink is None and plan.row_scale is None:
                 return dense_attention(inp, normalizer, params)
             method = _auto(spec, params, merged, inp, None)
         else:
             out = run_sdpa(plan, inp, q, k, v)
-            if requested != "auto" or checks_skipped(inp) or not bool(out.isnan().any()):
+            if checks_skipped(inp) or not bool(out.isnan().any()):
                 return out
             # infinite or overflowing scores, which SDPA makes NaN; the other paths give the reference's rows
             method = "dense" if learnable_mask else _auto(spec, params, merged, inp, None)
@@ -195,6 +202,14 @@ def _triton_reason(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> 
     from .fused_triton import fallback_reason
 
     return fallback_reason(spec, params, inp.q, inp.k, inp.v)
+
+
+def _gives_a_key_everything(attn_mask) -> bool:
+    """Whether a float ``attn_mask`` adds ``+inf`` somewhere: that key takes its row's whole weight
+    (the limit of the definition, equal weights between such keys), which the dense reference
+    computes; the fused, streaming and SDPA paths form ``inf - inf`` there (NaN rows)."""
+    return (isinstance(attn_mask, torch.Tensor) and attn_mask.is_floating_point() and can_branch_on(attn_mask)
+            and bool(torch.isposinf(attn_mask).any()))
 
 
 def _learnable_mask(attn_mask) -> bool:
@@ -242,6 +257,8 @@ def auto_method(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer
     spec = registry.get(normalizer)
     merged = spec.with_defaults(params)
     inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
+    if _gives_a_key_everything(attn_mask):
+        return "dense"
     plan = sdpa_plan(spec, params, inp)
     method = _auto(spec, params, merged, inp, plan)
     if method == "sdpa" and plan is not None:   # as attention() leaves SDPA after planning it

@@ -177,7 +177,7 @@ def _entmax_bisect(z: torch.Tensor, visible: torch.Tensor, u: torch.Tensor) -> t
         tiny_step = (newton - theta).abs() <= tol * torch.where(shifted, theta.abs(), theta.abs().clamp_min(1))
         small_f = f.abs() <= f_tol
         done = ~((lo < mid) & (mid < hi)) | (tiny_step & small_f)
-        if bool(done.all()):
+        if can_branch_on(done) and bool(done.all()):   # (traced, meta: every iteration)
             break
         # A Newton step inside the bracket, unless it stalls or fails to halve |f| (a huge
         # slope for alpha > 2, or a root next to a support entry): then bisection.
@@ -243,7 +243,10 @@ def centered(g: torch.Tensor, v: torch.Tensor, g_sum: torch.Tensor, dominant: bo
     entry holds nearly all of ``sum g``, its ``v_k - mean`` is a difference of nearly equal
     numbers, multiplied by the huge ``g_k`` (float32 at alpha = 5 lost 4.4 of 41). With
     ``dominant`` (the caller's alpha may exceed 2) the entry of the largest ``g`` takes the
-    leave-one-out form ``g_k sum_{j != k} g_j (v_k - v_j) / sum g``, with no cancellation."""
+    leave-one-out form ``g_k sum_{j != k} g_j (v_k - v_j) / sum g``, with no cancellation.
+    Off the support (``g = 0``) ``v`` is not read: a NaN there (an incoming gradient at a weight
+    that is exactly 0) leaves the row finite, as the kernels and softmax's reference give it."""
+    v = torch.where(g != 0, v, torch.zeros_like(v))
     out = g * (v - (g * v).sum(-1, keepdim=True) / g_sum)
     if not dominant or g.shape[-1] < 2:
         return out

@@ -427,11 +427,25 @@ def _dot(a, b):
 
 @njit(fastmath=_FAST, cache=True, error_model="numpy")
 def _visible_sum(y, g):
+    """``sum g`` over ``y > -inf``: the gradient arriving at a ``-inf`` output is dropped, NaN
+    included (an entropy ``where(isfinite(logp), p logp, 0)`` sends NaN there)."""
     wide_vectors()
-    s = g[0] - g[0]
-    neg_inf = cast_like(-np.inf, s)
+    zero = cast_like(0.0, g[0])
+    neg_inf = cast_like(-np.inf, y[0])
+    s = zero
     for i in range(y.shape[0]):
-        s += g[i] if y[i] != neg_inf else g[i] - g[i]
+        s += g[i] if y[i] != neg_inf else zero
+    return s
+
+
+@njit(fastmath=_FAST, cache=True, error_model="numpy")
+def _support_dot(y, g):
+    """``<y, g>`` over ``y != 0``."""
+    wide_vectors()
+    zero = cast_like(0.0, g[0])
+    s = zero
+    for i in range(y.shape[0]):
+        s += y[i] * g[i] if y[i] != zero else zero
     return s
 
 
@@ -441,8 +455,8 @@ def backward_rows(y, g, dx, special, scale, mode):
 
     softmax: ``dx = scale * y (g - <y, g>)``; log-softmax: ``dx = scale * (g - e^y sum g)``
     over visible entries (``y > -inf``), 0 elsewhere. Rows flagged in ``special`` get 0. In a
-    softmax row whose ``<y, g>`` is NaN, entries with ``y = 0`` (``-inf`` scores: every other
-    entry of a NaN row is NaN) get 0, as the reference gives a ``-inf`` entry.
+    softmax row whose ``<y, g>`` is NaN, ``<y, g>`` is taken over ``y != 0`` (a NaN gradient at a
+    ``-inf`` score is dropped, as the reference drops it) and entries with ``y = 0`` get 0.
     """
     rows, n = y.shape
     for r in prange(rows):
@@ -458,7 +472,10 @@ def backward_rows(y, g, dx, special, scale, mode):
             continue
         if mode == PROBS:
             c = _dot(yr, gr)
-            if c != c:   # a NaN row (or gradient): its -inf entries (weight 0) keep the reference's 0
+            if c != c:
+                # a NaN row, or a NaN gradient: at entries of weight 0 (-inf scores) it is dropped, as
+                # the reference drops it at -inf scores, and those entries keep the reference's 0
+                c = _support_dot(yr, gr)
                 zero = cast_like(0.0, scale)
                 for i in range(n):
                     dr[i] = scale * yr[i] * (gr[i] - c) if yr[i] != zero else zero
