@@ -12,6 +12,7 @@ import math
 from collections.abc import Iterable, Mapping
 from numbers import Real
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -161,7 +162,10 @@ def check_int_in_range(value: object, name: str, low: int, high: int | None = No
 
 
 def check_bool(value: object, name: str) -> bool:
-    """Return ``value`` if it is a bool; ``TypeError`` otherwise (no truthiness)."""
+    """Return ``value`` as a bool if it is one (NumPy's ``bool_`` included); ``TypeError``
+    otherwise (no truthiness)."""
+    if isinstance(value, np.bool_):
+        return bool(value)
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
     return value

@@ -477,3 +477,14 @@ def test_explicit_sdpa_leaves_torch_where_a_padded_query_row_drifts(fill):
         grads[method] = [out, *torch.autograd.grad((out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum(), leaves)]
     for got, want in zip(grads["sdpa"], grads["dense"]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_is_causal_takes_a_numpy_bool():
+    """``is_causal=np.bool_(True)`` (a flag read from an array or a config) raised "is_causal
+    must be a bool, got bool" (hostile audit, 2026-12-02); it is a bool. An int still raises."""
+    import numpy as np
+
+    q = torch.randn(1, 2, 8, 4, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(sk.attention(q, q, q, is_causal=np.bool_(True)), sk.attention(q, q, q, is_causal=True))
+    with pytest.raises(TypeError, match="is_causal must be a bool, got int"):
+        sk.attention(q, q, q, is_causal=1)

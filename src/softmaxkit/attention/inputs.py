@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._checks import check_finite, check_floating
+from .._checks import check_bool, check_finite, check_floating
 from .._rows import compute_dtype
 
 
@@ -164,8 +164,7 @@ def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
         raise ValueError(f"q and k must have the same head dimension, got {d} and {dk}")
     if hk == 0 or h % hk:
         raise ValueError(f"the number of query heads ({h}) must be a multiple of the key/value heads ({hk})")
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    is_causal = check_bool(is_causal, "is_causal")
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d else 1.0
     else:

@@ -45,7 +45,7 @@ import torch
 from torch.autograd.graph import get_gradient_edge
 
 from .. import registry
-from .._checks import check_floating
+from .._checks import check_bool, check_floating
 from .._rows import compute_dtype
 from ..attention.inputs import Tile
 from ..attention.inputs import check_mask as check_attention_mask
@@ -870,8 +870,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     """
     check_qkv(q, k, v)
     check_layout(layout)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    is_causal = check_bool(is_causal, "is_causal")
     b, h, lq, d = q.shape
     scale = check_scale(scale, d)
     cdt = compute_dtype(q.dtype)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from .._checks import check_bool
 from .._rows import compute_dtype
 from ..attention import attention
 from ._comm import Comm, check_layout, resolve, ring_positions, ring_segments
@@ -150,8 +151,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, norm
     """
     check_qkv(q, k, v)
     check_layout(layout)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    is_causal = check_bool(is_causal, "is_causal")
     b, h, lq, d = q.shape
     hk = k.shape[1]
     scale = check_scale(scale, d)
