@@ -488,3 +488,29 @@ def test_is_causal_takes_a_numpy_bool():
     torch.testing.assert_close(sk.attention(q, q, q, is_causal=np.bool_(True)), sk.attention(q, q, q, is_causal=True))
     with pytest.raises(TypeError, match="is_causal must be a bool, got int"):
         sk.attention(q, q, q, is_causal=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["relu_l1", "softplus_l1", "stablemax"])
+def test_a_huge_finite_mask_bonus_stays_finite_on_the_fused_path(name, dtype):
+    """A finite additive bonus near the dtype's range (1e38 in float32): the row's weights are
+    finite (one-hot on that key), but the fused kernels summed ``h v`` against the values before
+    dividing by ``sum h``, and formed ``dp sum h`` in the backward: inf / NaN outputs and
+    gradients (hostile audit, 2026-12-02). Such rows are now normalised in the kernel."""
+    gen = torch.Generator().manual_seed(8)
+    length = 150
+    q, k, v = (torch.randn(1, 2, length, 8, generator=gen, dtype=dtype) for _ in range(3))
+    v = v * 10
+    big = 1e38 if dtype == torch.float32 else 1e300
+    mask = torch.zeros(length, length, dtype=dtype)
+    mask[:, 1] = big
+    mask[3] = big / 100
+    results = {}
+    for method in ("dense", "fused"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        with sk.use_backend("numba"):
+            out = sk.attention(*leaves, name, attn_mask=mask, method=method)
+        results[method] = [out, *torch.autograd.grad(out.sum(), leaves)]
+    for got, want in zip(results["fused"], results["dense"]):
+        assert torch.isfinite(want).all() and torch.isfinite(got).all()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

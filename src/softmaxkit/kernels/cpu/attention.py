@@ -420,6 +420,7 @@ def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan
     ``(dp W - sum_i w_i dp_i) / W`` (see :func:`sum_normalized_backward`; ``dd`` is unused)."""
     masked = hidden.shape[0] > 0
     biggest = np.finfo(s.dtype).max
+    large = np.sqrt(biggest)
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     for r in prange(s.shape[0]):
         wide_vectors()
@@ -442,18 +443,34 @@ def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan
             _zero_tail(dfull, 0)   # the limit does not move with the scores
             continue
         inv = cast_like(1.0, n) / total if total > 0 else zero
+        scaled = total > large
+        mean = _weighted_mean(row, drow, hid, w, n, hp, inv) if scaled else zero
         for j in range(row.shape[0]):
             x = row[j]
             e = w(x, n, hp)
             e = zero if hid[j] else e
             p = e * inv
-            d = (drow[j] * total - weighted) * inv
+            d = drow[j] - mean if scaled else (drow[j] * total - weighted) * inv
             if apply_d:
                 d = dg(x, n, hp) * d
             row[j] = p
             drow[j] = d * p
         _zero_tail(full, end)
         _zero_tail(dfull, end)
+
+
+@njit(fastmath=_FAST - {"reassoc"}, cache=False, error_model="numpy", inline="never")
+def _weighted_mean(row, drow, hid, fn, n, hp, inv):
+    """``sum_j fn(x_j) inv dp_j`` over visible entries: ``sum p dp`` formed after the division, for
+    rows whose sum passes the square root of the range (a mask bonus of 1e38 under relu_l1 or
+    stablemax), where ``dp S`` and ``sum fn dp`` overflow. (Not reassociated: ``inv`` taken out of
+    the sum is that overflow again. A rare row: a scalar loop.)"""
+    zero = cast_like(0.0, inv)
+    mean = zero
+    for j in range(row.shape[0]):
+        p = fn(row[j], n, hp) * inv
+        mean += zero if hid[j] else p * drow[j]
+    return mean
 
 
 @njit(cache=False, error_model="numpy")
@@ -489,8 +506,11 @@ def _infinite_limit(row, hid, values, fn, n, hp, biggest):
 
 @njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
 def sum_normalized_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, h, eps):
+    """``p = h(x) / (sum h + eps)``: ``h`` over ``s`` and the divisor in ``den``, or (a row whose
+    sum passes the square root of the range) ``p`` itself over ``s`` and ``den`` = 1."""
     masked = hidden.shape[0] > 0
     biggest = np.finfo(s.dtype).max
+    large = np.sqrt(biggest)
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     for r in prange(s.shape[0]):
         wide_vectors()
@@ -515,6 +535,13 @@ def sum_normalized_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_n
         den[r] = d if d != 0 else cast_like(1.0, n)
         if total > biggest and _infinite_limit(row, hid, True, h, n, hp, biggest):
             den[r] = cast_like(1.0, n)
+        elif total > large:
+            # normalised here: the value GEMM would sum h v past the range where h / den v does not
+            # (a mask bonus of 1e38 under relu_l1)
+            inv = cast_like(1.0, n) / d
+            for j in range(row.shape[0]):
+                row[j] = row[j] * inv
+            den[r] = cast_like(1.0, n)
         _zero_tail(full, end)
 
 
@@ -527,6 +554,7 @@ def sum_normalized_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, che
     (``dd`` is unused here)."""
     masked = hidden.shape[0] > 0
     biggest = np.finfo(s.dtype).max
+    large = np.sqrt(biggest)
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
     for r in prange(s.shape[0]):
         wide_vectors()
@@ -550,11 +578,13 @@ def sum_normalized_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, che
             continue
         den = total + eps
         inv = cast_like(1.0, n) / den if den != 0 else cast_like(1.0, n)
+        scaled = total > large
+        mean = _weighted_mean(row, drow, hid, h, n, hp, inv) if scaled else zero
         for j in range(row.shape[0]):
             x = row[j]
             f = h(x, n, hp)
             g = drow[j]
-            d = (g * eps + (g * total - weighted)) * inv * inv
+            d = (g - mean) * inv if scaled else (g * eps + (g * total - weighted)) * inv * inv
             if apply_d:
                 d = dh(x, n, hp) * d
             f = zero if hid[j] else f
