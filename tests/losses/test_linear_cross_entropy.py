@@ -244,3 +244,22 @@ def test_target_dtype_errors_name_target():
             linear_cross_entropy(h, w, bad)
     with pytest.raises(ValueError, match="target"):
         linear_cross_entropy(h, w, torch.full_like(t, 200).to(torch.uint8))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_an_ignored_token_with_a_minus_inf_bias_on_class_0_adds_0(reduction):
+    """Ignored tokens stand in class 0 as their target; with a -inf bias there (a banned
+    token) their loss was ``inf * 0 = NaN`` (hostile audit, 2026-12-02). F.cross_entropy gives 0."""
+    gen = torch.Generator().manual_seed(3)
+    h = torch.randn(3, 4, dtype=torch.float64, generator=gen).requires_grad_()
+    w = torch.randn(5, 4, dtype=torch.float64, generator=gen)
+    b = torch.zeros(5, dtype=torch.float64)
+    b[0] = float("-inf")
+    t = torch.tensor([1, -100, 3])
+    got = linear_cross_entropy(h, w, t, bias=b, reduction=reduction)
+    want = torch.nn.functional.cross_entropy(h @ w.T + b, t, reduction=reduction)
+    torch.testing.assert_close(got, want)
+    weight = torch.ones_like(got)
+    g1, = torch.autograd.grad(got, h, weight)
+    g2, = torch.autograd.grad(want, h, weight)
+    torch.testing.assert_close(g1, g2)

@@ -141,3 +141,17 @@ def test_bad_input():
         signed_maxsim(Q, D, torch.zeros(2, 3))
     with pytest.raises(ValueError, match="q_sign"):
         signed_maxsim(Q, D, torch.ones(3, 2))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_hidden_query_token_is_never_read(bad):
+    """A token hidden by ``q_mask`` adds 0: a NaN or inf in its vector made every score NaN
+    (weight 0 times NaN; hostile audit, 2026-12-02), as ``d_mask`` already did not."""
+    gen = torch.Generator().manual_seed(1)
+    q, d = torch.randn(1, 3, 4, generator=gen), torch.randn(2, 5, 4, generator=gen)
+    q[0, 2] = bad
+    keep = torch.tensor([[True, True, False]])
+    torch.testing.assert_close(maxsim(q, d, q_mask=keep), maxsim(q[:, :2], d))
+    sign = torch.tensor([[1.0, -1.0, 1.0]])
+    torch.testing.assert_close(signed_maxsim(q, d, sign, q_mask=keep),
+                               signed_maxsim(q[:, :2], d, sign[:, :2]))

@@ -102,3 +102,17 @@ def test_bad_input():
         msp(Z, mask=torch.ones(3, dtype=torch.bool))
     with pytest.raises(ValueError, match="at least one class"):
         msp(torch.zeros(2, 0))
+
+
+def test_entropy_gradient_is_finite_at_minus_inf_logits_and_masked_classes():
+    """``where(p > 0, p log p, 0)`` sent ``0 * -inf = NaN`` into the gradient of every class
+    (hostile audit, 2026-12-02); the masked / -inf classes now get 0."""
+    x = torch.tensor([[0.0, float("-inf"), 1.0]], dtype=torch.float64, requires_grad=True)
+    grad, = torch.autograd.grad(sk.scores.entropy(x).sum(), x)
+    finite = x.detach()[:, [0, 2]].clone().requires_grad_()
+    want, = torch.autograd.grad(sk.scores.entropy(finite).sum(), finite)
+    torch.testing.assert_close(grad[:, [0, 2]], want)
+    assert grad[0, 1] == 0
+    y = torch.tensor([[0.3, 2.0, -1.0]], dtype=torch.float64, requires_grad=True)
+    grad, = torch.autograd.grad(sk.scores.entropy(y, mask=torch.tensor([[True, False, True]])).sum(), y)
+    assert torch.isfinite(grad).all() and grad[0, 1] == 0

@@ -192,7 +192,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
             per_token = per_token + eps * (lse - logit_sum / setup.vocab)
         if setup.z_penalty:
             per_token = per_token + setup.z_penalty * lse * lse
-        per_token = per_token * row_scale
+        # ignored rows are 0 whatever their stand-in target's logit (a -inf bias on class 0: inf * 0)
+        per_token = torch.where(row_scale > 0, per_token * row_scale, torch.zeros_like(per_token))
         if setup.reduction == "none":
             loss = per_token
         else:

@@ -134,7 +134,10 @@ def _check(Q, D, q_mask, d_mask):
         raise ValueError(f"Q and D must be on the same device, got {Q.device} and {D.device}")
     if D.dtype != Q.dtype:
         raise TypeError(f"Q and D must have the same dtype, got {Q.dtype} and {D.dtype}")
-    return Q, D, _check_mask(q_mask, Q, "q_mask"), _check_mask(d_mask, D, "d_mask")
+    q_mask = _check_mask(q_mask, Q, "q_mask")
+    if q_mask is not None:   # a hidden token's vector is never read (a NaN there made every score NaN)
+        Q = Q.masked_fill(~q_mask.unsqueeze(-1), 0)
+    return Q, D, q_mask, _check_mask(d_mask, D, "d_mask")
 
 
 def _check_mask(mask, x, name):

@@ -86,7 +86,8 @@ def entropy(logits: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = Non
     z = _in_compute_dtype(logits)
     p = F.softmax(z, dim=dim, mask=mask)
     logp = F.log_softmax(z, dim=dim, mask=mask)
-    terms = torch.where(p > 0, p * logp, torch.zeros((), dtype=p.dtype, device=p.device))
+    # log p read only where p > 0: the product's gradient p' log p is 0 * -inf (NaN) elsewhere
+    terms = p * torch.where(p > 0, logp, torch.zeros((), dtype=p.dtype, device=p.device))
     return (0.0 - terms.sum(dim)).to(logits.dtype)  # 0.0 - s: no negative zero
 
 
