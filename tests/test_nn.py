@@ -58,3 +58,24 @@ def test_fixed_parameters_and_errors():
         Normalizer("nope")
     buffers = Normalizer("ssmax", learnable=False)
     assert not list(buffers.parameters()) and "s" in buffers.state_dict()
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"param_shape": 4}, TypeError, "param_shape must be a tuple of ints"),
+    ({"param_shape": "ab"}, TypeError, "param_shape must be a tuple of ints"),
+    ({"param_shape": (-1,)}, ValueError, r"param_shape\[0\] must be >= 0"),
+    ({"dim": "a"}, TypeError, "dim must be an int"),
+    ({"learnable": "no"}, TypeError, "learnable must be a bool"),
+    ({"param_shape": (4, 1, 1), "s": torch.ones(2)}, ValueError, "s of shape"),
+])
+def test_normalizer_constructor_names_the_bad_argument(kwargs, error, match):
+    """Hostile audit, 2026-12-02: these raised errors from deep inside (tuple unpacking,
+    ``torch.full``, ``expand``), or ``learnable="no"`` was taken as True."""
+    with pytest.raises(error, match=match):
+        Normalizer("ssmax", **kwargs)
+
+
+@pytest.mark.parametrize("module", [sk.nn.Attention, sk.nn.LinearAttention])
+def test_attention_modules_name_an_input_of_the_wrong_width(module):
+    with pytest.raises(ValueError, match=r"x must have shape \(B, L, dim\) with dim=16"):
+        module(16, 4)(torch.randn(2, 5, 8))

@@ -140,3 +140,12 @@ def test_fit_temperature_recovers_the_temperature_labels_were_drawn_at():
     for true_t in (0.5, 2.0):
         labels = torch.multinomial(torch.softmax(logits / true_t, 1), 1, generator=gen).squeeze(1)
         assert fit_temperature(logits, labels) == pytest.approx(true_t, rel=0.15)
+
+
+@pytest.mark.parametrize(("bounds", "error"), [(None, TypeError), ((1.0,), TypeError), (("a", "b"), TypeError),
+                                               ((1.0, math.inf), ValueError), ((2.0, 1.0), ValueError)])
+def test_fit_temperature_names_bad_bounds(bounds, error):
+    """Hostile audit, 2026-12-02: None or a 1-tuple failed in tuple unpacking, strings in ``<``."""
+    logits = torch.randn(10, 3, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(error, match="bounds"):
+        fit_temperature(logits, torch.arange(10) % 3, bounds=bounds)

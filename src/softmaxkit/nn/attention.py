@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_head_shape
+from .._checks import check_head_shape, check_sequence_inputs
 from ..attention import attention
 from .normalizer import Normalizer
 
@@ -67,13 +67,7 @@ class Attention(nn.Module):
         ``(B, heads, L, Lcontext)``; ``is_causal`` defaults to the module's setting.
         """
         context = x if context is None else context
-        for name, t in (("x", x), ("context", context)):
-            if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-            if t.dim() != 3 or t.shape[-1] != self.dim:
-                raise ValueError(f"{name} must have shape (B, L, dim) with dim={self.dim}, got {tuple(t.shape)}")
-        if context.shape[0] != x.shape[0]:
-            raise ValueError(f"x and context must have the same batch size, got {x.shape[0]} and {context.shape[0]}")
+        check_sequence_inputs(x, context, self.dim)
         q = self._split(self.q_proj(x), self.heads)
         k = self._split(self.k_proj(context), self.kv_heads)
         v = self._split(self.v_proj(context), self.kv_heads)

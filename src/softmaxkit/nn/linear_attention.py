@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_head_shape
+from .._checks import check_head_shape, check_sequence_inputs
 from ..linear.api import LinearAttentionState, get, linear_attention
 from ..linear.performer import draw_projection
 
@@ -95,6 +95,7 @@ class LinearAttention(nn.Module):
         """``x`` ``(B, L, dim)`` attends to ``context`` (default ``x``); ``key_padding_mask``
         bool ``(B, Lcontext)``, True = visible."""
         context = x if context is None else context
+        check_sequence_inputs(x, context, self.dim)
         q = self._split(self.q_proj(x), self.heads)
         k = self._split(self.k_proj(context), self.kv_heads)
         v = self._split(self.v_proj(context), self.kv_heads)

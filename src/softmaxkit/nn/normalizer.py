@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .. import registry
-from .._checks import check_finite, check_known_params
+from .._checks import check_bool, check_finite, check_int_in_range, check_known_params
 from ..registry import Learnable, Param
 
 __all__ = ["Normalizer"]
@@ -30,8 +30,13 @@ def _initial(param: Param, learn: Learnable, value: Any, shape: tuple[int, ...])
         if param.size > 1 and (tensor.dim() == 0 or tensor.shape[0] != param.size):
             raise ValueError(f"{param.name} must have {param.size} entries along its first axis, "
                              f"got shape {tuple(tensor.shape)}")
-        return tensor.reshape(tensor.shape + (1,) * (len(full) - tensor.dim())).expand(full).clone() \
-            if tensor.dim() <= len(full) else tensor
+        if tensor.dim() > len(full):
+            return tensor
+        try:
+            return tensor.reshape(tensor.shape + (1,) * (len(full) - tensor.dim())).expand(full).clone()
+        except RuntimeError:
+            raise ValueError(f"{param.name} of shape {tuple(tensor.shape)} does not broadcast to param_shape "
+                             f"{shape}") from None
     values = [value] if param.size == 1 else list(value)
     if len(values) != param.size:
         raise ValueError(f"{param.name} must have {param.size} entries, got {len(values)}")
@@ -45,6 +50,12 @@ def _initial(param: Param, learn: Learnable, value: Any, shape: tuple[int, ...])
     if param.size == 1:
         return torch.full(full, floats[0])
     return torch.tensor(floats).reshape((param.size,) + (1,) * len(shape)).expand(full).clone()
+
+
+def _param_shape(shape: Any) -> tuple[int, ...]:
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise TypeError(f"param_shape must be a tuple of ints, got {type(shape).__name__}")
+    return tuple(check_int_in_range(size, f"param_shape[{i}]", 0) for i, size in enumerate(shape))
 
 
 class Normalizer(nn.Module):
@@ -71,8 +82,9 @@ class Normalizer(nn.Module):
         self.spec = registry.get(name)
         check_known_params(params, self.spec.params, f"normalizer {name!r}")
         self.name = name
-        self.dim = dim
-        self.param_shape = tuple(param_shape)
+        self.dim = check_int_in_range(dim, "dim", -(2 ** 62))
+        self.param_shape = _param_shape(param_shape)
+        learnable = check_bool(learnable, "learnable")
         self._learned: dict[str, str] = {}   # parameter name -> attribute holding it (raw when constrained)
         for param in self.spec.param_specs:
             if param.learnable is None:

@@ -52,7 +52,11 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor,
     y = check_labels(labels, logits.shape[0], logits.shape[1]).to(logits.device)
     check_finite(tol, "tol", allow_tensor=False)
     check_positive(tol, "tol", allow_tensor=False)
-    lo_t, hi_t = bounds
+    if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") or len(bounds) != 2:
+        raise TypeError(f"bounds must be a pair (low, high) of numbers, got {bounds!r}")
+    for i, b in enumerate(bounds):
+        check_finite(b, f"bounds[{i}]", allow_tensor=False)
+    lo_t, hi_t = (float(b) for b in bounds)
     if not 0 < lo_t < hi_t < math.inf:
         raise ValueError(f"bounds must be (low, high) with 0 < low < high < inf, got {bounds}")
     z = logits.detach().to(torch.float64)
