@@ -62,8 +62,9 @@ def test_gradcheck_float64(reduction):
                                     reduction=reduction, chunk_size=4, vocab_block=5)
 
     # a repeated backward recomputes the logits (the first hands out the gradients formed in
-    # forward), so repeated backwards agree to rounding, not bit for bit
-    assert torch.autograd.gradcheck(f, (h, w, b), nondet_tol=1e-12)
+    # forward) with the forward's block maxima: bit for bit the same gradients (gradcheck's
+    # reentrancy check, nondet_tol=0; hostile audit, 2026-12-02)
+    assert torch.autograd.gradcheck(f, (h, w, b))
 
 
 @pytest.mark.parametrize("chunk_size,vocab_block", [(2, 9), (3, 7), (37, 100), (64, 1000)])
@@ -263,3 +264,13 @@ def test_an_ignored_token_with_a_minus_inf_bias_on_class_0_adds_0(reduction):
     g1, = torch.autograd.grad(got, h, weight)
     g2, = torch.autograd.grad(want, h, weight)
     torch.testing.assert_close(g1, g2)
+
+
+def test_a_repeated_backward_gives_the_first_gradients_bit_for_bit():
+    h, w, b, t = _problem(n=9, v=23, d=5, dtype=torch.float32, ignore_every=4)
+    h, w, b = (x.clone().requires_grad_() for x in (h, w, b))
+    loss = linear_cross_entropy(h, w, t, bias=b, chunk_size=4, vocab_block=7, label_smoothing=0.1)
+    first = torch.autograd.grad(loss, (h, w, b), torch.tensor(0.7), retain_graph=True)
+    second = torch.autograd.grad(loss, (h, w, b), torch.tensor(0.7))
+    for a, c in zip(first, second):
+        assert torch.equal(a, c)

@@ -21,6 +21,8 @@ backward); then, and in a forward pass without gradients, a single block of
 
 from __future__ import annotations
 
+import itertools
+
 from dataclasses import dataclass
 
 import torch
@@ -153,6 +155,30 @@ def _accumulate(grad_logits: torch.Tensor, start: int, h: torch.Tensor, weight: 
         grad_b[start:stop].add_(grad_logits.sum(0))
 
 
+def _grads_from_blocks(blocks, h: torch.Tensor, w: torch.Tensor, lse: torch.Tensor, row_scale: torch.Tensor,
+                       target: torch.Tensor, setup: _Setup, grads: tuple) -> None:
+    """Accumulate into ``grads`` (for ``h``, ``w``, bias; None where not wanted) the gradient of a
+    chunk's token losses, from its blocks ``(start, exp(z - m), m)``: the fused forward's kept
+    blocks, or the backward's recomputed ones (with the forward's ``m``: the same rounding, so
+    that a repeated backward gives the first one's gradients bit for bit)."""
+    for start, exp_block, m in blocks:
+        scale = _probability_scale(lse, m, row_scale, setup)
+        _grad_from_exp_(exp_block, start, scale, target, row_scale, setup)
+        _accumulate(exp_block, start, h, w, *grads)
+        del exp_block  # free this block before the next one is computed
+
+
+def _drained(kept: list):
+    while kept:
+        yield kept.pop(0)
+
+
+def _recomputed(h: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, setup: _Setup, shifts):
+    """``(start, exp(z - m), m)`` per block, ``m`` from ``shifts`` (one per block)."""
+    for (start, logits), m in zip(_logit_blocks(h, w, b, setup.vocab_block), shifts):
+        yield start, logits.sub_(m.unsqueeze(1)).exp_(), m
+
+
 def _zeros_if(needed: bool, like: torch.Tensor | None):
     return torch.zeros_like(like) if needed and like is not None else None
 
@@ -174,18 +200,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         n = h.shape[0]
         lse, target_logit = h.new_empty(n), h.new_empty(n)
         logit_sum = h.new_zeros(n)
+        shifts: list = []   # per chunk, the maximum of each block (kept for a repeated backward)
         for s, e in _ranges(n, setup.chunk_size):
             kept: list | None = [] if fused else None
             lse[s:e], target_logit[s:e], chunk_sum = _row_statistics(
                 _logit_blocks(h[s:e], w, b, setup.vocab_block), safe_target[s:e], setup, kept)
             if chunk_sum is not None:
                 logit_sum[s:e] = chunk_sum
-            while kept:
-                start, exp_block, m = kept.pop(0)
-                scale = _probability_scale(lse[s:e], m, row_scale[s:e], setup)
-                _grad_from_exp_(exp_block, start, scale, safe_target[s:e], row_scale[s:e], setup)
-                _accumulate(exp_block, start, h[s:e], w, grad_h[s:e] if grad_h is not None else None, grad_w, grad_b)
-                del exp_block
+            if kept is not None:
+                shifts.append([m for _, _, m in kept])
+                _grads_from_blocks(_drained(kept), h[s:e], w, lse[s:e], row_scale[s:e], safe_target[s:e], setup,
+                                   (grad_h[s:e] if grad_h is not None else None, grad_w, grad_b))
         eps = setup.label_smoothing
         per_token = (1 - eps) * (lse - target_logit)
         if eps:
@@ -201,6 +226,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
         ctx.setup, ctx.count = setup, count
         ctx.grads = (grad_h, grad_w, grad_b) if fused else None
+        ctx.shifts = shifts if fused else None
         ctx.save_for_backward(hidden, weight, bias)
         ctx.saved = (safe_target, row_scale, lse)
         return loss.to(hidden.dtype)
@@ -215,7 +241,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if ctx.grads is not None:
             # the gradients formed in forward, handed out once and scaled in place; a second
-            # backward (retain_graph=True) recomputes below
+            # backward (retain_graph=True) recomputes them below as the forward formed them
             grads, ctx.grads = ctx.grads, None
             return tuple(None if g is None else g.mul_(grad_loss.to(g.dtype)).to(dtype)
                          for g, dtype in zip(grads, dtypes)) + (None, None)
@@ -223,18 +249,17 @@ class _LinearCrossEntropy(torch.autograd.Function):
         cdt = compute_dtype(hidden.dtype)
         h, w = hidden.to(cdt), weight.to(cdt)
         b = bias.to(cdt) if bias is not None else None
-        row_scale = row_scale * grad_loss.to(cdt)
+        if ctx.shifts is None:   # per-token weights (reduction "none"): folded into each row
+            row_scale = row_scale * grad_loss.to(cdt)
         need_h, need_w, need_b = ctx.needs_input_grad[:3]
         grad_h, grad_w, grad_b = _zeros_if(need_h, h), _zeros_if(need_w, w), _zeros_if(need_b, b)
-        for s, e in _ranges(h.shape[0], setup.chunk_size):
-            chunk_lse = lse[s:e]
-            scale = _probability_scale(chunk_lse, chunk_lse, row_scale[s:e], setup)
-            for start, logits in _logit_blocks(h[s:e], w, b, setup.vocab_block):
-                _grad_from_exp_(logits.sub_(chunk_lse.unsqueeze(1)).exp_(), start, scale, target[s:e],
-                                row_scale[s:e], setup)
-                _accumulate(logits, start, h[s:e], w, grad_h[s:e] if grad_h is not None else None, grad_w, grad_b)
-                del logits  # free this block before the next one is computed
+        for i, (s, e) in enumerate(_ranges(h.shape[0], setup.chunk_size)):
+            shifts = ctx.shifts[i] if ctx.shifts is not None else itertools.repeat(lse[s:e])
+            _grads_from_blocks(_recomputed(h[s:e], w, b, setup, shifts), h[s:e], w, lse[s:e], row_scale[s:e],
+                               target[s:e], setup, (grad_h[s:e] if grad_h is not None else None, grad_w, grad_b))
         out = (grad_h, grad_w, grad_b)
+        if ctx.shifts is not None:
+            out = tuple(None if g is None else g.mul_(grad_loss.to(g.dtype)) for g in out)
         return tuple(None if g is None else g.to(dtype) for g, dtype in zip(out, dtypes)) + (None, None)
 
 
