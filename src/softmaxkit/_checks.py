@@ -203,16 +203,15 @@ def check_count(n: object, name: str = "n") -> None:
     check_at_least(n, 1, name, allow_tensor=False)
 
 
-def check_sequence_inputs(x: object, context: object, dim: int) -> None:
+def check_sequence_inputs(x: torch.Tensor, context: torch.Tensor, dim: int) -> None:
     """``x`` and ``context`` of an attention module: tensors ``(B, L, dim)`` with one batch size."""
     for name, t in (("x", x), ("context", context)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3 or t.shape[-1] != dim:
             raise ValueError(f"{name} must have shape (B, L, dim) with dim={dim}, got {tuple(t.shape)}")
-    if context.shape[0] != x.shape[0]:  # type: ignore[union-attr]
-        raise ValueError(f"x and context must have the same batch size, got {x.shape[0]} and "  # type: ignore[union-attr]
-                         f"{context.shape[0]}")  # type: ignore[union-attr]
+    if context.shape[0] != x.shape[0]:
+        raise ValueError(f"x and context must have the same batch size, got {x.shape[0]} and {context.shape[0]}")
 
 
 def check_head_shape(dim: object, heads: object, kv_heads: object, head_dim: object) -> tuple[int, int, int]:

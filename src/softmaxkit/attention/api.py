@@ -141,13 +141,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         _validate(spec, params, inp)
     if _gives_a_key_everything(attn_mask):
         return dense_attention(inp, normalizer, params)
-    requested = method
     learnable_mask = _learnable_mask(attn_mask)
     plan = sdpa_plan(spec, params, inp) if method in ("auto", "sdpa") else None
     if method == "auto":
         method = _auto(spec, params, merged, inp, plan)
         if learnable_mask and method not in ("sdpa", "dense"):
-            method, requested = "dense", "dense"
+            method = "dense"
     elif learnable_mask and method in ("fused", "streaming"):
         raise ValueError(f"method={method!r} treats attn_mask as a constant, but attn_mask requires grad (a "
                          "learned additive bias); use method='auto' or 'dense', which differentiate it")

@@ -22,7 +22,6 @@ backward); then, and in a forward pass without gradients, a single block of
 from __future__ import annotations
 
 import itertools
-
 from dataclasses import dataclass
 
 import torch
