@@ -75,6 +75,18 @@ def test_normalizer_constructor_names_the_bad_argument(kwargs, error, match):
         Normalizer("ssmax", **kwargs)
 
 
+@pytest.mark.parametrize(("name", "kwargs", "match"), [
+    ("softmax", {"temperature": -1.0}, "temperature"),
+    ("softmax", {"temperature": float("nan")}, "temperature"),
+    ("sparse_softmax", {"k": 0}, "k"),
+])
+def test_normalizer_refuses_a_bad_fixed_parameter_when_built(name, kwargs, match):
+    """Hostile audit: ``Normalizer("softmax", temperature=-1)`` was built, and failed only at
+    its first forward, far from the line that made it."""
+    with pytest.raises(ValueError, match=match):
+        Normalizer(name, **kwargs)
+
+
 @pytest.mark.parametrize("module", [sk.nn.Attention, sk.nn.LinearAttention])
 def test_attention_modules_name_an_input_of_the_wrong_width(module):
     with pytest.raises(ValueError, match=r"x must have shape \(B, L, dim\) with dim=16"):

@@ -182,6 +182,8 @@ def test_target_out_of_range_names_target():
     ({"reduction": "avg"}, ValueError, "reduction"),
     ({"label_smoothing": 1.5}, ValueError, "label_smoothing"),
     ({"z_penalty": -1.0}, ValueError, "z_penalty"),
+    ({"z_penalty": float("inf")}, ValueError, "z_penalty"),
+    ({"z_penalty": float("nan")}, ValueError, "z_penalty"),
     ({"chunk_size": 0}, ValueError, "chunk_size"),
     ({"vocab_block": 0}, ValueError, "vocab_block"),
     ({"ignore_index": 1.0}, TypeError, "ignore_index"),

@@ -100,6 +100,17 @@ class Normalizer(nn.Module):
                 self.register_buffer(attribute, tensor)
             self._learned[param.name] = attribute
         self.fixed = params
+        self._check_fixed_params()
+
+    def _check_fixed_params(self) -> None:
+        """Raise now, naming the argument, for a fixed parameter the function refuses
+        (``temperature=-1``), rather than at the first forward: the module runs once on a
+        probe of zeros shaped like its parameters, with rows of two entries."""
+        rank = max(len(self.param_shape), self.dim + 1 if self.dim >= 0 else -self.dim)
+        shape = [1] * (rank - len(self.param_shape)) + list(self.param_shape)
+        shape[self.dim] = 2
+        with torch.no_grad():
+            self.forward(torch.zeros(shape))
 
     def learned_values(self) -> dict[str, torch.Tensor]:
         """The learnable parameters in the form the functional normalizer takes."""
