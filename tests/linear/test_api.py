@@ -132,7 +132,12 @@ def test_performer_generator_reproducible_and_redrawn():
     ({"method": "inline", "kernel": "tanh"}, "kernel must be one of identity, relu, leakyrelu, exp"),
     ({"method": "cosformer", "max_len": 10}, "beyond max_len=10"),
     ({"method": "linear", "chunk_size": 0}, "chunk_size must be a positive int"),
-    ({"method": "linear", "eps": -1.0}, "eps must be a positive number"),
+    ({"method": "linear", "eps": -1.0}, "eps must be a finite number > 0"),
+    ({"method": "linear", "eps": float("inf")}, "eps must be a finite number > 0"),
+    ({"method": "performer", "scale": -1.0}, "performer needs scale >= 0"),
+    ({"method": "performer", "projection": torch.randn(0, 8, dtype=torch.float64)}, "nb_features >= 1"),
+    ({"method": "performer", "projection": torch.full((16, 8), float("nan"), dtype=torch.float64)},
+     "projection must be finite"),
 ])
 def test_bad_input_value_error(bad, match):
     q, k, v = _qkv()

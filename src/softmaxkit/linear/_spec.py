@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from numbers import Real
 from typing import Any
 
 import torch
@@ -96,7 +97,14 @@ def zero_where_empty(out, n):
     return out
 
 
-def check_eps(value, name: str = "eps") -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or math.isnan(value):
-        raise ValueError(f"{name} must be a positive number, got {value!r}")
-    return float(value)
+def check_eps(value, name: str = "eps", allow_zero: bool = False) -> float:
+    """``value`` as a float: a finite number ``> 0`` (``>= 0`` with ``allow_zero``); a numpy or
+    one-element tensor scalar is taken as its value."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}")
+    return value

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
+import operator
+
 import torch
 
 from ..attention.inputs import prepare
 from . import cosformer, elu, inline, mala, performer, soft
 from ._spec import LinearMethod
-from .chunked import DEFAULT_CHUNK, Sums, align_shift, causal_chunked, dense, one_pass
+from .chunked import DEFAULT_CHUNK, Sums, causal_chunked, causal_chunked_shifted, common_shift, dense, one_pass
 
 _METHODS: dict[str, LinearMethod] = {m.name: m for m in (
     elu.METHOD, performer.METHOD, cosformer.METHOD, inline.METHOD, mala.METHOD, soft.METHOD)}
@@ -49,7 +52,10 @@ def _params(spec: LinearMethod, params: dict) -> dict:
 def _chunk(chunk_size) -> int:
     if chunk_size is None:
         return DEFAULT_CHUNK
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+    if isinstance(chunk_size, bool) or not hasattr(chunk_size, "__index__"):
+        raise TypeError(f"chunk_size must be a positive int or None, got {type(chunk_size).__name__}")
+    chunk_size = operator.index(chunk_size)
+    if chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     return chunk_size
 
@@ -59,7 +65,7 @@ def _key_visibility(attn_mask, inp):
     if inp.additive_mask is not None:
         raise TypeError("linear attention takes a bool attn_mask (True = visible): there are no scores "
                         "to add a float mask to")
-    if inp.bool_mask is None:
+    if inp.bool_mask is None or inp.bool_mask.shape[-2] == 0:   # (no query: nothing to mask)
         return None, None
     if attn_mask.dim() < 2 or attn_mask.shape[-2] == 1:
         return inp.bool_mask[..., 0, :], None
@@ -67,36 +73,62 @@ def _key_visibility(attn_mask, inp):
 
 
 def _features(spec, ctx, x, positions, is_query, visible):
+    """``(phi, shift)``: features (zero on invisible keys) and their per-vector log scales
+    ``(B, H, L, 1)`` (the feature is ``phi * e^shift``), or None when unscaled."""
     feats = spec.features(x, positions, ctx, is_query, visible)
-    if not is_query and feats.shift is not None and not spec.shift_invariant:
-        raise RuntimeError(f"{spec.name}: shifted key features need a shift-invariant combine")
+    if feats.shift is not None and not spec.shift_invariant:
+        raise RuntimeError(f"{spec.name}: scaled features need a shift-invariant combine")
     phi = feats.phi
     if not is_query and visible is not None:
         phi = torch.where(visible[..., None], phi, torch.zeros((), dtype=phi.dtype, device=phi.device))
     return phi, feats.shift
 
 
+def _combine(spec, ctx, parts, den_shift):
+    """The method's combine; where the sums were divided by ``e^den_shift`` (scaled features),
+    ``eps`` is divided by it too, so that it floors the denominator in the kernel's own units."""
+    if den_shift is not None:
+        tiny = torch.finfo(parts[1].dtype).tiny
+        floor = (torch.exp(math.log(ctx["eps"]) - den_shift).clamp_min(tiny) if ctx["eps"] > 0
+                 else torch.tensor(tiny, dtype=parts[1].dtype, device=parts[1].device))
+        ctx = {**ctx, "eps": floor}
+    assert spec.combine is not None  # kernelised methods provide combine
+    return spec.combine(*parts, ctx)
+
+
+def _plus(a, b):
+    return None if a is None else a + b
+
+
 def _run_causal(spec, ctx, q, k, v, visible, qpos, kpos, sums0, chunk):
-    """Causal pass for end-aligned ``q`` (``Lq``) against ``k`` (``Lk``) after ``sums0``."""
+    """Causal pass for end-aligned ``q`` (``Lq``) against ``k`` (``Lk``) after ``sums0``:
+    ``(parts, Sums after the last key, den_shift or None)``."""
     lq, lk = q.shape[-2], k.shape[-2]
     offset = lk - lq
-    fk, shift = _features(spec, ctx, k, kpos, False, visible)
-    sums0, fk, shift = align_shift(sums0, fk, shift)
+    fk, kshift = _features(spec, ctx, k, kpos, False, visible)
     m = None if visible is None else visible.to(v.dtype)
-    fq, _ = _features(spec, ctx, q, qpos, True, None)
-    if offset > 0:   # keys before the first query: seen by every query
-        _, sums0 = one_pass(fq[..., :0, :], fk[..., :offset, :], v[..., :offset, :],
-                            None if m is None else m[..., :offset], sums0)
-        fk, v, m = fk[..., offset:, :], v[..., offset:, :], None if m is None else m[..., offset:]
+    fq, qshift = _features(spec, ctx, q, qpos, True, None)
     skip = max(0, -offset)  # queries before the first key see nothing
-    parts, last = causal_chunked(fq[..., skip:, :], fk, v, m, sums0, chunk, spec.uses_vsum)
+    if kshift is not None:
+        # keys before the first query are seen by every query: queries of zeros stand in for them
+        fq_all = torch.nn.functional.pad(fq[..., skip:, :], (0, 0, max(0, offset), 0))
+        parts, last, run = causal_chunked_shifted(fq_all, fk, kshift, v, m, sums0, chunk)
+        parts = tuple(None if p is None else p[..., max(0, offset):, :] for p in parts)
+        den_shift = run[..., max(0, offset):, :]
+    else:
+        if offset > 0:   # keys before the first query: seen by every query
+            _, sums0 = one_pass(fq[..., :0, :], fk[..., :offset, :], v[..., :offset, :],
+                                None if m is None else m[..., :offset], sums0)
+            fk, v, m = fk[..., offset:, :], v[..., offset:, :], None if m is None else m[..., offset:]
+        parts, last = causal_chunked(fq[..., skip:, :], fk, v, m, sums0, chunk, spec.uses_vsum)
+        den_shift = None
     if skip:
         b, h = q.shape[:2]
         parts = tuple(None if p is None else
                       torch.cat([p.new_zeros(b, h, skip, p.shape[-1]), p], dim=-2) for p in parts)
-    if shift is not None:
-        last.shift = shift
-    return parts, last
+        if den_shift is not None:
+            den_shift = torch.cat([den_shift.new_zeros(b, h, skip, 1), den_shift], dim=-2)
+    return parts, last, _plus(qshift, den_shift) if den_shift is not None else None
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str = "linear", *,
@@ -176,17 +208,20 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: 
         vis = per_query
         if is_causal:
             vis = vis & (kpos[None, :] <= qpos[:, None])
-        fq, _ = _features(spec, ctx, inp.q, qpos, True, None)
-        fk, _ = _features(spec, ctx, inp.k, kpos, False, vis.any(-2))
-        parts = dense(fq, fk, inp.v, vis)
+        fq, qshift = _features(spec, ctx, inp.q, qpos, True, None)
+        fk, kshift = _features(spec, ctx, inp.k, kpos, False, vis.any(-2))
+        parts, kshift = dense(fq, fk, inp.v, vis, kshift)
+        den_shift = _plus(qshift, kshift)
     elif is_causal:
-        parts, _ = _run_causal(spec, ctx, inp.q, inp.k, inp.v, visible, qpos, kpos, None, chunk)
+        parts, _, den_shift = _run_causal(spec, ctx, inp.q, inp.k, inp.v, visible, qpos, kpos, None, chunk)
     else:
-        fq, _ = _features(spec, ctx, inp.q, qpos, True, None)
-        fk, _ = _features(spec, ctx, inp.k, kpos, False, visible)
+        fq, qshift = _features(spec, ctx, inp.q, qpos, True, None)
+        fk, kshift = _features(spec, ctx, inp.k, kpos, False, visible)
+        if kshift is not None:
+            fk, kshift = common_shift(fk, kshift, visible)
         parts, _ = one_pass(fq, fk, inp.v, None if visible is None else visible.to(inp.v.dtype))
-    assert spec.combine is not None  # kernelised methods provide combine
-    return spec.combine(*parts, ctx).to(inp.out_dtype)
+        den_shift = _plus(qshift, kshift)
+    return _combine(spec, ctx, parts, den_shift).to(inp.out_dtype)
 
 
 def attention_weights(q: torch.Tensor, k: torch.Tensor, method: str = "linear", *, is_causal: bool = False,
@@ -251,8 +286,13 @@ class LinearAttentionState:
         if per_query is not None:
             raise ValueError("key_mask must not vary over the queries (shape (B, T) or (B, H, 1, T))")
         b, h, t, _ = inp.shape
+        layout = (inp.q.dtype, inp.q.device, inp.q.shape[-1], inp.v.shape[-1])
+        if self.ctx is not None and layout != self._layout:
+            raise ValueError(f"this state holds (dtype, device, head dim, value dim) = {self._layout}, got {layout}; "
+                             "reset() keeps them, a new LinearAttentionState takes others")
         if self.ctx is None:
             assert self.spec.check is not None  # every registered method has one
+            self._layout = layout
             self.ctx = self.spec.check(self.params, inp.q.shape[-1], inp.q.dtype, inp.q.device)
             self.ctx["scale"] = inp.scale
             if self.spec.positional:
@@ -262,9 +302,8 @@ class LinearAttentionState:
         if t == 0:
             return inp.q.new_zeros(b, h, 0, inp.v.shape[-1]).to(inp.out_dtype)
         pos = torch.arange(self.position, self.position + t, device=inp.q.device, dtype=inp.q.dtype)
-        parts, last = _run_causal(self.spec, self.ctx, inp.q, inp.k, inp.v, visible, pos, pos, self.sums,
-                                  self.chunk)
+        parts, last, den_shift = _run_causal(self.spec, self.ctx, inp.q, inp.k, inp.v, visible, pos, pos,
+                                             self.sums, self.chunk)
         self.sums = last if torch.is_grad_enabled() else last.detach()
         self.position += t
-        assert self.spec.combine is not None  # decoding methods are kernelised
-        return self.spec.combine(*parts, self.ctx).to(inp.out_dtype)
+        return _combine(self.spec, self.ctx, parts, den_shift).to(inp.out_dtype)

@@ -44,22 +44,93 @@ class Sums:
                     None if self.shift is None else self.shift.detach())
 
 
-def align_shift(sums: Sums | None, phi_k: torch.Tensor, shift: torch.Tensor | None):
-    """Bring carried ``sums`` and new key features to one common ``shift`` (the larger)."""
-    if shift is None or sums is None:
-        return sums, phi_k, shift
-    if sums.shift is None:
-        return sums, phi_k, shift
-    common = torch.maximum(sums.shift, shift)
-    old = torch.exp(sums.shift - common)
-    sums = Sums(sums.kv * old, sums.k * old[..., 0], sums.v, sums.n, common)
-    return sums, phi_k * torch.exp(shift - common), common
+def common_shift(phi_k: torch.Tensor, shift: torch.Tensor, visible: torch.Tensor | None):
+    """Key features with per-key log scales ``shift`` ``(B, H, L, 1)`` (``phi * e^shift`` is the
+    feature) brought to one scale per (batch, head), the largest over the visible keys:
+    ``(phi * e^(shift - G), G)``, ``G`` ``(B, H, 1, 1)``. Every factor is at most 1: no overflow,
+    and the keys that dominate keep their precision (for non-causal attention, where every
+    query sees the same keys)."""
+    s = _visible_shifts(shift[..., 0], visible)
+    g = s.amax(-1, keepdim=True)
+    g = torch.where(torch.isfinite(g), g, torch.zeros_like(g))[..., None]
+    return phi_k * torch.exp((shift - g).clamp_max(0.0)), g
+
+
+def _visible_shifts(shift: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    """``shift`` ``(B, H, L)`` with ``-inf`` on the keys that do not count (invisible, or NaN:
+    a NaN key reaches the output through its features, not through the common scale)."""
+    hidden = torch.isnan(shift)
+    if visible is not None:
+        hidden = hidden | ~visible
+    return shift.detach().masked_fill(hidden, float("-inf"))
+
+
+def causal_chunked_shifted(fq, fk, shift, v, m, sums0: Sums | None = None, chunk: int = DEFAULT_CHUNK):
+    """:func:`causal_chunked` for key features with per-key log scales (FAVOR+): key ``j`` is
+    ``fk_j e^{shift_j}``, ``shift`` ``(B, H, T, 1)``.
+
+    Each query ``i`` is computed in the units of the largest scale among the keys it sees,
+    ``r_i`` (a running maximum over the positions): every factor ``e^{r_j - r_i}`` is at most 1,
+    and no key is measured against a future key's scale (a key far larger than the earlier
+    ones would make their features underflow). The state carried between chunks is kept in
+    the units of the last key it holds and rescaled by ``e^{r_prev - r_now} <= 1`` at each
+    chunk. Returns ``(num, den, None, n)``, the :class:`Sums` after the last key (``shift`` its
+    scale) and ``r`` ``(B, H, T, 1)``: ``num`` and ``den`` are divided by ``e^{r}`` (the
+    caller's floor on ``den`` must be too).
+    """
+    b, h, t, f = fq.shape
+    dv = v.shape[-1]
+    dtype, device = v.dtype, v.device
+    s = _visible_shifts(shift[..., 0], None if m is None else m.expand(b, h, t) > 0)
+    start = (torch.full((b, h, 1), float("-inf"), dtype=dtype, device=device) if sums0 is None or sums0.shift is None
+             else sums0.shift[..., 0].detach())
+    run = torch.cummax(torch.cat([start, s], -1), -1).values[..., 1:]
+    # before the first visible key (nothing seen) any scale will do: the smallest one seen later
+    finite = torch.isfinite(run)
+    lowest = run.masked_fill(~finite, float("inf")).amin(-1, keepdim=True)
+    run = torch.where(finite, run, torch.where(torch.isfinite(lowest), lowest, torch.zeros_like(lowest)))
+    fk = fk * torch.exp((s - run).clamp_max(0.0))[..., None]           # (fk e^{shift}) e^{-r_j}
+    mm = torch.ones(1, 1, t, dtype=dtype, device=device) if m is None else m
+    vm = v if m is None else hide(v, m)
+    va = torch.cat([vm, mm[..., None].expand(b, h, t, 1)], dim=-1)       # (B, H, T, Dv + 1)
+    if sums0 is not None:
+        state = torch.cat([sums0.kv, sums0.k[..., None]], dim=-1)
+        prev = start[..., 0] if sums0.shift is not None else run[..., 0]
+    else:
+        state = torch.zeros(b, h, f, dv + 1, dtype=dtype, device=device)
+        prev = run[..., 0]
+    outs = []
+    for lo in range(0, t, max(1, chunk)):
+        hi = min(t, lo + max(1, chunk))
+        r = run[..., lo:hi]                                              # (B, H, C)
+        fqc, fkc, vac = fq[..., lo:hi, :], fk[..., lo:hi, :], va[..., lo:hi, :]
+        decay = torch.exp((r[..., None, :] - r[..., :, None]).clamp_max(0.0))   # e^{r_j - r_i}, j <= i
+        w = torch.tril((fqc @ fkc.transpose(-2, -1)) * decay)
+        carried = (fqc @ state) * torch.exp((prev[..., None] - r).clamp_max(0.0))[..., None]
+        outs.append(carried + w @ vac)
+        now = r[..., -1]
+        keys = (fkc * torch.exp(r - now[..., None])[..., None]).transpose(-2, -1) @ vac
+        state = state * torch.exp((prev - now).clamp_max(0.0))[..., None, None] + keys
+        prev = now
+    out = torch.cat(outs, dim=-2)
+    cnt = torch.cumsum(mm, -1).expand(b, h, t)
+    if sums0 is not None:
+        cnt = cnt + sums0.n[..., None]
+    vlast = vm.sum(-2).expand(b, h, dv) if sums0 is None else sums0.v + vm.sum(-2)
+    last = Sums(state[..., :dv], state[..., dv], vlast, cnt[..., -1], prev[..., None, None])
+    return (out[..., :dv], out[..., dv:], None, cnt[..., None]), last, run[..., None]
+
+
+def hide(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """``v`` with 0 on the keys ``m`` ``(B, H|1, L)`` (0. / 1.) hides: a select, not a product, so
+    that a NaN or inf in a padding token's value stays out of the sums."""
+    return torch.where(m[..., None] > 0, v, torch.zeros((), dtype=v.dtype, device=v.device))
 
 
 def one_pass(fq, fk, v, m, sums0: Sums | None = None):
     """Non-causal sums: every query sees every (visible) key. ``fk`` is already zero on
     invisible keys; ``m`` ``(B, H|1, Lk)`` float or None. Returns ``(num, den, vsum, n), Sums``."""
-    vm = v if m is None else v * m[..., None]
+    vm = v if m is None else hide(v, m)
     kv = fk.transpose(-2, -1) @ vm
     kz = fk.sum(-2)
     vs = vm.sum(-2)
@@ -93,7 +164,7 @@ def causal_chunked(fq, fk, v, m, sums0: Sums | None = None, chunk: int = DEFAULT
         m = torch.ones(1, 1, t, dtype=dtype, device=device)
         vm = v
     else:
-        vm = v * m[..., None]
+        vm = hide(v, m)
     mh = m.shape[1]
     va = torch.cat([vm, m[..., None].expand(b, h, t, 1)], dim=-1)          # (B, H, T, Dv + 1)
     if pad:
@@ -143,9 +214,20 @@ def causal_chunked(fq, fk, v, m, sums0: Sums | None = None, chunk: int = DEFAULT
     return (rows(out[..., :dv]), rows(out[..., dv:]), None if vsum is None else rows(vsum), rows(n)), last
 
 
-def dense(fq, fk, v, visible):
-    """The quadratic form: ``W = phi(Q) phi(K)^T`` masked by ``visible`` ``(B, H, Lq, Lk)``
-    (bool); used for masks that vary over queries. ``O(Lq Lk)`` memory."""
+def dense(fq, fk, v, visible, key_shift=None):
+    """The quadratic form: ``W = phi(Q) phi(K)^T`` on ``visible`` ``(B, H, Lq, Lk)`` (bool);
+    used for masks that vary over queries. ``O(Lq Lk)`` memory. With per-key log scales
+    ``key_shift`` ``(B, H, Lk, 1)`` (key ``j`` is ``fk_j e^{shift_j}``) each query is computed in
+    the units of the largest key it sees. Returns ``((num, den, vsum, n), shift)``: the
+    sums and their per-query log scale ``(B, H, Lq, 1)`` (None without ``key_shift``)."""
+    w = fq @ fk.transpose(-2, -1)
+    shift = None
+    if key_shift is not None:
+        s = _visible_shifts(key_shift[..., 0][..., None, :].expand(w.shape), visible)
+        shift = s.amax(-1, keepdim=True)
+        shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
+        w = w * torch.exp((s - shift).clamp_max(0.0))
+    w = torch.where(visible, w, torch.zeros((), dtype=w.dtype, device=w.device))
+    v = hide(v, visible.any(-2).to(v.dtype))
     vis = visible.to(v.dtype)
-    w = (fq @ fk.transpose(-2, -1)) * vis
-    return w @ v, w.sum(-1, keepdim=True), vis @ v, vis.sum(-1, keepdim=True)
+    return (w @ v, w.sum(-1, keepdim=True), vis @ v, vis.sum(-1, keepdim=True)), shift

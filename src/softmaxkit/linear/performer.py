@@ -16,10 +16,14 @@ ICLR 2021, arXiv 2009.14794).
 Parameters: ``nb_features`` (``m``, default 256), ``orthogonal``, ``generator`` (a
 ``torch.Generator`` for a reproducible draw; each call draws anew from it), or
 ``projection`` (a fixed ``(m, D)`` matrix from :func:`draw_projection`: redraw by drawing
-another), ``eps`` for the denominator (default 1e-6).
+another), ``eps``: a floor on the denominator in the kernel's own units (default 0: the
+features are positive, so the denominator is; a query whose terms all underflow outputs 0).
 
-Numerical range: each query's features are divided by their maximum, and every key's by
-the maximum over the keys (``Features.shift``); both factors cancel in the ratio.
+Numerical range: each query's and each key's features are divided by ``e`` to their
+largest exponent (``Features.shift``). Non-causal attention measures every key in the
+units of the largest visible key, causal attention each query in those of the largest key
+it sees (so no key is measured against a future one), and the factors cancel in the
+ratio (a floor ``eps > 0`` applies to ``sum_j phi(q_i).phi(k_j)`` itself, not to its rescaled value).
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ def draw_projection(nb_features: int, head_dim: int, *, orthogonal: bool = True,
     for name, value in (("nb_features", nb_features), ("head_dim", head_dim)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
+    if not isinstance(orthogonal, bool):
+        raise TypeError(f"orthogonal must be a bool, got {type(orthogonal).__name__}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype!r}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     dev = generator.device if generator is not None else device
@@ -62,6 +70,8 @@ def draw_projection(nb_features: int, head_dim: int, *, orthogonal: bool = True,
 
 
 def _check(params, head_dim, dtype, device):
+    if head_dim < 1:
+        raise ValueError("performer needs queries and keys with at least one feature (head dimension 0)")
     proj = params["projection"]
     if proj is None:
         m = params["nb_features"]
@@ -74,29 +84,32 @@ def _check(params, head_dim, dtype, device):
     else:
         if not isinstance(proj, torch.Tensor) or not proj.is_floating_point():
             raise TypeError("projection must be a floating-point tensor (nb_features, head_dim)")
-        if proj.dim() != 2 or proj.shape[1] != head_dim:
-            raise ValueError(f"projection must have shape (nb_features, head_dim={head_dim}), "
+        if proj.dim() != 2 or proj.shape[1] != head_dim or proj.shape[0] < 1:
+            raise ValueError(f"projection must have shape (nb_features >= 1, head_dim={head_dim}), "
                              f"got {tuple(proj.shape)}")
+        if not bool(torch.isfinite(proj).all()):
+            raise ValueError("projection must be finite (it holds NaN or inf)")
         proj = proj.to(dtype=dtype, device=device)
-    return {"eps": check_eps(params["eps"]), "projection": proj}
+    return {"eps": check_eps(params["eps"], allow_zero=True), "projection": proj}
 
 
 def _features(x, positions, ctx, is_query, visible):
     w = ctx["projection"]
+    if not ctx["scale"] >= 0:
+        raise ValueError(f"performer needs scale >= 0 (its kernel is exp(scale q.k) through sqrt(scale) q), "
+                         f"got {ctx['scale']}")
     xs = x * math.sqrt(ctx["scale"])
     # u = log(sqrt(m) phi(x)) = W x - |x|^2 / 2; the 1/sqrt(m) is folded into the shift below
     u = xs @ w.T
     inplace = not (torch.is_grad_enabled() and u.requires_grad)
     half_norm = 0.5 * (xs * xs).sum(-1, keepdim=True)
     u = u.sub_(half_norm) if inplace else u - half_norm
-    log_m = 0.5 * math.log(w.shape[0])
-    if is_query:
-        shift = u.amax(-1, keepdim=True).detach() + log_m
-        return Features(u.sub_(shift).exp_() if inplace else torch.exp(u - shift))
-    masked = u if visible is None else u.masked_fill(~visible[..., None], float("-inf"))
-    shift = masked.amax(dim=(-2, -1), keepdim=True).detach()
+    # each vector's features divided by e^(its largest u): every one is at most 1 / sqrt(m) and
+    # its largest does not underflow; the engine rescales keys to common units
+    shift = u.amax(-1, keepdim=True).detach()
     shift = torch.where(torch.isfinite(shift), shift, torch.zeros_like(shift))
-    phi = u.sub_(shift + log_m).exp_() if inplace else torch.exp(u - (shift + log_m))
+    offset = shift + 0.5 * math.log(w.shape[0])
+    phi = u.sub_(offset).exp_() if inplace else torch.exp(u - offset)
     return Features(phi, shift)
 
 
@@ -106,6 +119,6 @@ METHOD = LinearMethod(
     formula="phi(q_i).phi(k_j) / sum_j' phi(q_i).phi(k_j')  (E = softmax kernel)",
     paper="Choromanski et al. 2020, arXiv 2009.14794",
     causal=True, decoding=True,
-    params={"nb_features": 256, "orthogonal": True, "generator": None, "projection": None, "eps": 1e-6},
+    params={"nb_features": 256, "orthogonal": True, "generator": None, "projection": None, "eps": 0.0},
     check=_check, features=_features, combine=ratio_combine, shift_invariant=True, uses_vsum=False,
 )

@@ -11,7 +11,8 @@ kernel matrix by a Nystrom decomposition through ``r`` landmarks:
 landmarks ``Q~``, ``K~`` are the means of ``r`` contiguous segments of the queries and of
 the visible keys (the paper's average pooling). The Moore-Penrose inverse ``M^+`` of the
 ``r x r`` landmark matrix is computed by Newton-Schulz iterations
-``X_{t+1} = 2 X_t - X_t M X_t`` from ``X_0 = M^T / (|M|_1 |M|_inf)`` in the forward pass only,
+``X_{t+1} = 2 X_t - X_t M X_t`` from ``X_0 = M^T / (|M|_1 |M|_inf)`` (until converged unless
+``newton_iters`` fixes their number) in the forward pass only,
 without autograd tracking; its gradient is taken once, in closed form
 (:class:`NewtonPinv`). ``normalize="symmetric"`` applies SOFT++'s symmetric normalisation
 ``D_q^{-1/2} A D_k^{-1/2}`` with ``D_q = A 1`` and ``D_k = A^T 1`` (clamped at ``eps``), for dense
@@ -32,6 +33,8 @@ import torch
 from ._spec import LinearMethod, check_eps
 
 NORMALIZE = (None, "symmetric")
+#: Landmarks when ``rank`` is not given (fewer for sequences shorter than this).
+DEFAULT_RANK = 32
 
 
 class NewtonPinv(torch.autograd.Function):
@@ -44,7 +47,7 @@ class NewtonPinv(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, m: torch.Tensor, iters: int):
+    def forward(ctx, m: torch.Tensor, iters: int | None):
         with torch.no_grad():
             x = newton_pinv(m, iters)
         ctx.save_for_backward(m, x)
@@ -62,7 +65,12 @@ class NewtonPinv(torch.autograd.Function):
         return grad, None
 
 
-def newton_pinv(m: torch.Tensor, iters: int = 20) -> torch.Tensor:
+#: The most Newton-Schulz iterations ``newton_iters=None`` runs: from ``X_0`` the iterate
+#: needs about ``log2(cond(M)^2)`` steps to reach the quadratic phase (cond 1e6: 40), then a few.
+MAX_NEWTON_ITERS = 100
+
+
+def newton_pinv(m: torch.Tensor, iters: int | None = None) -> torch.Tensor:
     r"""Moore-Penrose inverse of the last two dims of ``m`` by Newton-Schulz iterations.
 
     .. math:: X_0 = \frac{M^\top}{\lVert M\rVert_1 \lVert M\rVert_\infty},\qquad
@@ -70,17 +78,30 @@ def newton_pinv(m: torch.Tensor, iters: int = 20) -> torch.Tensor:
 
     converges (quadratically near the end) to ``M^+`` since ``X_0`` has
     ``|I - M X_0| < 1`` on the range of ``M`` (Ben-Israel & Cohen 1966); used by SOFT
-    (Lu et al. 2021, arXiv 2110.11945). Not differentiable by itself: use
-    :class:`NewtonPinv` for a gradient.
+    (Lu et al. 2021, arXiv 2110.11945). ``iters=None`` iterates until converged: until the
+    step changes no matrix by more than ``eps^(3/4)`` of its size (``eps`` of the dtype),
+    one step more, at most :data:`MAX_NEWTON_ITERS` steps; an int runs exactly that many
+    (SOFT's code runs 20, not converged once ``cond(M)`` passes about 1e3). Not
+    differentiable by itself: use :class:`NewtonPinv` for a gradient.
     """
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
-        raise ValueError(f"newton_iters must be a non-negative int, got {iters!r}")
+    if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 0):
+        raise ValueError(f"newton_iters must be a non-negative int or None, got {iters!r}")
     norm1 = m.abs().sum(-2).amax(-1)
     norm_inf = m.abs().sum(-1).amax(-1)
     denom = (norm1 * norm_inf)[..., None, None]
     x = m.transpose(-2, -1) / torch.where(denom > 0, denom, torch.ones_like(denom))
-    for _ in range(iters):
-        x = 2 * x - x @ m @ x
+    if iters is not None:
+        for _ in range(iters):
+            x = 2 * x - x @ m @ x
+        return x
+    tol = torch.finfo(m.dtype).eps ** 0.75
+    for _ in range(MAX_NEWTON_ITERS):
+        step = x - x @ m @ x
+        x = x + step
+        size = x.abs().amax((-2, -1))
+        change = step.abs().amax((-2, -1))
+        if not bool((change > tol * size).any()):   # NaN (a NaN input) stops too
+            return 2 * x - x @ m @ x
     return x
 
 
@@ -122,11 +143,11 @@ def landmarks(x: torch.Tensor, rank: int, weights: torch.Tensor | None = None) -
 
 def _check(params, head_dim, dtype, device):
     rank = params["rank"]
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
         raise ValueError(f"rank must be a positive int (the number of landmarks), got {rank!r}")
     iters = params["newton_iters"]
-    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
-        raise ValueError(f"newton_iters must be a non-negative int, got {iters!r}")
+    if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 0):
+        raise ValueError(f"newton_iters must be a non-negative int or None, got {iters!r}")
     if params["normalize"] not in NORMALIZE:
         raise ValueError(f"normalize must be one of None, 'symmetric', got {params['normalize']!r}")
     return {"rank": rank, "newton_iters": iters, "normalize": params["normalize"],
@@ -135,8 +156,9 @@ def _check(params, head_dim, dtype, device):
 
 def soft_attention(q, k, v, visible, ctx):
     """SOFT on checked inputs ``(B, H, L, D)``; ``visible`` ``(B, H|1, Lk)`` bool or None."""
-    rank, scale = ctx["rank"], ctx["scale"]
+    scale = ctx["scale"]
     lq, lk = q.shape[-2], k.shape[-2]
+    rank = min(DEFAULT_RANK, lq, lk) if ctx["rank"] is None else ctx["rank"]
     if rank > min(lq, lk):
         raise ValueError(f"rank={rank} must be at most the sequence length (Lq={lq}, Lk={lk})")
     weights = None if visible is None else visible.to(v.dtype)
@@ -162,6 +184,6 @@ METHOD = LinearMethod(
     formula="[K(Q, K~) K(Q~, K~)^+ K(Q~, K)]_ij (Newton-Schulz pinv)",
     paper="Lu et al. 2021, arXiv 2110.11945",
     causal=False, decoding=False,
-    params={"rank": 32, "newton_iters": 20, "normalize": None, "eps": 1e-6},
+    params={"rank": None, "newton_iters": None, "normalize": None, "eps": 1e-6},
     check=_check, kernelised=False, compute=soft_attention,
 )

@@ -26,7 +26,8 @@ class LinearAttention(nn.Module):
         dim: model width; heads: query heads; method: the linear-attention method;
         kv_heads: key/value heads (default ``heads``, must divide it);
         head_dim: features per head (default ``dim // heads``); bias: projection biases;
-        is_causal: default for :meth:`forward`; seed: seed of performer's projection;
+        is_causal: default for :meth:`forward`; seed (or ``generator=``): fixes performer's
+        projection (the other methods draw none);
         **params: the method's parameters (e.g. ``nb_features=128``, ``rank=16``).
 
     Example:
@@ -56,16 +57,20 @@ class LinearAttention(nn.Module):
         self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
         self.out_proj = nn.Linear(heads * head_dim, dim, bias=bias)
         self.params = dict(params)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
         if "projection" in self.spec.params and params.get("projection") is None:
-            self.params.pop("generator", None)
+            generator = self.params.pop("generator", None)
+            if generator is not None and seed is not None:
+                raise ValueError("pass seed or generator, not both: each fixes performer's projection")
             self.params.pop("projection", None)
             self._seed = seed
-            self.register_buffer("projection", self._draw(seed))
-        else:
+            self.register_buffer("projection", self._draw(seed, generator))
+        else:   # (a seed is accepted and unused: one constructor call serves every method)
             self.projection = None
 
-    def _draw(self, seed) -> torch.Tensor:
-        gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    def _draw(self, seed, generator=None) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(seed) if seed is not None else generator
         return draw_projection(self.params.get("nb_features", self.spec.params["nb_features"]), self.head_dim,
                                orthogonal=self.params.get("orthogonal", True), generator=gen)
 
