@@ -36,6 +36,11 @@ def soften(p: torch.Tensor, T: float | torch.Tensor, dim: int = -1) -> torch.Ten
     if bool((p < 0).any()) or bool(torch.isnan(p).any()):
         raise ValueError("p must be non-negative (probabilities or unnormalised weights), got a negative or NaN entry")
     check_positive(T, "T", finite=True)
+    if isinstance(T, torch.Tensor):
+        try:
+            torch.broadcast_shapes(T.shape, p.shape)
+        except RuntimeError:
+            raise ValueError(f"T of shape {tuple(T.shape)} does not broadcast to p of shape {tuple(p.shape)}") from None
     positive = p > 0
     log_p = torch.where(positive, torch.log(torch.where(positive, p, torch.ones_like(p))),
                         torch.full_like(p, float("-inf")))
@@ -50,6 +55,8 @@ def _one_hot_argmax(y: torch.Tensor, dim: int, drawable: torch.Tensor) -> torch.
     """One-hot of ``argmax y`` along ``dim``; all zeros where ``drawable`` (keepdim) is False,
     i.e. a row with no finite-or-+inf logit (all ``-inf``), as every normalizer returns zeros
     for an all-masked row."""
+    if y.dim() == 0:   # one entry: the one-hot is 1 (0 where it is -inf)
+        return drawable.to(y.dtype).reshape(())
     if y.shape[dim] == 0:
         return torch.zeros_like(y)
     index = y.argmax(dim, keepdim=True)
@@ -163,7 +170,8 @@ def _lowest_indices_at_ties(z: torch.Tensor, values: torch.Tensor, indices: torc
     comparison pass over ``z`` finds such rows; only those are searched again."""
     k = values.shape[-1]
     kth = values[:, -1:]
-    crossing = (z == kth).sum(-1) > (values == kth).sum(-1)
+    # (a row whose top holds NaN keeps it, torch ranks it first: the caller's check refuses the row)
+    crossing = ((z == kth).sum(-1) > (values == kth).sum(-1)) & ~torch.isnan(values).any(-1)
     if bool(crossing.any()):
         rows = crossing.nonzero().squeeze(-1)
         zc, kc = z[rows], kth[rows]

@@ -17,6 +17,8 @@ def _check(x, k, dim):
     check_floating(x)
     d = check_dim(x, dim)
     n = x.shape[d] if x.dim() else 1
+    if n == 0:
+        raise ValueError(f"x has no entry along dim={dim} (shape {tuple(x.shape)}): there is no top-k to take")
     k = check_int_in_range(k, "k", 1, n)
     return k, d
 

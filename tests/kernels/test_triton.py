@@ -48,6 +48,11 @@ def test_triton_softmax_strided_rows_nan_and_bad_temperature():
     out = gpu.softmax(x)
     assert out[0].isnan().all()
     torch.testing.assert_close(out[1], torch.softmax(x[1], -1))
+    # next to a +inf the weights were the +inf indicator, which read the NaN as 0 (audit 2026-12-02)
+    mixed = torch.tensor([[float("nan"), float("inf"), 1.0], [float("inf"), 2.0, float("inf")]]).to(DEVICE)
+    out = gpu.softmax(mixed)
+    assert out[0].isnan().all()
+    torch.testing.assert_close(out[1], torch.tensor([0.5, 0.0, 0.5]).to(DEVICE))
     for bad in (0.0, -1.0, float("nan")):
         with pytest.raises(ValueError, match="temperature"):
             gpu.softmax(x, temperature=bad)

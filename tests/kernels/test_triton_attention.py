@@ -251,6 +251,38 @@ def test_finfo_min_fills_whose_g_overflows(name, params):
     check(name, torch.float32, params=params, lq=8, lk=12, is_causal=False, attn_mask=mask)
 
 
+@pytest.mark.parametrize("name", sorted(PER_HEAD))
+def test_per_head_parameter_gradients_under_a_finfo_min_padding_mask(name):
+    """Hugging Face pads keys with finfo.min: there a piece's derivative overflows and its
+    weight's gradient is 0, and the per-head parameter gradient summed 0 * inf = NaN."""
+    mask = torch.zeros(1, 1, 20, 24)
+    mask[..., 17:] = torch.finfo(torch.float32).min
+    params = {key: torch.tensor(value).view(1, 2, 1, 1) for key, value in PER_HEAD[name].items()}
+    check(name, attn_mask=mask, params=params, is_causal=False)
+
+
+@pytest.mark.parametrize("name", ["relu", "relu_l1", "softpick", "sparsemax", "entmax15"])
+def test_a_nan_score_makes_its_row_nan_and_no_other(name):
+    """relu and the kernels' maxima dropped a NaN score (tl.maximum returns the other operand),
+    so its row came out finite, unlike the dense reference's NaN row."""
+    q, k, v = (t.float().to(DEVICE) for t in _inputs(1, 1, 1, 5, 20, 16))
+    mask = torch.zeros(1, 1, 5, 20, device=DEVICE)
+    mask[0, 0, 2, 3] = float("nan")
+    out = fused_attention(q, k, v, name, attn_mask=mask)
+    dense = sk.attention(q, k, v, name, attn_mask=mask, method="dense")
+    assert out[0, 0, 2].isnan().all() and dense[0, 0, 2].isnan().all()
+    keep = torch.tensor([0, 1, 3, 4])
+    torch.testing.assert_close(out[0, 0, keep], dense[0, 0, keep], rtol=1e-5, atol=1e-5)
+
+
+def test_a_plus_inf_mask_is_refused_with_the_reason():
+    q, k, v = (t.float().to(DEVICE) for t in _inputs(1, 1, 1, 5, 5, 16))
+    mask = torch.zeros(1, 1, 5, 5, device=DEVICE)
+    mask[0, 0, 1, 2] = float("inf")
+    with pytest.raises(ValueError, match=r"attn_mask holds \+inf"):
+        fused_attention(q, k, v, "softpick", attn_mask=mask)
+
+
 def test_document_ids_with_any_strides_and_zero_heads():
     q, k, v = (t.float().to(DEVICE) for t in _inputs(2, 1, 1, 16, 16, 16))
     ids = torch.stack([document_ids_from_cu_seqlens(torch.tensor([0, 5, 16]), 16),

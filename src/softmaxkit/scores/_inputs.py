@@ -57,6 +57,9 @@ def as_score_array(scores, name: str) -> np.ndarray:
             raise TypeError(f"{name} must be real-valued, got dtype {scores.dtype}")
         arr = scores.detach().to("cpu", torch.float64).numpy()
     else:
+        raw = np.asarray(scores)
+        if np.iscomplexobj(raw):   # (float64 conversion would drop the imaginary part, with only a warning)
+            raise TypeError(f"{name} must be real-valued, got dtype {raw.dtype}")
         try:
             arr = np.asarray(scores, dtype=np.float64)
         except (TypeError, ValueError):

@@ -69,6 +69,10 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor,
         return float(((p * z).sum(1) - z_true).mean())
 
     lo, hi = -math.log(hi_t), -math.log(lo_t)   # log(beta) = -log(T)
+    if bool((z.amax(1) == z.amin(1)).all()):
+        warnings.warn("every row's logits are equal (or there is one class): the NLL does not depend on T; "
+                      "returning 1", RuntimeWarning, stacklevel=2)
+        return 1.0
     if slope(hi) <= 0:
         warnings.warn(f"the NLL still decreases at T = {lo_t:g}; returning the lower bound", RuntimeWarning,
                       stacklevel=2)

@@ -52,6 +52,7 @@ from numbers import Real
 import numpy as np
 import torch
 
+from .._checks import check_int_in_range
 from ._inputs import check_labels, check_logits_2d
 from .confidence import msp
 
@@ -139,6 +140,7 @@ class EarlyExitCascade:
             raise ValueError(f"delta must be a number in [0, 1] (an accuracy drop), got {delta!r}")
         if search not in SEARCHES:
             raise ValueError(f"search must be one of {', '.join(map(repr, SEARCHES))}, got {search!r}")
+        max_sweeps = check_int_in_range(max_sweeps, "max_sweeps", 1)
         conf, pred, num_classes = self._stage_confidences(stage_logits)
         y = check_labels(labels, conf.shape[1], num_classes).cpu().numpy()
         problem = _Problem(conf, pred == y[None, :], self.cumulative_costs, float(delta))

@@ -36,7 +36,9 @@ def centroid_distance(logits: torch.Tensor, centroids: torch.Tensor) -> torch.Te
         shape = tuple(centroids.shape) if isinstance(centroids, torch.Tensor) else type(centroids).__name__
         raise ValueError(f"centroids must be a tensor of shape ({c}, {c}) for {c} classes, got {shape}")
     p = F.softmax(logits.to(compute_dtype(logits.dtype)))
-    nearest = centroids.to(p)[p.argmax(1)]
+    # the predicted class read from the logits, as fit_centroids and the thresholds read it: the
+    # softmax of two adjacent float logits can round to a tie that argmax breaks the other way
+    nearest = centroids.to(p)[logits.detach().argmax(1)]
     return (p - nearest).norm(dim=1).to(logits.dtype)
 
 
@@ -48,7 +50,7 @@ def fit_centroids(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     check_logits_2d(logits)
     y = check_labels(labels, logits.shape[0], logits.shape[1]).to(logits.device)
     p = F.softmax(logits.detach().to(torch.float64))
-    correct = p.argmax(1) == y
+    correct = logits.detach().argmax(1) == y
     counts = torch.bincount(y[correct], minlength=logits.shape[1])
     if bool((counts == 0).any()):
         missing = torch.nonzero(counts == 0).flatten().tolist()

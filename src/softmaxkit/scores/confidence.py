@@ -70,8 +70,16 @@ def energy(logits: torch.Tensor, temperature: float = 1.0, dim: int = -1,
     """
     check_positive(temperature, "temperature", allow_tensor=False, finite=True)
     _rows(logits, dim, mask)
-    z = _in_compute_dtype(logits) / temperature
-    return (temperature * F.logsumexp(z, dim=dim, mask=mask)).to(logits.dtype)
+    z = _in_compute_dtype(logits)
+    if temperature >= 1:
+        return (temperature * F.logsumexp(z / temperature, dim=dim, mask=mask)).to(logits.dtype)
+    # T log sum e^{z/T} = m + T log sum e^{(z - m)/T} with m the largest visible logit: z / T
+    # itself overflows for |z| > T finfo.max (3e38 over T = 0.5 gave inf)
+    visible = z if mask is None else z.masked_fill(~mask, float("-inf"))
+    m = visible.detach().amax(dim, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    lse = F.logsumexp((z - m) / temperature, dim=dim, mask=mask)
+    return (m.squeeze(dim) + temperature * lse).to(logits.dtype)
 
 
 def entropy(logits: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None) -> torch.Tensor:

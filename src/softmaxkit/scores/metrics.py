@@ -21,6 +21,7 @@ rejected, ``+-inf`` ranks as expected.
 from __future__ import annotations
 
 import math
+from numbers import Real
 
 import numpy as np
 
@@ -84,7 +85,7 @@ def fpr_at_tpr(scores_in, scores_out, tpr: float = 0.95) -> float:
     ``>=`` it. Ties are accepted together (any lower FPR would need a threshold that
     splits a tie, which no detector can do).
     """
-    if isinstance(tpr, bool) or not isinstance(tpr, (int, float)) or not 0 < tpr <= 1:
+    if isinstance(tpr, bool) or not isinstance(tpr, Real) or not 0 < tpr <= 1:
         raise ValueError(f"tpr must be a number in (0, 1], got {tpr!r}")
     s_in = np.sort(as_score_array(scores_in, "scores_in"))[::-1]
     s_out = np.sort(as_score_array(scores_out, "scores_out"))

@@ -88,6 +88,14 @@ def _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KD
 
 
 @triton.jit
+def _nan_count(x, vis):
+    """Visible NaN scores per row. The kernels' maxima drop NaN (``tl.maximum`` and ``tl.max``
+    return the other operand, as the hardware's ``max``), so a row holding one is marked
+    here and written as NaN at the end, as the dense reference gives it."""
+    return tl.sum((vis & (x != x)).to(tl.int32), 1)
+
+
+@triton.jit
 def _row_count(CNT, bh, offs_m, Lq, Lk, HAS_CNT: tl.constexpr, CAUSAL: tl.constexpr):
     """``n`` per query row (at least 1): precomputed, or the closed form without masks."""
     if HAS_CNT:
@@ -206,6 +214,7 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
     arg = tl.zeros([BLOCK_M], tl.float32) - 1.0
     x_ref = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    nan_seen = tl.zeros([BLOCK_M], tl.int32)
     hi = Lk
     if CAUSAL:
         hi = tl.maximum(tl.minimum(Lk, (pid_m + 1) * BLOCK_M + Lk - Lq), 0)
@@ -223,6 +232,9 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
             v = tl.load(V + (kvh * Lk + offs_n[:, None]) * DV + offs_dv[None, :],
                         mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
             x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
+            if FAMILY != 0:   # (exp propagates a NaN score by itself; relu and max drop it)
+                nan_seen += _nan_count(x, vis)
+                x = tl.where(x == x, x, 0.0)   # the row is NaN; its other steps must not trip on it
             if FAMILY == 0:
                 z = tl.where(vis, _held(FN(x, n, par)), float("-inf"))
                 z_max = tl.max(z, 1)
@@ -278,6 +290,7 @@ def _fwd(Q, K, V, O, STATS, PAR, CNT, MASK, QDOC, KDOC,
         tl.store(st + 3, extra, mask=row_ok)
     else:
         out = acc
+    out = tl.where(nan_seen[:, None] > 0, float("nan"), out)
     tl.store(O + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :], out.to(O.dtype.element_ty),
              mask=row_ok[:, None] & (offs_dv[None, :] < DV))
 
@@ -311,6 +324,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
     m_i = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
     x_ref = tl.zeros([BLOCK_M], tl.float32) + float("-inf")
     seen = tl.zeros([BLOCK_M], tl.float32)   # visible keys: the bracket's end (n may be the user's)
+    nan_seen = tl.zeros([BLOCK_M], tl.int32)
     for start_n in range(0, hi_n, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         kt = tl.load(K + (kvh * Lk + offs_n[None, :]) * D + offs_d[:, None],
@@ -318,6 +332,8 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
         x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
+        nan_seen += _nan_count(x, vis)
+        x = tl.where(x == x, x, 0.0)
         z = tl.where(vis, _held(FN(x, n, par)), float("-inf"))
         z_max = tl.max(z, 1)
         x_ref = _score_at_peak(x, z, z_max, m_i, x_ref, vis)
@@ -341,6 +357,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
             vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                    CAUSAL, MASK_KIND, DOCS)
             x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
+            x = tl.where(x == x, x, 0.0)
             base = tl.where(vis, tl.maximum(u * (_held(FN(x, n, par)) - m_s[:, None]) - tau[:, None], 0.0), 0.0)
             p, s = _powers(base, u, ALPHA_KIND)
             fsum += tl.sum(p, 1)
@@ -369,6 +386,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
         vis, add = _visibility(offs_m, offs_n, Lq, Lk, b, h, MASK, smb, smh, smm, smn, QDOC, KDOC, sdq, sdk,
                                CAUSAL, MASK_KIND, DOCS)
         x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
+        x = tl.where(x == x, x, 0.0)
         base = tl.where(vis, tl.maximum(u * (_held(FN(x, n, par)) - m_s[:, None]) - tau[:, None], 0.0), 0.0)
         if tl.max(tl.max(base, 1), 0) > 0:  # a key tile outside every row's support adds nothing
             p, s = _powers(base, u, ALPHA_KIND)
@@ -384,6 +402,7 @@ def _fwd_threshold(Q, K, V, O, STATS, SV, PAR, CNT, MASK, QDOC, KDOC,
     tl.store(st + 2, tl.where(x_ref > float("-inf"), x_ref, 0.0), mask=row_ok)
     tl.store(st + 3, m_s, mask=row_ok)
     out_mask = row_ok[:, None] & (offs_dv[None, :] < DV)
+    acc = tl.where(nan_seen[:, None] > 0, float("nan"), acc)
     tl.store(O + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :], acc.to(O.dtype.element_ty), mask=out_mask)
     tl.store(SV + (bh * Lq + offs_m[:, None]) * DV + offs_dv[None, :], acc_s, mask=out_mask)
 
@@ -566,7 +585,9 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
                         # out: the piece's derivative at the score where z peaks (the largest weight),
                         # against cancellation
                         dpiece = dpiece - DPFN(s2 + tl.zeros(x.shape, tl.float32), n, par, kk)
-                    term = tl.sum(tl.sum(tl.where(vis, gz * dpiece, 0.0), 1), 0)
+                    # keys without weight (gz = 0) out by a select: at a finfo.min fill the piece's
+                    # derivative overflows, and 0 * inf = NaN
+                    term = tl.sum(tl.sum(tl.where(vis & (gz != 0.0), gz * dpiece, 0.0), 1), 0)
                     dpar += tl.where(offs_p == kk, term, 0.0)
     tl.store(DQ + (bh * Lq + offs_m[:, None]) * D + offs_d[None, :], dq * scale,
              mask=row_ok[:, None] & (offs_d[None, :] < D))

@@ -29,9 +29,11 @@ def _softmax_kernel(x_ptr, y_ptr, n, stride, scale, BLOCK: tl.constexpr):
     y_row = y_ptr + row * stride
     m = tl.full((), float("-inf"), tl.float32)
     d = tl.zeros((), tl.float32)
+    nans = tl.zeros((), tl.int32)
     for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + offs, mask=offs < n, other=float("-inf")).to(tl.float32) * scale
+        nans += tl.sum((x != x).to(tl.int32), axis=0)
         mb = tl.max(x, axis=0)
         new_m = tl.maximum(m, mb)
         safe_m = tl.where(new_m == float("-inf"), 0.0, new_m)
@@ -43,8 +45,10 @@ def _softmax_kernel(x_ptr, y_ptr, n, stride, scale, BLOCK: tl.constexpr):
         m = new_m
     safe_m = tl.where(m == float("-inf"), 0.0, m)
     safe_m = tl.where(m == float("inf"), 0.0, safe_m)
-    # d is 0 only on a row of -inf (zeros); a NaN entry makes d NaN, and the whole row NaN
+    # d is 0 only on a row of -inf (zeros); a NaN entry makes the whole row NaN (counted apart:
+    # next to a +inf the weights are the +inf indicator, which reads NaN as 0)
     inv = tl.where(d == 0, 0.0, 1.0 / d)
+    inv = tl.where(nans > 0, float("nan"), inv)
     for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         x = tl.load(x_row + offs, mask=offs < n, other=float("-inf")).to(tl.float32) * scale

@@ -1,0 +1,86 @@
+"""Hostile audit of sampling, top-k, algorithms and scores, 2026-12-02: each test is a
+reproducer that failed before its fix."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import softmaxkit as sk
+from softmaxkit import sampling
+from softmaxkit.algorithms import OnlineSoftmaxState, two_pass_softmax
+from softmaxkit.scores import CentroidDistance, EarlyExitCascade, auroc, energy, fit_temperature, fpr_at_tpr
+from softmaxkit.scores.centroid import centroid_distance
+
+
+@pytest.mark.parametrize("length", [4, 10000])
+def test_sample_top_k_refuses_a_nan_logit_hidden_by_ties(length):
+    """torch.topk ranks NaN first, the tie rule then replaced it by a tied entry, and a token was drawn."""
+    z = torch.zeros(2, length)
+    z[1, 2] = float("nan")
+    for k in (1, 2, 3):
+        with pytest.raises(ValueError, match="NaN"):
+            sampling.sample(z, top_k=k, generator=torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("scale", [1e2, 1e3, 1e4, 5e5, 9e5])
+def test_two_pass_softmax_float32_is_accurate_up_to_its_limit(scale):
+    """float32's split of ln 2 kept n * hi exact only for |x| < 355: 3e-4 relative error at 1e4."""
+    x = torch.tensor([[scale, scale + 0.5, scale + 1, scale + 2]], dtype=torch.float32)
+    rel = (two_pass_softmax(x).double() / torch.softmax(x.double(), -1) - 1).abs().max()
+    assert rel < 4e-7
+
+
+def test_energy_below_temperature_one_does_not_overflow():
+    torch.testing.assert_close(energy(torch.tensor([[3e38, 0.0]]), temperature=0.5), torch.tensor([3e38]))
+    torch.testing.assert_close(energy(torch.tensor([[-3e38, -3e38]]), temperature=0.5), torch.tensor([-3e38]))
+    x = torch.randn(4, 6, dtype=torch.float64)
+    mask = torch.rand(4, 6, generator=torch.Generator().manual_seed(0)) > 0.3
+    mask[:, 0] = True
+    expected = 0.3 * torch.logsumexp((x / 0.3).masked_fill(~mask, float("-inf")), -1)
+    torch.testing.assert_close(energy(x, temperature=0.3, mask=mask), expected)
+    torch.autograd.gradcheck(lambda a: energy(a, temperature=0.3), (x.clone().requires_grad_(),))
+    assert energy(torch.full((2, 3), float("-inf")), temperature=0.5).eq(float("-inf")).all()
+
+
+def test_hard_gumbel_softmax_of_one_entry():
+    assert sampling.gumbel_softmax(torch.tensor(0.3), hard=True).item() == 1.0
+    assert sampling.gumbel_softmax(torch.tensor(float("-inf")), hard=True).item() == 0.0
+    assert sampling.straight_through(torch.tensor(0.3)).item() == 1.0
+
+
+def test_centroid_detector_reads_the_predicted_class_one_way():
+    """Two adjacent float logits: softmax rounds them to a tie, argmax of the softmax picked
+    class 0 for the distance while the threshold was class 1's."""
+    logits = torch.tensor([[-0.23197725415229797, -0.23197723925113678, -1.7819724, -3.7317846]])
+    centroids = torch.eye(4)
+    p = sk.softmax(logits)
+    torch.testing.assert_close(centroid_distance(logits, centroids), (p - centroids[1]).norm(dim=1))
+    detector = CentroidDistance()
+    detector.centroids_ = centroids
+    detector.thresholds_ = torch.tensor([0.0, 10.0, 0.0, 0.0], dtype=torch.float64)
+    assert detector.accept(logits).item()
+
+
+def test_fit_temperature_on_a_flat_objective_returns_one_and_says_why():
+    with pytest.warns(RuntimeWarning, match="does not depend on T"):
+        assert fit_temperature(torch.zeros(5, 3), torch.tensor([0, 1, 2, 0, 1])) == 1.0
+
+
+def test_argument_checks_name_the_argument():
+    with pytest.raises(ValueError, match="T of shape"):
+        sampling.soften(torch.rand(2, 3), torch.ones(4))
+    with pytest.raises(TypeError, match="max_sweeps"):
+        EarlyExitCascade([1.0, 2.0]).fit([torch.randn(6, 3), torch.randn(6, 3)], torch.tensor([0, 1, 2, 0, 1, 2]),
+                                         max_sweeps="a")
+    with pytest.raises(ValueError, match="rows of shape"):
+        OnlineSoftmaxState.from_block(torch.randn(3, 4)).merge(OnlineSoftmaxState.from_block(torch.randn(2, 4)))
+    assert fpr_at_tpr([1.0, 2.0, 3.0], [0.0, 2.5], tpr=np.float32(0.5)) == fpr_at_tpr([1.0, 2.0, 3.0], [0.0, 2.5], 0.5)
+    with pytest.raises(TypeError, match="real-valued"):
+        auroc(np.array([1 + 1j, 2.0]), [0.0])
+    with pytest.raises(ValueError, match="no entry along dim"):
+        sk.softmax_topk(torch.randn(3, 0), 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert auroc(np.array([2.0, 3.0]), [0.0]) == 1.0
