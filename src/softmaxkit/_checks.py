@@ -153,6 +153,8 @@ def check_int_in_range(value: object, name: str, low: int, high: int | None = No
         if isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point() \
                 and value.dtype != torch.bool:
             value = int(value.item())
+        elif isinstance(value, np.integer):
+            value = int(value)
         else:
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < low or (high is not None and value > high):

@@ -103,6 +103,20 @@ class Rows:
             ) from None
         return value.expand(shape).movedim(self.dim, -1)
 
+    def per_row(self, value, name: str):
+        """A parameter with one value per row, as shape ``(..., 1)`` in the rows' layout (floats
+        pass through): a tensor must broadcast to the input and have size 1 along ``dim`` (e.g.
+        ``(..., 1)`` or per head ``(H, 1, 1)``); ``ValueError`` naming ``name`` otherwise."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        ndim = max(len(self.shape), 1)
+        padded = (1,) * (ndim - value.dim()) + tuple(value.shape)
+        if value.dim() <= ndim and padded[self.dim] != 1:
+            raise ValueError(
+                f"{name} must have one value per row (size 1 along dim={self.dim}), got shape {tuple(value.shape)}"
+            )
+        return self.align(value, name)[..., :1]
+
     @property
     def safe_x(self) -> torch.Tensor:
         return torch.where(self.visible, self.x, torch.zeros((), dtype=self.x.dtype, device=self.x.device))

@@ -91,7 +91,10 @@ def test_float32_error_stays_within_the_dense_float32_error():
     fast, dense = _run("sdpa", *lo, is_causal=True), _run("dense", *lo, is_causal=True)
     for i, (a, b, ref) in enumerate(zip(fast, dense, exact)):
         err_fast, err_dense = (a.double() - ref).abs().max(), (b.double() - ref).abs().max()
-        assert err_fast <= (2 if i == 0 else 3) * err_dense + 1e-7, (i, err_fast, err_dense)
+        # the floor: a few ulp of the largest entry (the sink's gradient sums every row's term,
+        # each through SDPA's float32 logsumexp, about 10 here: an ulp of 1e-6 in its exponent)
+        floor = 8 * torch.finfo(torch.float32).eps * float(ref.abs().max())
+        assert err_fast <= (2 if i == 0 else 3) * err_dense + floor, (i, err_fast, err_dense, floor)
 
 
 def test_gradcheck():

@@ -123,8 +123,13 @@ def test_streaming_equals_dense_float32(name):
     mask = torch.rand(1, 1, 33, 33, generator=gen) > 0.2
     runs = [_run(q, k, v, name, True, mask, {}, m) for m in ("dense", "streaming")]
     torch.testing.assert_close(runs[1][0], runs[0][0], rtol=0, atol=1e-5)
-    for gs, gd in zip(runs[1][1], runs[0][1]):
-        torch.testing.assert_close(gs, gd, rtol=0, atol=1e-5)
+    # gradients: FlashAttention's rule against float64 (3x the dense float32 error, with a floor of
+    # a few ulp of the gradient's scale): two float32 summation orders of an ill-conditioned row
+    # (softpick's scores near 0) differ by more than a fixed 1e-5 between themselves
+    exact = _run(*(t.detach().double().requires_grad_() for t in (q, k, v)), name, True, mask, {}, "dense")[1]
+    for gs, gd, ge in zip(runs[1][1], runs[0][1], exact):
+        floor = 8 * torch.finfo(torch.float32).eps * float(ge.abs().max())
+        assert (gs.double() - ge).abs().max() <= 3 * (gd.double() - ge).abs().max() + floor
 
 
 def test_configs_cover_every_streamable_normalizer():

@@ -4,6 +4,7 @@ The same code as the multi-process run (the ring, Ulysses' all-to-alls, the all-
 fast enough to cover every normalizer of the registry, read from its spec.
 """
 
+import math
 import threading
 
 import pytest
@@ -335,3 +336,48 @@ def test_changing_the_output_in_place_before_backward_is_an_error():
 
     results, errors = run_ranks(2, rank_fn)
     assert all(isinstance(err, RuntimeError) and "inplace" in str(err) for err in errors), errors
+
+
+@pytest.mark.parametrize("lengths", [[3, 3, 2], [2, 2, 3], [3, 2, 2]])
+def test_shards_some_equal_some_not(lengths):
+    """Audit 2026-12-02: each rank chose by itself whether to send the travelling dk / dv in
+    pieces (its block against the one it received), so a sender and its receiver disagreed
+    when some neighbouring shards were equal and others not, and the backward aborted."""
+    n = sum(lengths)
+    errs = compare("softmax", 3, lengths=lengths, causal=True, length=n)
+    assert max(errs) < 1e-10, errs
+
+
+def test_softpick_backward_with_hidden_scores_far_above_the_visible_ones():
+    """Hidden scores stayed raw unless an additive mask was given: a causal future key or a padded
+    key far above the visible ones overflowed e^{x-c} and made dq, dk NaN."""
+    mask = _padding(12)
+    errs = compare("softpick", 2, length=12, causal=True, mask=mask, scale_q=60.0, dtype=torch.float32)
+    assert all(math.isfinite(e) for e in errs) and max(errs) < 1e-3, errs
+
+
+@pytest.mark.parametrize("name", ["clipped_softmax", "adaptive_softmax"])
+def test_two_pass_rule_when_one_rank_sees_no_key(name):
+    """Causal with Lq > Lk: rank 0's queries all come before every key. It skipped a backward ring
+    that the others entered (its dk was wrong, the others waited until the timeout)."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(1, 2, 12, 4, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 6, 4, generator=g, dtype=torch.float64) for _ in range(2))
+    params = params_for(name, 6)
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = sk.attention(*ref_in, name, is_causal=True, method="dense", **params)
+    ref.sum().backward()
+
+    def rank_fn(comm):
+        r = comm.rank
+        local = [shard_sequence(t, r, 2, layout="contiguous").clone().requires_grad_() for t in (q, k, v)]
+        out = context_parallel_attention(*local, name, group=comm, is_causal=True, block_size=(3, 4),
+                                         layout="contiguous", **params)
+        out.sum().backward()
+        return [out.detach()] + [t.grad for t in local]
+
+    results, errors = run_ranks(2, rank_fn, timeout=20.0)
+    assert errors == [None, None], errors
+    for i, want in enumerate([ref.detach()] + [t.grad for t in ref_in]):
+        got = unshard_sequence([res[i] for res in results], layout="contiguous")
+        assert (got - want).abs().max() < 1e-10, i

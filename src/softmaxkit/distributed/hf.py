@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from .. import registry
 from ..hf import _layer_params
+from ._comm import resolve
 
 __all__ = ["PREFIX", "register"]
 
@@ -41,7 +42,12 @@ def _attention_function(name: str, group, layout: str):
         if attention_mask is not None:
             raise ValueError(f"{PREFIX}{name} takes no attention mask (padding is not supported context-parallel)")
         causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-        params = _layer_params(module, name, key.shape[2])
+        length = key.shape[2]
+        if any(p.for_length is not None for p in spec.param_specs):
+            # a parameter fitted to the row length (sparse_softmax's k) sees the whole sequence's
+            # keys, not this rank's shard (k = min(8, 6) on 6 of 12 keys gave other logits)
+            length = sum(n for (n,) in resolve(group).all_gather_ints([length]))
+        params = _layer_params(module, name, length)
         if rule_for(name, {**spec.params, **params}) is not None:
             out = context_parallel_attention(query, key, value, name, group=group, is_causal=causal, layout=layout,
                                              scale=scaling, **params)

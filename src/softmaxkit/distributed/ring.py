@@ -149,7 +149,10 @@ class _Ring:
         x = torch.matmul(qs, k.transpose(-1, -2))
         if t.additive is not None:
             x = x + t.additive
-            assert t.visible is not None  # tiles with an additive mask carry its finite entries
+        if t.visible is not None:
+            # every hidden score as 0 (as the single-process streaming path): a hidden score far
+            # above the visible ones overflowed e^{x-c} in softpick's terms, and the backward's
+            # select then formed 0 * inf = NaN
             x = torch.where(t.visible, x, torch.zeros((), dtype=x.dtype, device=x.device))
         return x
 
@@ -272,12 +275,14 @@ class _Ring:
     def _pass_on(self, g: torch.Tensor, incoming_shape, tag: int) -> torch.Tensor:
         """Send ``g`` to the next rank and return the tensor received from the previous one.
 
-        When both have the same shape (equal shards) the exchange is done in place, in
-        :data:`GRAD_CHUNKS` pieces along the sequence through a small staging buffer, so no
-        second copy of the gradient is ever held; otherwise into a new tensor."""
+        With equal shards on every rank the exchange is done in place, in :data:`GRAD_CHUNKS`
+        pieces along the sequence through a small staging buffer, so no second copy of the
+        gradient is ever held; otherwise whole, into a new tensor. The choice is global (every
+        rank's lengths), never per pair: a sender and its receiver that compared different pairs
+        of shards ([3, 3, 2]) split one message differently and the collective aborted."""
         comm = self.comm
         self.sent_bytes += g.numel() * g.element_size()
-        if tuple(incoming_shape) != tuple(g.shape):
+        if len(set(self.k_lengths)) > 1:
             buf = torch.empty(incoming_shape, dtype=g.dtype, device=g.device)
             comm.ring_wait(comm.ring_start([g], [buf], tag=tag))
             return buf
@@ -626,7 +631,12 @@ def _ring_backward(ring: _Ring, q, k, v, params: dict, saved, dout, need_v: bool
     dk = dv = None
     for p in range(last, -1, -1):
         values = rule.value_terms[p]
-        if any(g is not None for g in g_sums.values()) or extremes:
+        # decided by every rank together: a rank with nothing to send back (all its queries before
+        # every key) skipped a ring the others entered, and they waited on it
+        needed = any(g is not None for g in g_sums.values()) or bool(extremes)
+        if ring.comm.size > 1:
+            needed = any(flag for (flag,) in ring.comm.all_gather_ints([int(needed)]))
+        if needed:
             def visit(region, parts, grad_parts, p=p, values=values, extremes=extremes, g_sums=g_sums):
                 kb, vb = parts
                 dkb, dvb = grad_parts

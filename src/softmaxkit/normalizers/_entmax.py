@@ -398,24 +398,9 @@ def check_alpha(alpha) -> None:
     check_at_least(alpha, 1.0, "alpha")
 
 
-def per_row(rows: Rows, value: torch.Tensor, name: str) -> torch.Tensor:
-    """A tensor parameter with one value per row, as shape ``(..., 1)`` in rows layout.
-
-    It must broadcast to the input and have size 1 along ``dim`` (e.g. ``(..., 1)`` or
-    per head ``(H, 1, 1)``); ``ValueError`` naming ``name`` otherwise.
-    """
-    ndim = max(len(rows.shape), 1)
-    padded = (1,) * (ndim - value.dim()) + tuple(value.shape)
-    if value.dim() <= ndim and padded[rows.dim] != 1:
-        raise ValueError(
-            f"{name} must have one value per row (size 1 along dim={rows.dim}), got shape {tuple(value.shape)}"
-        )
-    return rows.align(value, name)[..., :1]
-
-
 def entmax_from_rows(rows: Rows, z: torch.Tensor, alpha) -> torch.Tensor:
     if isinstance(alpha, torch.Tensor):
-        alpha = per_row(rows, alpha, "alpha")
+        alpha = rows.per_row(alpha, "alpha")
     else:
         alpha = float(alpha)
     if z.shape[-1] == 0:

@@ -19,7 +19,7 @@ import torch
 from .. import forms
 from .._checks import can_branch_on, check_finite, check_number
 from .._rows import Rows, prepare_rows
-from ._entmax import entmax_rows, per_row
+from ._entmax import entmax_rows
 from .softmax import infinite_limit, limit_rows, softmax_rows
 
 
@@ -35,7 +35,7 @@ def aligned(rows: Rows, params: Mapping[str, Any], sizes: Mapping[str, int]) -> 
         if size > 1:
             out[name] = _values(rows, value, name, size)
         elif name == forms.COUNT and isinstance(value, torch.Tensor):
-            out[name] = per_row(rows, value.to(rows.x.dtype), name)
+            out[name] = rows.per_row(value.to(rows.x.dtype), name)
         elif isinstance(value, torch.Tensor):
             out[name] = rows.align(value, name)
         else:

@@ -15,7 +15,7 @@ from .._checks import check_count, check_finite
 from .._rows import Rows, prepare_rows
 from ..forms import Threshold
 from ..registry import Example, Learnable, builtin
-from ._entmax import check_alpha, entmax_from_rows, per_row
+from ._entmax import check_alpha, entmax_from_rows
 
 
 def length_scale(n: Any, beta: Any, gamma: Any, delta: Any) -> Any:
@@ -47,7 +47,7 @@ def _row_count(rows: Rows, n: Any) -> torch.Tensor:
     if n is None:
         return rows.count.clamp_min(1)
     if isinstance(n, torch.Tensor):
-        return per_row(rows, n.to(rows.x.dtype), "n")
+        return rows.per_row(n.to(rows.x.dtype), "n")
     return torch.full_like(rows.x[..., :1], float(n))
 
 
@@ -79,7 +79,7 @@ def as_entmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     for name, value in (("beta", beta), ("gamma", gamma), ("delta", delta)):
         check_finite(value, name)
     rows = prepare_rows(x, dim, mask)
-    beta, gamma, delta = (per_row(rows, v, name) if isinstance(v, torch.Tensor) else v
+    beta, gamma, delta = (rows.per_row(v, name) if isinstance(v, torch.Tensor) else v
                           for name, v in (("beta", beta), ("gamma", gamma), ("delta", delta)))
     scale = length_scale(_row_count(rows, n), beta, gamma, delta)
     # The scale is constant along the row and entmax is shift invariant, so the row maximum

@@ -38,7 +38,7 @@ def relu_l1(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None, ep
     ``+inf`` score gives the limit: equal weights on the ``+inf`` entries. See Wortsman
     et al. (2023), arXiv 2309.08586, for ReLU in place of softmax.
     """
-    check_positive(eps, "eps", allow_tensor=False)
+    check_positive(eps, "eps", allow_tensor=False, finite=True)
     return from_form(FORM, x, dim, mask, {"eps": eps})
 
 

@@ -35,7 +35,7 @@ def sa_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     Softmax", arXiv 2502.18277.
     """
     check_bool(normalized, "normalized")
-    check_positive(eps, "eps", allow_tensor=False)
+    check_positive(eps, "eps", allow_tensor=False, finite=True)
     rows = prepare_rows(x, dim, mask)
     xs = rows.safe_x
     p = softmax_rows(torch.where(rows.visible, rows.x, xs), rows.visible)
@@ -46,7 +46,8 @@ def sa_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
         return finish(rows, torch.where(p > 0, xs, torch.zeros_like(xs)) * p)
     low = rows.masked_min().clamp_max(0.0)
     high = rows.masked_max().clamp_min(0.0)
-    return finish(rows, (xs - low) / (high - low + eps) * p)
+    # halves (exact): high - low and x - low overflow past finfo.max / 2 (3e38 and -3e38 gave inf / inf)
+    return finish(rows, (xs * 0.5 - low * 0.5) / (high * 0.5 - low * 0.5 + eps * 0.5) * p)
 
 
 class SASoftmaxRule(StreamRule):
@@ -82,10 +83,10 @@ class SASoftmaxRule(StreamRule):
         c = torch.where(sums["den"] > 0, st["c0"], torch.zeros_like(st["c0"]))
         if not self.normalized:
             return shifted + c * mean
-        low = st["mn0"].clamp_max(0.0)
-        high = st["m0"].clamp_min(0.0)
-        spread = high - low + st["params"]["eps"]
-        return shifted / spread + (c - low) / spread * mean
+        low = st["mn0"].clamp_max(0.0) * 0.5   # halves, as in sa_softmax
+        high = st["m0"].clamp_min(0.0) * 0.5
+        spread = high - low + st["params"]["eps"] * 0.5
+        return (shifted * 0.5) / spread + (c * 0.5 - low) / spread * mean
 
 
 @functools.cache

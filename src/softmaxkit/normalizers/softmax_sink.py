@@ -42,12 +42,12 @@ def softmax_sink(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = Non
     all the weight (shared between ``+inf`` entries).
 
     Args:
-        sink: the sink logit ``s``, a number or a tensor broadcastable to ``x`` (per head:
-            ``(H, 1, 1)``); learnable, initialised at 0.
+        sink: the sink logit ``s``, a number or a tensor with one value per row (size 1 along
+            ``dim``, broadcastable to ``x``; per head: ``(H, 1, 1)``); learnable, initialised at 0.
     """
     check_finite(sink, "sink")
     rows = prepare_rows(x, dim, mask)
-    s = rows.align(sink, "sink") if isinstance(sink, torch.Tensor) else torch.full_like(rows.x[..., :1], sink)
+    s = rows.per_row(sink, "sink") if isinstance(sink, torch.Tensor) else torch.full_like(rows.x[..., :1], sink)
     finite = rows.visible & ~torch.isinf(rows.x)
     xs = torch.where(finite, rows.x, torch.zeros_like(rows.x))
     top = xs.masked_fill(~finite, float("-inf")).amax(-1, keepdim=True) if xs.shape[-1] else s[..., :1]

@@ -37,7 +37,7 @@ def softplus_l1(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None
     A ``+inf`` score gives the limit: equal weights on the ``+inf`` entries. The
     l1-normalised rectifier family of ReLU attention (Wortsman et al. 2023, arXiv 2309.08586).
     """
-    check_positive(eps, "eps", allow_tensor=False)
+    check_positive(eps, "eps", allow_tensor=False, finite=True)
     return from_form(FORM, x, dim, mask, {"eps": eps})
 
 
