@@ -262,6 +262,7 @@ class LinearAttentionState:
         self.scale = scale
         self.chunk = _chunk(chunk_size)
         self.ctx: dict | None = None
+        self._layout: tuple = ()   # (dtype, device, head dim, value dim), fixed at the first step
         self.sums: Sums | None = None
         self.position = 0
 

@@ -18,7 +18,6 @@ from ..registry import Example, builtin
 from ._generic import finish
 from .softmax import infinite_limit, limit_rows
 
-
 #: Below this ``|x|``, ``e^{x-c} - e^{-c}`` is taken as ``e^{-c} expm1(x)``: the difference of two
 #: close exponentials loses ``log2(1 / |x|)`` bits (7e-2 of relative error at scores of 1e-6 in
 #: float32); above it the difference loses at most a factor ``e^x / (e^x - 1) <= 2.6``.
