@@ -381,3 +381,22 @@ def test_two_pass_rule_when_one_rank_sees_no_key(name):
     for i, want in enumerate([ref.detach()] + [t.grad for t in ref_in]):
         got = unshard_sequence([res[i] for res in results], layout="contiguous")
         assert (got - want).abs().max() < 1e-10, i
+
+
+@pytest.mark.parametrize("fn", [context_parallel_attention, ulysses_attention])
+@pytest.mark.parametrize("what", ["head dim", "dtype", "is_causal", "normalizer"])
+def test_ranks_that_disagree_get_a_clear_error(fn, what):
+    """Audit 2026-12-02: a rank with another head dim or dtype aborted gloo (SIGABRT); another
+    is_causal ran silently; another normalizer waited until the timeout."""
+    def rank_fn(comm):
+        r = comm.rank
+        d = 8 if (what == "head dim" and r == 1) else 4
+        dtype = torch.float32 if (what == "dtype" and r == 1) else torch.float64
+        q, k, v = (torch.randn(1, 2, 3, d, dtype=dtype) for _ in range(3))
+        name = "ssmax" if (what == "normalizer" and r == 1) else "softmax"
+        causal = what == "is_causal" and r == 1
+        return fn(q, k, v, name, group=comm, is_causal=causal, layout="contiguous")
+
+    _, errors = run_ranks(2, rank_fn, timeout=20.0)
+    for err in errors:
+        assert isinstance(err, ValueError) and what in str(err), err

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import zlib
 from collections.abc import Sequence
 
 import torch
@@ -224,6 +225,30 @@ def resolve(group) -> Comm:
     if isinstance(group, Comm):
         return group
     return TorchComm(group)
+
+
+def gather_lengths(comm: Comm, lengths: Sequence[int], agreed: dict) -> list[list[int]]:
+    """Every rank's ``lengths`` (its shards' sequence lengths), after checking that the ranks
+    agree on ``agreed`` (name -> int or str: batch, heads, head dims, dtype, causality,
+    normalizer...), in the one exchange the lengths need anyway. A mismatch raises
+    ``ValueError`` on every rank, naming what differs, where the collectives would abort the
+    process (gloo: a size mismatch) or wait until the timeout."""
+    codes = [v if isinstance(v, int) else zlib.crc32(str(v).encode()) for v in agreed.values()]
+    rows = comm.all_gather_ints([*lengths, *codes])
+    n = len(lengths)
+    differ = [name for i, name in enumerate(agreed) if len({row[n + i] for row in rows}) > 1]
+    if differ:
+        raise ValueError(f"the ranks disagree on {', '.join(differ)}: every rank must call with the same batch, "
+                         "heads, head dims, dtype, is_causal, layout and normalizer (only the sequence shards differ)")
+    return [row[:n] for row in rows]
+
+
+def call_signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, layout: str,
+                   normalizer: str) -> dict:
+    """What every rank's attention call must share (for :func:`gather_lengths`)."""
+    return {"batch": q.shape[0], "heads": q.shape[1], "kv heads": k.shape[1], "head dim": q.shape[-1],
+            "value dim": v.shape[-1], "dtype": str(q.dtype), "is_causal": int(is_causal), "layout": layout,
+            "normalizer": normalizer}
 
 
 def check_layout(layout) -> str:

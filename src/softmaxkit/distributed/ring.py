@@ -50,7 +50,7 @@ from .._rows import compute_dtype
 from ..attention.inputs import Tile
 from ..attention.inputs import check_mask as check_attention_mask
 from ..attention.rules import StreamRule, rule_for
-from ._comm import Comm, check_layout, resolve, ring_positions, ring_segments
+from ._comm import Comm, call_signature, check_layout, gather_lengths, resolve, ring_positions, ring_segments
 
 __all__ = ["context_parallel_attention"]
 
@@ -897,7 +897,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                  layout=layout, scale=scale, **params)
     check_params(normalizer, params, b, h, cdt, q.device)
     comm = resolve(group)
-    lengths = comm.all_gather_ints([lq, k.shape[2]])
+    lengths = gather_lengths(comm, [lq, k.shape[2]], call_signature(q, k, v, is_causal, layout, normalizer))
     q_lengths, k_lengths = [x[0] for x in lengths], [x[1] for x in lengths]
     q_segs = ring_segments(layout, q_lengths, "q")
     k_segs = ring_segments(layout, k_lengths, "k and v")

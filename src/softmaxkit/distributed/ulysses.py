@@ -16,7 +16,7 @@ import torch
 from .._checks import check_bool
 from .._rows import compute_dtype
 from ..attention import attention
-from ._comm import Comm, check_layout, resolve, ring_positions, ring_segments
+from ._comm import Comm, call_signature, check_layout, gather_lengths, resolve, ring_positions, ring_segments
 from .ring import check_mask, check_params, check_qkv, check_scale
 
 __all__ = ["head_split", "ulysses_attention"]
@@ -92,8 +92,9 @@ def head_split(heads: int, kv_heads: int, size: int) -> tuple[list[int], list[in
     fewer key/value heads than ranks they are repeated up to the query heads first."""
     if heads < size:
         raise ValueError(f"ulysses_attention shards heads across ranks: it needs at least as many query heads as "
-                         f"ranks, got H = {heads} heads for P = {size} ranks; use context_parallel_attention "
-                         "(ring) for a streamable normalizer")
+                         f"ranks, got H = {heads} heads for P = {size} ranks (context_parallel_attention hands it "
+                         "normalizers that do not stream, such as the sparse ones: use fewer ranks, or a "
+                         "streamable normalizer)")
     repeat = 1 if kv_heads >= size else heads // kv_heads
     kv = kv_heads * repeat
     groups = heads // kv
@@ -158,7 +159,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, norm
     _, tensor_names = check_params(normalizer, params, b, h, compute_dtype(q.dtype), q.device,
                                    validate=False)  # softmaxkit.attention checks the values
     comm = resolve(group)
-    lengths = comm.all_gather_ints([lq, k.shape[2]])
+    lengths = gather_lengths(comm, [lq, k.shape[2]], call_signature(q, k, v, is_causal, layout, normalizer))
     q_lengths, k_lengths = [x[0] for x in lengths], [x[1] for x in lengths]
     q_segs = ring_segments(layout, q_lengths, "q")
     k_segs = ring_segments(layout, k_lengths, "k and v")
