@@ -244,6 +244,17 @@ def _check_sampling_args(temperature, top_k, top_p, min_p) -> None:
             raise ValueError(f"min_p must be in [0, 1], got {min_p}")
 
 
+def _gap_over_temperature(z: torch.Tensor, top: torch.Tensor, temperature: float) -> torch.Tensor:
+    """``(z - top) / T``, the exponent of each weight relative to the largest: the difference first
+    for ``T < 1`` (``z / T`` overflows), the quotients first for ``T > 1`` (``z - top`` overflows
+    between finfo.max and finfo.min, and index 1 of ``[max, min]`` at ``T = 1e38`` was never drawn)."""
+    if temperature == 1:
+        return z - top
+    if temperature < 1:
+        return (z - top) / temperature
+    return z / temperature - top / temperature
+
+
 def _check_candidates(top: torch.Tensor) -> None:
     """``top``: the largest logit of each row. Every row needs a finite one."""
     if bool(torch.isnan(top).any()):
@@ -342,7 +353,7 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     if top_k is not None and top_k < length:
         values, indices = _blocked_topk(z, top_k)
         _check_candidates(values[:, 0])
-        weights = torch.exp((values - values[:, :1]) / temperature)
+        weights = torch.exp(_gap_over_temperature(values, values[:, :1], temperature))
         probs = weights / weights.sum(-1, keepdim=True)
     elif nucleus:
         assert top_p is not None  # nucleus implies it
@@ -350,13 +361,12 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
         _check_candidates(top.squeeze(-1))
         # shifted first (softmax is shift invariant): a row of finfo.min over T < 1 overflowed
         # to all -inf, whose probabilities 0 / 0 drew an index past the vocabulary
-        shifted = z - top
-        probs, indices = _nucleus_candidates(shifted / temperature if temperature != 1 else shifted, top_p)
+        probs, indices = _nucleus_candidates(_gap_over_temperature(z, top, temperature), top_p)
         weights = probs / probs[:, :1]
     else:
         top = z.amax(-1, keepdim=True)
         _check_candidates(top.squeeze(-1))
-        weights, indices = torch.exp((z - top) / temperature), None
+        weights, indices = torch.exp(_gap_over_temperature(z, top, temperature)), None
     if nucleus:
         assert top_p is not None  # nucleus implies it
         mass_before = probs.cumsum(-1) - probs

@@ -84,3 +84,13 @@ def test_argument_checks_name_the_argument():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert auroc(np.array([2.0, 3.0]), [0.0]) == 1.0
+
+
+@pytest.mark.parametrize("kwargs", [{}, {"top_k": 2}, {"top_p": 0.9999}])
+def test_sample_at_a_huge_temperature_keeps_the_small_weight(kwargs):
+    """(z - top) overflowed between finfo.max and finfo.min before the division by T = 1e38:
+    index 1 (probability 1 / (1 + e^{6.8}) = 0.0011) was never drawn."""
+    f32 = torch.finfo(torch.float32)
+    z = torch.tensor([[f32.max, f32.min]]).expand(40000, 2)
+    drawn = sampling.sample(z, temperature=1e38, generator=torch.Generator().manual_seed(0), **kwargs)
+    assert 20 <= int(drawn.sum()) <= 80   # expected 44
