@@ -201,7 +201,8 @@ def check_count(n: object, name: str = "n") -> None:
             raise ValueError(f"{name} must be >= 1 everywhere")
         return
     if isinstance(n, bool) or not isinstance(n, Real):
-        raise TypeError(f"{name} must be an int, a tensor or None, got {type(n).__name__}")
+        raise TypeError(f"{name} must be a number >= 1 (a row length, possibly fractional), a tensor or None, "
+                        f"got {type(n).__name__}")
     check_at_least(n, 1, name, allow_tensor=False)
 
 
