@@ -144,3 +144,29 @@ def test_report_out_without_write_permission_simulated(monkeypatch, tmp_path, ca
     assert main(["report", "--out", str(tmp_path), "--arena", "fakeok"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == f"error: --out {str(tmp_path)!r} cannot be written: Permission denied"
+
+
+def test_report_exit_status_reflects_failures(monkeypatch, tmp_path):
+    """Audit 2026-12-02: report exited 0 when a task failed (bench and arena exit 1)."""
+    fakes.install(monkeypatch)
+    assert main(["report", "--out", str(tmp_path / "a"), "--bench", "--arena", "fakebroken"]) == 1
+
+
+@pytest.mark.parametrize("argv", [["--bench", "nosuch", "--arena", "fakeok"], ["--bench", "--arena", "nosuch"],
+                                  ["--bench", "--arena", "fakeok", "--compare", "/nonexistent/results.json"]])
+def test_report_checks_its_arguments_before_creating_out(argv, monkeypatch, tmp_path, capsys):
+    fakes.install(monkeypatch)
+    _no_run(monkeypatch)
+    out = tmp_path / "never"
+    with pytest.raises(SystemExit) as exit_:
+        main(["report", "--out", str(out), *argv])
+    assert exit_.value.code == 2 and not out.exists()
+
+
+def test_report_refuses_an_empty_out(monkeypatch, tmp_path, capsys):
+    """An empty --out (an unset shell variable) wrote index.html and results.json into the cwd."""
+    fakes.install(monkeypatch)
+    _no_run(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "--out", "", "--bench", "--arena", "fakeok"]) == 2
+    assert "--out is empty" in capsys.readouterr().err and not list(tmp_path.iterdir())

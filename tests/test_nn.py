@@ -91,3 +91,18 @@ def test_normalizer_refuses_a_bad_fixed_parameter_when_built(name, kwargs, match
 def test_attention_modules_name_an_input_of_the_wrong_width(module):
     with pytest.raises(ValueError, match=r"x must have shape \(B, L, dim\) with dim=16"):
         module(16, 4)(torch.randn(2, 5, 8))
+
+
+@pytest.mark.parametrize("name", sk.registry.names())
+def test_a_normalizer_module_pickles(name):
+    """Audit 2026-12-02: torch.save of a module holding sparsemax (and 9 others) failed on the
+    lambdas of its spec."""
+    import io
+
+    module = Normalizer(name)
+    buffer = io.BytesIO()
+    torch.save(module, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    x = torch.randn(2, 6)
+    assert torch.equal(loaded(x), module(x)) and loaded.spec is module.spec

@@ -13,6 +13,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -151,25 +152,32 @@ def _report_preflight(out) -> int | None:
 
 
 def _cmd_report(args) -> int:
-    from .report import build_report
+    from . import arena, bench
+    from .report import load_results, run_report
 
-    failed = _report_preflight(args.out)
-    if failed is not None:
-        return failed
-    start = time.perf_counter()
     suites = args.bench if args.bench else []
     tasks = args.arena if args.arena else None
     if tasks is None:
         print("error: --arena needs at least one task", file=sys.stderr)
         return 2
-    index = build_report(args.out, quick=args.quick, suites=suites, tasks=tasks, seed=args.seed,
-                         compare_with=args.compare)
+    # every argument checked before --out is created (a bad one left an empty directory)
+    if suites:
+        bench.check_suites(suites)
+    arena.check_tasks(tasks)
+    if args.compare is not None:
+        load_results(args.compare)
+    failed = _report_preflight(args.out)
+    if failed is not None:
+        return failed
+    start = time.perf_counter()
+    index, outcomes = run_report(args.out, quick=args.quick, suites=suites, tasks=tasks, seed=args.seed,
+                                 compare_with=args.compare)
     print(f"wrote {index} and {index.parent / 'results.json'} in {time.perf_counter() - start:.0f} s")
     if args.compare is not None:
         from .report.compare import compare_files, render_text
 
         print(render_text(compare_files(args.compare, index.parent)))
-    return 0
+    return _exit_code(outcomes)
 
 
 def _cmd_compare(args) -> int:
@@ -189,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         return commands[args.command](args)
     except ValueError as err:  # unknown suite or task names, a results.json that cannot be read
         parser.error(str(err))
+    except BrokenPipeError:   # the reader went away (softmaxkit list | head): quiet, as cat is
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # (the exit's flush would raise again)
+        return 141
     return 2
 
 

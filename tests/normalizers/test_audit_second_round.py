@@ -64,3 +64,14 @@ def test_numpy_integers_are_ints():
     x = torch.randn(3, 6)
     torch.testing.assert_close(sk.sparse_softmax(x, k=np.int64(2)), sk.sparse_softmax(x, k=2))
     assert torch.equal(sk.softmax_topk(x, np.int64(2))[1], sk.softmax_topk(x, 2)[1])
+
+
+def test_as_entmax_with_a_scale_past_the_float_range_is_its_argmax():
+    """gamma = 1000 made the length scale inf: an all-NaN output, and NaN gradients for beta, gamma."""
+    x = torch.randn(3, 8)
+    gamma = torch.tensor(1000.0, requires_grad=True)
+    beta = torch.tensor(1.0, requires_grad=True)
+    y = sk.as_entmax(x, gamma=gamma, beta=beta, n=8)
+    assert torch.equal(y, torch.nn.functional.one_hot(x.argmax(-1), 8).float())
+    (y * torch.randn(3, 8)).sum().backward()
+    assert torch.isfinite(gamma.grad) and torch.isfinite(beta.grad)

@@ -112,6 +112,18 @@ class Normalizer(nn.Module):
         with torch.no_grad():
             self.forward(torch.zeros(shape))
 
+    def __getstate__(self) -> dict:
+        # the spec by name (it holds lambdas, which do not pickle): torch.save of a module, or of a
+        # model holding one, failed for 10 of the 18 normalizers
+        state = self.__dict__.copy()
+        state["spec"] = self.spec.name
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        state["spec"] = registry.get(state["spec"])
+        self.__dict__.update(state)
+
     def learned_values(self) -> dict[str, torch.Tensor]:
         """The learnable parameters in the form the functional normalizer takes."""
         out = {}

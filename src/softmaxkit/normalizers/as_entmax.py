@@ -7,6 +7,8 @@ Attention", arXiv 2506.16640 (ASEntmax, Sec. 4); ``delta = 1`` follows the autho
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import torch
@@ -24,8 +26,15 @@ def length_scale(n: Any, beta: Any, gamma: Any, delta: Any) -> Any:
     log_n = torch.log(n) if isinstance(n, torch.Tensor) else torch.log(torch.tensor(float(n), dtype=torch.float64))
     longer = log_n > 0
     safe_log_n = torch.where(longer, log_n, torch.ones_like(log_n))
-    length_term = torch.where(longer, safe_log_n ** gamma, torch.zeros_like(safe_log_n))
-    return delta + beta * length_term
+    # (log n)^gamma as e^(gamma log log n), its exponent held below log(finfo.max): a learnable gamma
+    # of 42 at n = 4096 (float32) made the scale inf, and (x - top) * inf = NaN at the row's
+    # maximum (and 0 * inf in gamma's gradient); a saturated scale is an argmax, as its limit
+    big = torch.finfo(safe_log_n.dtype).max
+    exponent = gamma * torch.log(safe_log_n)
+    ceiling = math.log(big) - 1.0   # (exp of log(finfo.max) itself can round up to inf)
+    exponent = torch.where(exponent < ceiling, exponent, torch.full_like(safe_log_n, ceiling))
+    length_term = torch.where(longer, torch.exp(exponent), torch.zeros_like(safe_log_n))
+    return (delta + beta * length_term).clamp(-big, big)
 
 
 def scaled(x: torch.Tensor, beta: Any, gamma: Any, delta: Any, n: Any) -> torch.Tensor:
@@ -81,14 +90,16 @@ def as_entmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     rows = prepare_rows(x, dim, mask)
     beta, gamma, delta = (rows.per_row(v, name) if isinstance(v, torch.Tensor) else v
                           for name, v in (("beta", beta), ("gamma", gamma), ("delta", delta)))
-    scale = length_scale(_row_count(rows, n), beta, gamma, delta)
+    top_scale = torch.finfo(rows.x.dtype).max   # (a float64 scale past it would round to inf with x)
+    scale = length_scale(_row_count(rows, n), beta, gamma, delta).clamp(-top_scale, top_scale)
     # The scale is constant along the row and entmax is shift invariant, so the row maximum
     # is taken out before scaling: large scores keep their differences exactly.
     finite = rows.visible & torch.isfinite(rows.x)
     top = torch.where(finite, rows.x, torch.full_like(rows.x, float("-inf"))).amax(-1, keepdim=True) \
         if rows.x.shape[-1] else rows.x.new_zeros(rows.x.shape[:-1] + (1,))
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top)).detach()
-    z = torch.where(finite, (torch.where(finite, rows.x, top) - top) * scale, rows.x)
+    gaps = ((torch.where(finite, rows.x, top) - top) * scale).clamp(-top_scale, top_scale)   # finite, as `scaled`
+    z = torch.where(finite, gaps, rows.x)
     return entmax_from_rows(rows, z, alpha)
 
 

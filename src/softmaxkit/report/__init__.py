@@ -48,6 +48,13 @@ def build_report(out: str | Path = DEFAULT_OUT, quick: bool = False, suites=("al
     figure that moved beyond its noise (read before anything runs, so a bad path fails at once).
     ``gpu``: run the GPU variants (default: when CUDA is available and a benchmark suite is run).
     """
+    return run_report(out, quick, suites, tasks, seed, show_progress, compare_with, gpu)[0]
+
+
+def run_report(out: str | Path = DEFAULT_OUT, quick: bool = False, suites=("all",), tasks=(),
+               seed: int = 0, show_progress: bool = True, compare_with: str | Path | None = None,
+               gpu: bool | None = None) -> tuple[Path, list[Outcome]]:
+    """:func:`build_report`, returning the outcome of every suite and task too (the CLI's exit status)."""
     from .. import arena, bench
 
     old = load_results(compare_with) if compare_with is not None else None
@@ -88,7 +95,7 @@ def build_report(out: str | Path = DEFAULT_OUT, quick: bool = False, suites=("al
         meta["total seconds"] = round(time.perf_counter() - start, 1)
         write_report(out_dir, outcomes, figures, machine, meta, old)
     meta["total seconds"] = round(time.perf_counter() - start, 1)
-    return write_report(out_dir, outcomes, figures, machine, meta, old)
+    return write_report(out_dir, outcomes, figures, machine, meta, old), outcomes
 
 
 def results_dict(outcomes: list[Outcome], figures: dict[int, list[SavedFigure]], machine: dict, meta: dict) -> dict:

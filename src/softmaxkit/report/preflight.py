@@ -34,6 +34,8 @@ def missing_modules(names=REQUIRED_MODULES) -> list[str]:
 def check_out_dir(out) -> str | None:
     """Create ``out`` (a directory, parents included) and check a file can be written in it;
     a one-line reason when not."""
+    if not str(out).strip():
+        return "--out is empty; give a directory to write the report into (an empty path would write into the current one)"
     path = Path(out)
     if path.exists() and not path.is_dir():
         return f"--out {str(out)!r} exists and is not a directory; give a directory to write the report into"
