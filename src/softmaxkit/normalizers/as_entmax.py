@@ -8,7 +8,6 @@ Attention", arXiv 2506.16640 (ASEntmax, Sec. 4); ``delta = 1`` follows the autho
 from __future__ import annotations
 
 import math
-
 from typing import Any
 
 import torch

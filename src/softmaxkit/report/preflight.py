@@ -35,7 +35,7 @@ def check_out_dir(out) -> str | None:
     """Create ``out`` (a directory, parents included) and check a file can be written in it;
     a one-line reason when not."""
     if not str(out).strip():
-        return "--out is empty; give a directory to write the report into (an empty path would write into the current one)"
+        return "--out is empty; give a directory to write the report into (an empty path is the current one)"
     path = Path(out)
     if path.exists() and not path.is_dir():
         return f"--out {str(out)!r} exists and is not a directory; give a directory to write the report into"
