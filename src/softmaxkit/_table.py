@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
@@ -51,6 +52,16 @@ class Table:
         if len(values) != len(self.columns):
             raise ValueError(f"row has {len(values)} values, table {self.title!r} has {len(self.columns)} columns")
         self.rows.append(list(values))
+
+    def add_figure(self, name: str, make: Callable[[], Any]) -> None:
+        """Attach the figure ``make()`` builds (a matplotlib Figure) as ``name``; without
+        matplotlib (a core install: it is in the ``report`` extra) the table keeps its numbers
+        and says in its notes that the figure was left out."""
+        try:
+            self.figures.append((name, make()))
+        except ImportError:
+            note = f"No figure '{name}': matplotlib is not installed (pip install 'softmaxkit[report]')."
+            self.notes = f"{self.notes} {note}" if self.notes else note
 
     def add_headline(self, op: str, peer: str, ratio: float, case: str = "") -> None:
         """Declare one headline speed figure: ``ratio`` = ``peer``'s time / softmaxkit's time for ``op``

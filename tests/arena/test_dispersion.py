@@ -51,3 +51,20 @@ def test_run_fills_claim_verdict_and_plot():
     assert [name for name, _ in table.figures] == ["planted weight vs n"]
     assert len(table.rows) == len(dispersion.normalizer_rows())
     assert all(math.isfinite(v) for row in table.rows for v in row[1:] if isinstance(v, float))
+
+
+def test_run_without_matplotlib_keeps_the_table(monkeypatch):
+    """Audit 2026-12-02: on a core install (no matplotlib) the task computed everything, then
+    came back skipped; now the table stands and its notes say the figure was left out."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name == "matplotlib" or name.startswith("matplotlib."):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    [table] = dispersion.run(quick=True, sizes=(16, 256), trials=2, seed=1)
+    assert table.rows and not table.figures and "matplotlib is not installed" in table.notes

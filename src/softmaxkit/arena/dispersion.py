@@ -158,7 +158,7 @@ def run(quick: bool = False, seed: int = 0, sizes=None, trials: int | None = Non
              f"s=0.43: s*gap = {0.43 * gap:.2f}).")
     notes += skipped_note(skipped)
     table.notes = notes
-    table.figures.append(("planted weight vs n", _figure(sizes, weights, gap)))
+    table.add_figure("planted weight vs n", lambda: _figure(sizes, weights, gap))
     return [table]
 
 

@@ -313,5 +313,5 @@ def run(quick: bool = False, seed: int = 0, config: Config | None = None, worker
              f"1 query)" + (f"; quick mode runs only {', '.join(QUICK_LINEAR)} of them." if quick else "."))
     notes += skipped_note(skipped)
     table.notes = notes
-    table.figures.append(("accuracy vs items", _figure(cfg, results)))
+    table.add_figure("accuracy vs items", lambda: _figure(cfg, results))
     return [table]

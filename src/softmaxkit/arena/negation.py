@@ -150,7 +150,7 @@ def run(quick: bool = False, seed: int = 0) -> list[Table]:
     table.status = verdict_of(ok for _, ok in best)
     table.notes = (f"Synthetic set and scorers: module docstring of softmaxkit.arena.negation. Seed {seed}; "
                    "negation signs given by the construction (an oracle negation parser).")
-    table.figures.append(("negation_ndcg", _figure(results, table.columns[1:])))
+    table.add_figure("negation_ndcg", lambda: _figure(results, table.columns[1:]))
     return [table]
 
 

@@ -267,10 +267,7 @@ def _calibration_table(model: ExitMLP, data: _Data, seed: int, draws: int) -> Ta
     table.status = ("held" if before - after > noise else "partly" if after < before else "did not hold")
     table.notes = (f"{len(data.test_y)} test samples; accuracy is unchanged by a temperature. "
                    f"Bootstrap std over {draws} resamples of the test set.")
-    try:
-        table.figures.append(("reliability diagram", _reliability_figure(diagrams)))
-    except ImportError:
-        table.notes += " No reliability-diagram figure: matplotlib is not installed (softmaxkit[report])."
+    table.add_figure("reliability diagram", lambda: _reliability_figure(diagrams))
     return table
 
 

@@ -196,7 +196,7 @@ def run(quick: bool = False, seed: int = 0) -> list[Table]:
     table.notes = (f"Simulated detector and scenes (module docstring of softmaxkit.arena.soft_nms); seed {seed}; "
                    "score threshold 0.001; no cap on detections per image. Absolute APs depend on the simulation; "
                    "the differences between methods on the same detections are the measurement.")
-    table.figures.append(("soft_nms_ap", _figure(results)))
+    table.add_figure("soft_nms_ap", lambda: _figure(results))
     return [table]
 
 

@@ -487,6 +487,6 @@ def run(quick: bool = False, seed: int = 0, config: Config | None = None, normal
     notes += skipped_note(skipped)
     table.notes = notes
     if results:
-        table.figures.append(("tiny-LM validation loss vs steps", _curve_figure(results)))
-        table.figures.append(("tiny-LM metrics", _figure(results)))
+        table.add_figure("tiny-LM validation loss vs steps", lambda: _curve_figure(results))
+        table.add_figure("tiny-LM metrics", lambda: _figure(results))
     return [table]
