@@ -55,3 +55,18 @@ def test_a_single_table_is_accepted(monkeypatch):
     outcome = run("bench", "one", name, lambda m: Table(title="t", columns=["a"], rows=[[1]]))
     assert outcome.status == "ok" and [t.title for t in outcome.tables] == ["t"]
     assert outcome.to_dict()["tables"][0]["rows"] == [[1]]
+
+
+def test_a_producer_whose_every_table_is_skipped_is_reported_skipped(monkeypatch):
+    """Audit 2026-12-02: `bench attention --device cuda` without a GPU printed "ok" above a table
+    that said "skipped: no CUDA device"."""
+    import types
+
+    from softmaxkit import _plugins
+    from softmaxkit._table import Table
+
+    module = types.ModuleType("fake_producer")
+    module.run = lambda: [Table("t", [], skipped="no CUDA device")]
+    monkeypatch.setattr(_plugins, "load", lambda name: (module, None))
+    outcome = _plugins.run("bench", "fake", "fake_producer", lambda m: m.run())
+    assert outcome.status == _plugins.SKIPPED and outcome.reason == "no CUDA device"
