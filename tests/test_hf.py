@@ -138,3 +138,27 @@ def test_streaming_path_inside_a_model_equals_the_dense_path(model_and_batch, mo
     streamed = model(ids, attention_mask=mask).logits
     visible = mask.bool()
     torch.testing.assert_close(streamed[visible], dense[visible], rtol=0, atol=1e-5)
+
+
+def test_swap_on_a_bert_style_model():
+    """Audit 2026-12-02: swap looked for `head_dim`, which BERT's attention calls `attention_head_size`."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=128, attn_implementation="sdpa")
+    model = BertModel._from_config(config).eval()
+    ids = torch.randint(0, 100, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 5:] = 0
+    expected = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    sk.hf.swap(model, "softmax")
+    torch.testing.assert_close(model(input_ids=ids, attention_mask=mask).last_hidden_state, expected)
+    sk.hf.swap(model, "ssmax")
+    assert sum("softmaxkit_normalizer" in name for name, _ in model.named_parameters()) == 2
+    before = model(input_ids=ids, attention_mask=mask).last_hidden_state
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "softmaxkit_normalizer" in name:
+                p.fill_(2.0)
+    assert not torch.allclose(model(input_ids=ids, attention_mask=mask).last_hidden_state, before)

@@ -88,7 +88,8 @@ def register() -> list[str]:
 def _attention_layers(model):
     """The modules that call the attention interface (``...Attention`` layers with a config)."""
     for module in model.modules():
-        if type(module).__name__.endswith("Attention") and hasattr(module, "config") and hasattr(module, "head_dim"):
+        if (type(module).__name__.endswith("Attention") and hasattr(module, "config")
+                and (hasattr(module, "head_dim") or hasattr(module, "attention_head_size"))):   # (BERT's name)
             yield module
 
 
@@ -108,7 +109,8 @@ def swap(model, normalizer: str, learnable: bool = True, **params):
     register()
     layers = list(_attention_layers(model))
     if not layers:
-        raise ValueError("swap found no attention layer (a module named '...Attention' with config and head_dim) "
+        raise ValueError("swap found no attention layer (a module named '...Attention' with config and head_dim "
+                         "or attention_head_size) "
                          f"in {type(model).__name__}")
     for layer in layers:
         heads = getattr(layer, "num_heads", None) or layer.config.num_attention_heads
