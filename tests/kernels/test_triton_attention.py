@@ -382,7 +382,7 @@ def test_gpu_bench_and_fused_method_without_cuda():
     from softmaxkit.bench import run_suite
 
     outcome = run_suite("attention", quick=True, device="cuda")
-    assert outcome.status == "ok"
+    assert outcome.status == "skipped"   # every table skipped: the status says so (audit 2026-12-02)
     assert "no CUDA device" in outcome.tables[0].skipped
     assert run_suite("kernels", quick=True, device="cuda").status == "skipped"
     q, k, v = (t.float() for t in _inputs(1, 2, 2, 8, 8, 16))

@@ -255,11 +255,16 @@ def run(quick: bool = False, config: dict | None = None) -> list[Table]:
 
 
 def _fit_memory(measured: dict, one: dict) -> tuple[float, float]:
-    """Least-squares ``a / P + c`` through the measured peaks."""
+    """Least-squares ``a / P + c`` through the measured peaks, with ``c >= 0`` (a rank's fixed
+    memory cannot be negative: on tiny inputs the free fit's intercept came out slightly below
+    0 and the modelled peak at P = 64 negative); refit through the origin when it would be."""
     xs = [1.0 / p for p in SIZES]
     ys = [float(measured[p]["peak"]) for p in SIZES]
     n = len(xs)
     mx, my = sum(xs) / n, sum(ys) / n
     var = sum((x - mx) ** 2 for x in xs)
     a = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
-    return a, my - a * mx
+    if my - a * mx >= 0:
+        return a, my - a * mx
+    squares = sum(x * x for x in xs)
+    return (sum(x * y for x, y in zip(xs, ys)) / squares if squares else 0.0), 0.0
