@@ -97,6 +97,7 @@ def _combine(spec, ctx, parts, den_shift):
 
 
 def _plus(a, b):
+    """``a + b`` for log scales, None when ``a`` is (unscaled features)."""
     return None if a is None else a + b
 
 
@@ -128,7 +129,7 @@ def _run_causal(spec, ctx, q, k, v, visible, qpos, kpos, sums0, chunk):
                       torch.cat([p.new_zeros(b, h, skip, p.shape[-1]), p], dim=-2) for p in parts)
         if den_shift is not None:
             den_shift = torch.cat([den_shift.new_zeros(b, h, skip, 1), den_shift], dim=-2)
-    return parts, last, _plus(qshift, den_shift) if den_shift is not None else None
+    return parts, last, _plus(den_shift, qshift)
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: str = "linear", *,
