@@ -155,3 +155,31 @@ def test_a_hidden_query_token_is_never_read(bad):
     sign = torch.tensor([[1.0, -1.0, 1.0]])
     torch.testing.assert_close(signed_maxsim(q, d, sign, q_mask=keep),
                                signed_maxsim(q[:, :2], d, sign[:, :2]))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_hidden_document_token_is_never_read_by_the_gradient(bad):
+    """A NaN or inf in a token hidden by ``d_mask`` left the scores finite but made every
+    query's gradient NaN (``dQ = dsim @ D``, zero weight times NaN; hostile audit, 2026-12-02)."""
+    gen = torch.Generator().manual_seed(2)
+    q = torch.randn(2, 3, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    d = torch.randn(3, 5, 4, generator=gen, dtype=torch.float64)
+    d[0, 4] = bad
+    keep = torch.ones(3, 5, dtype=torch.bool)
+    keep[0, 4] = False
+    clean = d.clone()
+    clean[0, 4] = 0.0
+    d.requires_grad_()
+    clean.requires_grad_()
+    for chunk_size in (1, 2, None):
+        got = torch.autograd.grad(maxsim(q, d, d_mask=keep, chunk_size=chunk_size).sum(), (q, d))
+        want = torch.autograd.grad(maxsim(q, clean, d_mask=keep, chunk_size=chunk_size).sum(), (q, clean))
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_an_empty_vector_size_gives_zeros():
+    q = torch.zeros(2, 3, 0, requires_grad=True)
+    out = maxsim(q, torch.zeros(4, 5, 0))
+    assert torch.equal(out, torch.zeros(2, 4))
+    out.sum().backward()
+    assert torch.equal(q.grad, torch.zeros(2, 3, 0))

@@ -95,7 +95,7 @@ def _weighted_maxsim(Q, D, weights, d_mask, chunk_size):
     out_dtype = Q.dtype
     cdt = compute_dtype(Q.dtype)
     chunk = default_chunk_size(Q, D) if chunk_size is None else check_int_in_range(chunk_size, "chunk_size", 1)
-    if bq * lq == 0 or bd == 0 or ld == 0:  # all zeros, still attached to Q and D for autograd
+    if bq * lq == 0 or bd == 0 or ld == 0 or dim == 0:  # all zeros, still attached to Q and D for autograd
         return torch.zeros(bq, bd, dtype=out_dtype, device=Q.device) + 0 * Q.sum() + 0 * D.sum()
     queries = Q.to(cdt).reshape(bq * lq, dim)
     track_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
@@ -103,15 +103,19 @@ def _weighted_maxsim(Q, D, weights, d_mask, chunk_size):
     buffer = None if track_grad else torch.empty(bq * lq * min(chunk, bd) * ld, dtype=cdt, device=Q.device)
     scores = []
     for start in range(0, bd, chunk):
-        docs = D[start:start + chunk].to(cdt).reshape(-1, dim)
-        c = docs.shape[0] // ld
+        docs = D[start:start + chunk].to(cdt)
+        c = docs.shape[0]
+        if d_mask is not None:
+            visible = d_mask[start:start + c]
+            if track_grad:   # dQ = dsim @ docs: a hidden token's NaN or inf times its zero weight is NaN
+                docs = docs.masked_fill(~visible.unsqueeze(-1), 0)
+        docs = docs.reshape(-1, dim)
         if track_grad:
             sim = queries @ docs.T
         else:
             sim = torch.matmul(queries, docs.T, out=buffer[: bq * lq * c * ld].view(bq * lq, c * ld))
         sim = sim.view(bq * lq, c, ld)
         if d_mask is not None:
-            visible = d_mask[start:start + c]
             sim = sim.masked_fill(~visible, float("-inf")) if track_grad else sim.masked_fill_(~visible, float("-inf"))
         best = sim.max(-1).values if track_grad else sim.amax(-1)
         if d_mask is not None:
