@@ -81,3 +81,33 @@ def test_logit_z_penalty_propagates_nan():
     assert torch.isnan(logit_z_penalty(x))
     inf_row = torch.tensor([[float("inf"), 0.0]])
     assert logit_z_penalty(inf_row) == float("inf")
+
+
+@pytest.mark.parametrize("row", [[1e-30, 0.0, 0.0, 0.0], [3e19, -3e19, 0.0, 1e19], [3e38, 3e38, -3e38, 1e38],
+                                 [1e-40, 0.0, 2e-40, 0.0]])
+def test_spherical_z_loss_scale_invariance_survives_float32_range(row):
+    """The variance of such rows underflowed or overflowed in float32, which gave z = 0 (loss
+    softplus(1)) instead of the loss of the same row rescaled (hostile audit, 2026-12-02)."""
+    x = torch.tensor([row], dtype=torch.float32, requires_grad=True)
+    t = torch.tensor([0])
+    scaled = torch.tensor([row], dtype=torch.float64)
+    scaled = scaled / scaled.abs().max()
+    want = spherical_z_loss(scaled, t)
+    got = spherical_z_loss(x, t)
+    assert got.item() == pytest.approx(want.item(), rel=1e-5)
+    g, = torch.autograd.grad(got, x)
+    # z is scale invariant, so its gradient scales as 1 / |x|: beyond float32's range at 1e-40
+    assert bool(torch.isfinite(g).all()) or max(map(abs, row)) < 1e-38
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_spherical_z_loss_of_a_non_finite_row_is_nan(bad):
+    """A NaN or inf logit used to give the finite loss of z = 0 with a NaN gradient."""
+    x = torch.tensor([[1.0, bad, 0.0], [1.0, 2.0, 0.0]], requires_grad=True)
+    out = spherical_z_loss(x, torch.tensor([0, 0]), reduction="none")
+    assert torch.isnan(out[0]) and torch.isfinite(out[1])
+
+
+def test_logit_z_penalty_refuses_an_infinite_weight():
+    with pytest.raises(ValueError, match="weight"):
+        logit_z_penalty(_logits(), weight=float("inf"))

@@ -29,7 +29,8 @@ def spherical_z_loss(logits: torch.Tensor, target: torch.Tensor, a: float = 1.0,
     for the target class ``c``. Invariant to shifting and to (positively) scaling the
     logits; ``a`` (sharpness) and ``b`` (location) are hyperparameters the paper tunes
     per task (the defaults here are neutral starting points, not the paper's values). A
-    row with all logits equal has ``z_c = 0`` and zero gradient. Not the PaLM z-penalty:
+    row with all logits equal has ``z_c = 0`` and zero gradient; a row holding an infinite or
+    NaN logit has a NaN loss. Not the PaLM z-penalty:
     see :func:`logit_z_penalty`.
 
     de Brébisson & Vincent (2016), "The Z-loss: a shift and scale invariant
@@ -59,12 +60,17 @@ def spherical_z_loss(logits: torch.Tensor, target: torch.Tensor, a: float = 1.0,
                          f"got {tuple(target.shape)}")
     if bool(((target < 0) | (target >= classes)).any()):
         raise ValueError(f"target class indices must be in [0, {classes})")
+    # z is scale invariant, so each row is first divided by its largest magnitude (a constant to
+    # autograd, which leaves z's gradient exact): mu and sigma^2 then neither overflow nor underflow
+    # (1e-30 or 3e19 logits in float32). An inf or NaN logit makes its row's loss NaN.
+    largest = o.detach().abs().amax(-1, keepdim=True)
+    o = o / torch.where(largest > 0, largest, torch.ones_like(largest))
     mu = o.mean(-1, keepdim=True)
     var = (o - mu).square().mean(-1)
-    spread = var > 0
-    sigma = torch.sqrt(torch.where(spread, var, torch.ones_like(var)))
+    flat = var == 0
+    sigma = torch.sqrt(torch.where(flat, torch.ones_like(var), var))
     centred = (o.gather(-1, target.unsqueeze(-1).long()) - mu).squeeze(-1)
-    z = torch.where(spread, centred / sigma, torch.zeros_like(centred))
+    z = torch.where(flat, torch.zeros_like(centred), centred / sigma)
     loss = F.softplus(a * (b - z)) / a
     return reduce_loss(loss, reduction).to(logits.dtype)
 
@@ -82,13 +88,14 @@ def logit_z_penalty(logits: torch.Tensor, weight: float = 1e-4, dim: int = -1,
 
     Args:
         logits: scores, classes along ``dim``.
-        weight: ``w >= 0``.
+        weight: ``w >= 0``, finite.
         dim: the class axis.
         mask: bool, broadcastable to ``logits``, True = visible; a row with nothing
             visible (or all ``-inf``) contributes 0. A NaN logit makes its row NaN.
         reduction: ``"mean"`` (over rows), ``"sum"`` or ``"none"``.
     """
     check_floating(logits, "logits")
+    check_finite(weight, "weight")
     check_nonnegative(weight, "weight")
     reduction = check_reduction(reduction)
     lse = logsumexp(logits.to(compute_dtype(logits.dtype)), dim=dim, mask=mask)
