@@ -79,9 +79,14 @@ def _target_terms(z: torch.Tensor, target: torch.Tensor, alpha: float):
             raise ValueError(f"a distribution target must have the shape of logits {tuple(z.shape)} "
                              f"(classes last), got {tuple(target.shape)}")
         y = target.to(z.dtype)
-        tol = 1e-3 if target.dtype in (torch.float16, torch.bfloat16) else 1e-5
-        if bool((y < 0).any()) or bool(((y.sum(-1) - 1).abs() > tol).any()):
-            raise ValueError("target must be non-negative and sum to 1 along the class axis when it is a distribution")
+        # Rounding each y_i to the target's dtype moves the sum by at most eps / 2 (relative
+        # errors of entries that sum to 1): a float16 / bfloat16 target is held to its own eps.
+        tol = max(1e-5, torch.finfo(target.dtype).eps)
+        total = y.sum(-1, keepdim=True, dtype=torch.float64)
+        if not bool(torch.isfinite(y).all()) or bool((y < 0).any()) or bool(((total - 1).abs() > tol).any()):
+            raise ValueError("target must be finite, non-negative and sum to 1 along the class axis when it "
+                             f"is a distribution (within {tol:.3g} for {target.dtype})")
+        y = y / total.to(y.dtype)   # on the simplex, so that the loss is >= 0 (up to rounding)
         impossible = ((y > 0) & masked).any(-1)
         return (z * y).sum(-1), tsallis_regularizer(y, alpha), impossible
     if target.is_complex() or target.dtype == torch.bool:
@@ -114,7 +119,8 @@ def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: s
     Args:
         logits: scores ``theta``, classes along ``dim``.
         target: integer class indices (the shape of ``logits`` without ``dim``) or a
-            distribution (the shape of ``logits``, non-negative, summing to 1).
+            distribution (the shape of ``logits``, finite, non-negative, summing to 1 within
+            the larger of 1e-5 and its dtype's eps; it is divided by its sum).
         normalizer: ``"softmax"``, ``"sparsemax"``, ``"entmax15"``, ``"entmax"``, or any
             registered normalizer that is alpha-entmax of the scores
             (:func:`fenchel_young_normalizers`).
