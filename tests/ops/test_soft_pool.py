@@ -197,3 +197,14 @@ def test_kernel_on_windows_of_finfo_extremes_and_mask_fills(dtype):
     grad, = torch.autograd.grad(out.sum(), x)
     expected, = torch.autograd.grad(ref.sum(), x)
     torch.testing.assert_close(grad, expected)
+
+
+@pytest.mark.parametrize("dtype,big", [(torch.float64, 1e308), (torch.float32, 2e38)])
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_a_window_spanning_more_than_finfo_max_has_a_finite_gradient(dtype, big, create_graph):
+    """``[big, big, -big, 0]``: the weight of ``-big`` is exactly 0, but ``a_i - out`` overflowed to
+    ``-inf`` and ``0 * -inf`` made its gradient NaN, in the kernel and in the reference
+    (hostile audit, 2026-12-02)."""
+    x = torch.tensor([big, big, -big, 0.0], dtype=dtype).view(1, 1, 2, 2).requires_grad_()
+    g, = torch.autograd.grad(soft_pool2d(x, 2).sum(), x, create_graph=create_graph)
+    torch.testing.assert_close(g.detach(), torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=dtype).view(1, 1, 2, 2))

@@ -93,4 +93,4 @@ def soft_pool_backward(x, out, shift, total, grad, dx, kh, kw, sh, sw):
                         v = line[j * sw + b]
                         e = exp_nonpositive(v - m[j])
                         d = scale[j] * e * (one + (v - o[j]))   # (1 + a rounds to a at finfo.max)
-                        dline[j * sw + b] += d if v > ninf else zero
+                        dline[j * sw + b] += d if e > zero else zero   # (weight 0: v - o may be -inf)

@@ -61,9 +61,10 @@ def reference(x, kh, kw, sh, sw):
     windows = a.unfold(-2, kh, sh).unfold(-2, kw, sw)          # (..., Ho, Wo, kh, kw)
     windows = windows.reshape(*windows.shape[:-2], kh * kw)
     weights = softmax(windows, dim=-1)
-    # -inf activations have weight 0 and must not enter the sum as 0 * -inf = NaN
+    # an activation of weight 0 (-inf, or finfo.max below the window's maximum) adds nothing; as a
+    # value it would give 0 * -inf = NaN forward, or backward where a_i - out overflows
     masked = windows == float("-inf")
-    pooled = (weights * torch.where(masked, torch.zeros_like(windows), windows)).sum(-1)
+    pooled = (weights * torch.where(weights == 0, torch.zeros_like(windows), windows)).sum(-1)
     pooled = torch.where(masked.all(-1), torch.full_like(pooled, float("-inf")), pooled)
     return pooled.to(x.dtype)
 
