@@ -187,6 +187,8 @@ def test_target_out_of_range_names_target():
     ({"chunk_size": 0}, ValueError, "chunk_size"),
     ({"vocab_block": 0}, ValueError, "vocab_block"),
     ({"ignore_index": 1.0}, TypeError, "ignore_index"),
+    ({"ignore_index": -2 ** 70}, ValueError, "ignore_index"),
+    ({"ignore_index": 2 ** 63}, ValueError, "ignore_index"),
 ])
 def test_bad_arguments(kwargs, error, name):
     h, w, b, t = _problem()
@@ -206,6 +208,8 @@ def test_bad_shapes_and_dtypes():
         linear_cross_entropy(h, w, t, bias=b[:-1])
     with pytest.raises(TypeError, match="dtype"):
         linear_cross_entropy(h.double(), w, t)
+    with pytest.raises(TypeError, match="bias"):   # as F.linear; a float16 bias was silently cast
+        linear_cross_entropy(h.double(), w.double(), t, bias=b.half())
 
 
 def _largest_allocation(fn) -> int:

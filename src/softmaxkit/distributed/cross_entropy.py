@@ -23,7 +23,8 @@ from .._checks import check_in_range, check_int_in_range
 from .._rows import compute_dtype
 from ..algorithms import OnlineSoftmaxState
 from ..losses._reduce import check_reduction
-from ..losses.linear_cross_entropy import check_projection, default_chunk_size, default_vocab_block
+from ..losses.linear_cross_entropy import (check_class_target, check_ignore_index, check_projection,
+                                           default_chunk_size, default_vocab_block)
 from ._comm import Comm, resolve
 
 __all__ = ["vocab_parallel_linear_cross_entropy"]
@@ -174,14 +175,8 @@ def vocab_parallel_linear_cross_entropy(hidden: torch.Tensor, weight_shard: torc
         rows' gradient; ``hidden`` gets the full gradient (summed over the ranks).
     """
     check_projection(hidden, weight_shard, "weight_shard")
-    if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.is_complex() \
-            or target.dtype == torch.bool:
-        raise TypeError("target must be an integer tensor of class indices")
-    if target.shape != hidden.shape[:-1]:
-        raise ValueError(f"target must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, "
-                         f"got {tuple(target.shape)}")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    check_class_target(target, hidden)
+    check_ignore_index(ignore_index)
     label_smoothing = check_in_range(label_smoothing, "label_smoothing", 0.0, 1.0)
     z_penalty = check_in_range(z_penalty, "z_penalty", 0.0)
     reduction = check_reduction(reduction)

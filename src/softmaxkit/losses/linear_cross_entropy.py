@@ -281,6 +281,16 @@ def _check_inputs(hidden, weight, target, bias) -> None:
         check_floating(bias, "bias")
         if bias.shape != weight.shape[:1]:
             raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+        if bias.dtype != weight.dtype:   # as F.linear: nothing is silently cast
+            raise TypeError(f"bias and weight must have the same dtype, got {bias.dtype} and {weight.dtype}")
+    check_class_target(target, hidden)
+    devices = {t.device for t in (hidden, weight, target, bias) if t is not None}
+    if len(devices) > 1:
+        raise ValueError(f"hidden, weight, target and bias must be on one device, got {sorted(map(str, devices))}")
+
+
+def check_class_target(target, hidden: torch.Tensor) -> None:
+    """``target`` must be an integer tensor of class indices of shape ``hidden.shape[:-1]``."""
     if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.is_complex() \
             or target.dtype == torch.bool:
         raise TypeError(f"target must be an integer tensor of class indices, got "
@@ -288,9 +298,15 @@ def _check_inputs(hidden, weight, target, bias) -> None:
     if target.shape != hidden.shape[:-1]:
         raise ValueError(f"target must have shape hidden.shape[:-1] = {tuple(hidden.shape[:-1])}, "
                          f"got {tuple(target.shape)}")
-    devices = {t.device for t in (hidden, weight, target, bias) if t is not None}
-    if len(devices) > 1:
-        raise ValueError(f"hidden, weight, target and bias must be on one device, got {sorted(map(str, devices))}")
+
+
+def check_ignore_index(ignore_index) -> int:
+    """``ignore_index`` must be a Python int that fits in int64 (the targets' widest type)."""
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    if not -(1 << 63) <= ignore_index < (1 << 63):
+        raise ValueError(f"ignore_index must fit in int64, got {ignore_index}")
+    return ignore_index
 
 
 def _check_targets(target: torch.Tensor, vocab: int, ignore_index: int) -> None:
@@ -354,8 +370,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     _check_inputs(hidden, weight, target, bias)
     target = target.long()      # every integer dtype (int8, uint8, ...) as int64 indices
     vocab = weight.shape[0]
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    check_ignore_index(ignore_index)
     _check_targets(target, vocab, ignore_index)
     label_smoothing = check_in_range(label_smoothing, "label_smoothing", 0.0, 1.0)
     z_penalty = check_in_range(z_penalty, "z_penalty", 0.0)
