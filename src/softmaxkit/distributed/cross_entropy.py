@@ -23,8 +23,13 @@ from .._checks import check_in_range, check_int_in_range
 from .._rows import compute_dtype
 from ..algorithms import OnlineSoftmaxState
 from ..losses._reduce import check_reduction
-from ..losses.linear_cross_entropy import (check_class_target, check_ignore_index, check_projection,
-                                           default_chunk_size, default_vocab_block)
+from ..losses.linear_cross_entropy import (
+    check_class_target,
+    check_ignore_index,
+    check_projection,
+    default_chunk_size,
+    default_vocab_block,
+)
 from ._comm import Comm, resolve
 
 __all__ = ["vocab_parallel_linear_cross_entropy"]
