@@ -70,3 +70,95 @@ def test_nan_gradient_at_zero_weights_is_dropped_alike(fn):
 def test_entmax_bisection_runs_on_meta_tensors(alpha):
     out = sk.entmax(torch.empty(4, 8, device="meta"), alpha=alpha)
     assert out.shape == (4, 8) and out.device.type == "meta"
+
+
+# An infinite gradient at a probability of 0: torch.special.entr(p) = -p log p has derivative
+# -log(p) - 1 = +inf there. aten's softmax backward (the auto backend's lane) and the
+# log-sum-exp backward took 0 * inf = NaN into the row (audit 2026-12-02).
+def _entropy_grad(backend, x, mask=None, create_graph=False, **kwargs):
+    leaf = x.clone().requires_grad_()
+    with sk.use_backend(backend):
+        p = sk.softmax(leaf, mask=mask, **kwargs)
+    (grad,) = torch.autograd.grad(torch.special.entr(p).sum(), leaf, create_graph=create_graph)
+    return grad
+
+
+def _scores(rows, n, dtype, seed=2):
+    x = torch.randn(rows, n, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+    x[1::3, 1] = -math.inf   # not the first row: aten's NaN rows are found by their first entry
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", BACKENDS + ["auto"])
+@pytest.mark.parametrize("shape", [(2, 5), (3000, 40), (600, 1000)], ids=["small", "many-rows", "long"])
+@pytest.mark.parametrize("case", ["-inf", "mask", "temperature"])
+def test_softmax_entropy_gradient_at_zero_probabilities(case, shape, backend, dtype):
+    x = _scores(*shape, dtype)
+    mask, kwargs = None, {}
+    if case == "mask":
+        mask = torch.rand(shape, generator=torch.Generator().manual_seed(3)) > 0.3
+        mask[:, 0] = True
+    elif case == "temperature":
+        kwargs["temperature"] = 0.5
+    got = _entropy_grad(backend, x, mask, **kwargs)
+    want = _entropy_grad("reference", x.double(), mask, **kwargs)
+    assert torch.isfinite(got).all()
+    assert got[1::3, 1].eq(0).all()
+    tol = {torch.float32: 1e-4, torch.float64: 1e-10}[dtype]
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+
+
+def test_softmax_entropy_gradient_on_huge_pages():
+    x = _scores(8192, 1024, torch.float32)   # 32 MiB: auto's aten softmax on huge pages
+    got = _entropy_grad("auto", x)
+    assert torch.isfinite(got).all() and got[1::3, 1].eq(0).all()
+    torch.testing.assert_close(got.double(), _entropy_grad("reference", x.double()), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["auto", "numba"])
+def test_softmax_entropy_gradient_keeps_its_graph(backend):
+    x = _scores(64, 16, torch.float64)
+    got = _entropy_grad(backend, x, create_graph=True)
+    assert got.requires_grad and torch.isfinite(got).all()
+    torch.testing.assert_close(got.detach(), _entropy_grad("reference", x))
+
+
+@pytest.mark.parametrize("backend", ["auto", "numba"])
+def test_softmax_batched_gradients_drop_infinite_upstream_at_zeros(backend):
+    x = _scores(4, 8, torch.float64)
+    upstream = torch.ones(3, 4, 8, dtype=torch.float64)
+    upstream[:, 1::3, 1] = math.inf
+    upstream[1] *= 2
+
+    def grads(b):
+        leaf = x.clone().requires_grad_()
+        with sk.use_backend(b):
+            p = sk.softmax(leaf)
+        return torch.autograd.grad(p, leaf, upstream, is_grads_batched=True)[0]
+
+    got = grads(backend)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, grads("reference"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", BACKENDS + ["auto"])
+@pytest.mark.parametrize("rows", [3, 3000])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_logsumexp_non_finite_upstream_skips_constant_entries(value, rows, backend, dtype):
+    x = _scores(rows, 12, dtype)
+    x[2] = -math.inf   # a row with nothing visible: its log-sum-exp is a constant
+    leaf = x.clone().requires_grad_()
+    with sk.use_backend(backend):
+        lse = sk.logsumexp(leaf, dim=-1)
+    upstream = torch.ones_like(lse)
+    upstream[1::3] = value
+    lse.backward(upstream)
+    grad = leaf.grad
+    assert grad[1::3, 1].eq(0).all() and grad[2].eq(0).all()
+    assert (grad[1::3, 2:] == value).all() if value == math.inf else grad[1::3, 2:].isnan().all()
+    others = torch.ones(rows, dtype=torch.bool)
+    others[1::3] = False
+    others[2] = False
+    torch.testing.assert_close(grad[others], torch.softmax(x[others].double(), -1).to(dtype))

@@ -5,7 +5,7 @@ import torch
 
 import softmaxkit as sk
 from softmaxkit.kernels import dispatch
-from softmaxkit.kernels.cpu.scan import first_entries_have_nan, has_minus_inf
+from softmaxkit.kernels.cpu.scan import first_entries_have_nan, reaches_floor
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -25,17 +25,22 @@ def test_scan_finds_exactly_a_nan_in_the_first_column(dtype, shape):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("size", [1, 7, 32, 1001])
-def test_minus_inf_scan_finds_one_anywhere_and_nothing_else(dtype, size):
-    x = torch.randn(size, dtype=dtype)
-    assert not has_minus_inf(x)
+@pytest.mark.parametrize("floor", [float("-inf"), 0.0])
+def test_floor_scan_finds_one_anywhere_and_nothing_else(floor, dtype, size):
+    x = torch.randn(size, dtype=dtype).abs_().add_(1e-30)
+    if floor < 0:
+        x.neg_()
+    assert not reaches_floor(x, floor)
     x[0] = float("inf")
     x[-1] = float("nan")
-    assert not has_minus_inf(x)
+    if size > 2:
+        x[1] = float("inf") if floor < 0 else 1e-45   # near the floor, not at it
+    assert not reaches_floor(x, floor)
     for at in {0, size // 2, size - 1}:
         y = x.clone()
-        y[at] = float("-inf")
-        assert has_minus_inf(y)
-    assert has_minus_inf(torch.full((2, 3), float("-inf"), dtype=dtype))
+        y[at] = floor
+        assert reaches_floor(y, floor)
+    assert reaches_floor(torch.full((2, 3), floor, dtype=dtype), floor)
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])

@@ -582,13 +582,15 @@ def _all_finite(out) -> bool:
     return bool(torch.isfinite(out).all())
 
 
-def _drop_invisible_grad(y, grad):
-    """The reference's log-softmax gradient from aten's: ``-inf`` outputs (masked entries,
-    ``-inf`` scores) are constants, so their incoming gradient is dropped before aten's
-    backward (which would give them ``g_j`` and add their ``g_j`` to every other entry's sum)."""
+def _drop_grad_at(floor, y, grad):
+    """The reference's gradient from aten's: an output at the floor of its range (``-inf`` in a
+    log-softmax, 0 in a softmax: a masked entry, a ``-inf`` score, an underflow) passes no
+    gradient, so its incoming gradient is dropped before aten's backward, which would give a
+    ``-inf`` log-probability ``g_j`` and add ``g_j`` (``0 * g_j`` in a softmax, NaN when ``g_j``
+    is infinite, as ``torch.special.entr``'s at ``p = 0``) to every other entry's sum."""
     if grad is None:   # an undefined gradient (gradcheck's undefined-grad test) stays undefined
         return None
-    return grad.masked_fill(y == float("-inf"), 0)
+    return grad.masked_fill(y == floor, 0)
 
 
 class _LogSumExpGrad(torch.autograd.Function):
@@ -606,9 +608,12 @@ class _LogSumExpGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (z,) = ctx.saved_tensors
+        # an entry of probability 0 passes no incoming gradient, even an infinite or NaN one
         if backward_in_torch_ops(grad):   # create_graph (a graph of the gradient), or batched gradients
-            return grad * torch.softmax(z, ctx.d), None
-        return torch.softmax(z, ctx.d, out=memory.empty(z.shape, z.dtype)).mul_(grad), None
+            p = torch.softmax(z, ctx.d)
+            return torch.where(p == 0, 0, grad * p), None
+        p = torch.softmax(z, ctx.d, out=memory.empty(z.shape, z.dtype))
+        return (p.mul_(grad) if _all_finite(grad) else torch.where(p == 0, 0, p * grad)), None
 
 
 def _aten_logsumexp(z, d):
@@ -621,33 +626,72 @@ def _aten_op(op, z, d):
     if op == "logsumexp":
         return _aten_logsumexp(z, d)
     if op == "softmax":
-        return torch.softmax(z, d)
+        return _reference_softmax_grad(torch.softmax(z, d), d)
     return _reference_log_softmax_grad(torch.log_softmax(z, d))
+
+
+def _reference_softmax_grad(y, d=-1):
+    """``y`` (aten's softmax along ``d``) whose gradient is the reference's where an entry of
+    probability 0 gets a non-finite incoming gradient (see :func:`_drop_grad_at`). Up to
+    :data:`SERIAL_SCAN_NUMEL` entries a scan finds the zeros while ``y`` is in cache and only
+    then hooks ``y``; above, a hook on the backward node reads each row's first gradient entry
+    (aten's row is all NaN then) and recomputes those gradients, which costs a fixed ~15 us
+    and no pass over the data."""
+    if not y.requires_grad or not y.numel():
+        return y
+    if y.numel() <= SERIAL_SCAN_NUMEL:
+        if _reaches_floor(y, 0.0):
+            y.register_hook(functools.partial(_drop_grad_at, 0.0, y.detach()))
+    else:
+        y.grad_fn.register_hook(functools.partial(_recompute_nan_rows, y.detach(), d % y.dim()))
+    return y
+
+
+def _recompute_nan_rows(y, d, grad_inputs, grad_outputs):
+    dx, (grad,) = grad_inputs[0], grad_outputs
+    if dx is None or grad is None:
+        return None
+    try:
+        if not _first_column_has_nan(dx, d):
+            return None
+    except RuntimeError:   # a batched gradient (vmap): no data-dependent branch, recompute
+        pass
+    return (softmax_backward_dropping_zeros(y, grad, d),) + tuple(grad_inputs[1:])
+
+
+def softmax_backward_dropping_zeros(y, grad, d=-1):
+    """``y * (g - <g, y>)`` along ``d``, exactly 0 where ``y`` is 0, whose ``g`` is left out of
+    the sum there (in torch ops, differentiable)."""
+    zero = y == 0
+    grad = grad.masked_fill(zero, 0)
+    return (y * (grad - (grad * y).sum(d, keepdim=True))).masked_fill(zero, 0)
 
 
 def _reference_log_softmax_grad(y):
     """``y`` (aten's log-softmax), with a hook giving it the reference's gradient when it has
     ``-inf`` entries. Checked once, here, while ``y`` is still in cache, so that the common
     gradient (no ``-inf``) runs aten's backward with no hook."""
-    if y.requires_grad and y.numel() and _has_minus_inf(y):
-        y.register_hook(functools.partial(_drop_invisible_grad, y.detach()))
+    if y.requires_grad and y.numel() and _reaches_floor(y, float("-inf")):
+        y.register_hook(functools.partial(_drop_grad_at, float("-inf"), y.detach()))
     return y
 
 
-#: Up to this many entries the look for ``-inf`` log-probabilities runs on one thread in numba
-#: (about 2 us at 32000 float32); above, torch's parallel min is faster.
+#: Up to this many entries the look for outputs at the floor (``-inf`` log-probabilities, zero
+#: probabilities) runs on one thread in numba (about 2 us at 32000 float32); above, torch's
+#: parallel min is faster.
 SERIAL_SCAN_NUMEL = 1 << 18
 
 
-def _has_minus_inf(y) -> bool:
-    """Whether ``y`` (a log-softmax) has a ``-inf`` entry. (A row holding a NaN is NaN throughout,
-    and the hook leaves NaN entries as they are.)"""
+def _reaches_floor(y, floor: float) -> bool:
+    """Whether ``y`` (a log-softmax, floor ``-inf``, or a softmax, floor 0) has an entry at
+    ``floor``. (A row holding a NaN is NaN throughout, and the hooks leave NaN entries as they
+    are.)"""
     if (y.numel() <= SERIAL_SCAN_NUMEL and y.is_cpu and y.dtype in _CTYPES and y.is_contiguous()
             and not is_functorch_wrapped(y)):
-        scan = (_SCANS or _scans()).get("minus inf")
+        scan = (_SCANS or _scans()).get("floor")
         if scan is not None:
-            return scan(y)
-    return not float(y.detach().amin()) > float("-inf")
+            return scan(y, floor)
+    return not float(y.detach().amin()) > floor
 
 
 _SCANS: dict = {}
@@ -657,9 +701,9 @@ def _scans() -> dict:
     """The first-column NaN scan by dtype, and the all-finite check under ``"all finite"`` (none
     without numba), loaded on first use."""
     if numba_available():
-        from .cpu.scan import all_finite, first_entries_have_nan, has_minus_inf
+        from .cpu.scan import all_finite, first_entries_have_nan, reaches_floor
         _SCANS.update({torch.float32: first_entries_have_nan, torch.float64: first_entries_have_nan,
-                       "all finite": all_finite, "minus inf": has_minus_inf})
+                       "all finite": all_finite, "floor": reaches_floor})
     else:
         _SCANS[None] = None
     return _SCANS
@@ -746,7 +790,7 @@ def softmax_lane(x, dim, log=False):
     elif log:
         out = _reference_log_softmax_grad(torch.log_softmax(x, -1))
     else:
-        out = torch.softmax(x, -1)
+        out = _reference_softmax_grad(torch.softmax(x, -1))
     if rows == 1:
         return None if math.isnan(_READ[x.dtype](out.data_ptr()).value) else out
     return None if _lane_bad(out, rows) else out
@@ -757,7 +801,7 @@ class _AtenSoftmax(torch.autograd.Function):
     (large inputs) each writes into a fresh output backed by huge pages
     (:mod:`softmaxkit.kernels.memory`): on a large input most of aten's own time is page
     faults on its fresh output. A log-softmax
-    gets the reference's gradient at ``-inf`` outputs (see :func:`_drop_invisible_grad`):
+    gets the reference's gradient at ``-inf`` outputs (see :func:`_drop_grad_at`):
     from the numba backward kernel, which handles them in its one pass, or else from aten's
     backward after a pass that looks for them."""
 
@@ -777,20 +821,22 @@ class _AtenSoftmax(torch.autograd.Function):
         (y,) = ctx.saved_tensors
         if backward_in_torch_ops(grad):   # create_graph or batched gradients: the same formula as torch ops
             if ctx.log:
-                grad = _drop_invisible_grad(y, grad)
+                grad = _drop_grad_at(float("-inf"), y, grad)
                 return grad - torch.exp(y) * grad.sum(-1, keepdim=True), None, None
-            return y * (grad - (grad * y).sum(-1, keepdim=True)), None, None
+            return softmax_backward_dropping_zeros(y, grad), None, None
         if ctx.numba:
             from .cpu import functions
             return functions.log_softmax_backward(y, grad), None, None
         if ctx.invisible:
-            grad = _drop_invisible_grad(y, grad)
+            grad = _drop_grad_at(float("-inf"), y, grad)
         grad = grad.contiguous()
         dx = memory.empty_like(y)
         if ctx.log:
             torch.ops.aten._log_softmax_backward_data.out(grad, y, -1, y.dtype, out=dx)
         else:
             torch.ops.aten._softmax_backward_data.out(grad, y, -1, y.dtype, grad_input=dx)
+            if _first_column_has_nan(dx, y.dim() - 1):   # see _reference_softmax_grad
+                dx = softmax_backward_dropping_zeros(y, grad)
         return dx, None, None
 
 

@@ -17,9 +17,11 @@ import torch
 
 from ..._checks import backward_in_torch_ops
 from .. import memory
+from ..dispatch import softmax_backward_dropping_zeros
 from . import FLAG_TODO, call_kernel, entry_point, keep_torch_threads, sync_threads
 from . import softmax as _k
 from ._intrinsics import VECTOR_ISA
+from .scan import all_finite
 
 #: The algorithm used when none is asked for, per vector instruction set
 #: (:data:`._intrinsics.VECTOR_ISA`), on rows longer than one block (:data:`softmax.BLOCK`
@@ -94,11 +96,8 @@ def _run_backward(y2: torch.Tensor, grad: torch.Tensor, special: torch.Tensor, s
 def _differentiable_backward(y, grad, special, scale, mode):
     """The backward kernel's formula in PyTorch ops, for double backward."""
     keep = (special == 0).reshape(grad.shape[:-1] + (1,))
-    if mode == _k.PROBS:
-        dot = (y * grad).sum(-1, keepdim=True)
-        dx = y * (grad - dot)
-        # a NaN row's -inf entries (y = 0) keep the reference's zero gradient, as in backward_rows
-        dx = torch.where((y == 0) & torch.isnan(dot), torch.zeros_like(dx), dx)
+    if mode == _k.PROBS:   # an entry with y = 0 passes no gradient, as in backward_rows
+        dx = softmax_backward_dropping_zeros(y, grad)
     else:
         visible = y != float("-inf")
         total = torch.where(visible, grad, torch.zeros_like(grad)).sum(-1, keepdim=True)
@@ -206,7 +205,8 @@ class _LogSumExpFunction(torch.autograd.Function):
             # the branch not taken must stay finite: a NaN there would reach x's gradient as 0 * NaN
             p = torch.softmax(torch.where(finite, x, torch.zeros_like(x)), -1)
             other = torch.where(torch.isnan(lse).unsqueeze(-1), torch.full_like(x, float("nan")), torch.zeros_like(x))
-            return torch.where(finite, p, other) * grad.unsqueeze(-1), None
+            factor = torch.where(finite, p, other)
+            return torch.where(factor == 0, 0, factor * grad.unsqueeze(-1)), None
         # d lse / dx = softmax(x); rows whose reference gradient is 0 (+inf rows) are flagged
         p, _, special, again = _run_forward(x, 1.0, ctx.algorithm, _k.PROBS)
         redo = again & ~todo.reshape(-1)
@@ -214,8 +214,11 @@ class _LogSumExpFunction(torch.autograd.Function):
             x2, lse2 = x.reshape(p.shape), lse.reshape(-1, 1)
             p[redo] = torch.exp(x2[redo] - lse2[redo])
             special[redo] = 0
-        keep = ((special == 0) & ~todo.reshape(-1)).to(x.dtype).unsqueeze(-1)
-        dx = p.mul_(grad.reshape(-1, 1) * keep)
+        # a row whose gradient is 0, and an entry of probability 0, pass no incoming gradient,
+        # even an infinite or NaN one (the reference's: they are constants there)
+        keep = (special == 0) & ~todo.reshape(-1)
+        row_grad = torch.where(keep, grad.reshape(-1), 0).unsqueeze(-1)
+        dx = p.mul_(row_grad) if all_finite(row_grad) else torch.where(p == 0, 0, p * row_grad)
         return dx.reshape(x.shape), None
 
 

@@ -94,20 +94,21 @@ def _all_finite(address, count, like):
 
 
 @njit(cache=True, nogil=True)
-def _has_minus_inf(address, count, like):
+def _reaches(address, count, like, floor):
     values = carray(_pointer(address, like), (count,))
-    ninf = -np.inf
     found = 0
     for i in range(count):   # no early exit: a vectorised OR of the comparisons
-        found |= values[i] == ninf
+        found |= values[i] == floor
     return found != 0
 
 
-def has_minus_inf(t: torch.Tensor) -> bool:
-    """Whether an entry of ``t`` (CPU, float32 or float64, C-contiguous, not empty) is
-    ``-inf``: the log-softmax lane's look for masked outputs, read in place, on one thread
-    (``float(t.amin())`` cost about 10 us of torch's parallel launch at 1 x 32000)."""
-    return _call(_has_minus_inf, t.data_ptr(), t.numel(), _LIKE[t.dtype])
+def reaches_floor(t: torch.Tensor, floor: float) -> bool:
+    """Whether an entry of ``t`` (CPU, float32 or float64, C-contiguous, not empty) equals
+    ``floor``: the lanes' look for the outputs that pass no gradient, ``-inf`` in a
+    log-softmax and 0 in a softmax, read in place on one thread (``float(t.amin())`` cost
+    about 10 us of torch's parallel launch at 1 x 32000)."""
+    like = _LIKE[t.dtype]
+    return _call(_reaches, t.data_ptr(), t.numel(), like, type(like)(floor))
 
 
 def all_finite(t: torch.Tensor) -> bool:
