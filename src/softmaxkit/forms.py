@@ -227,6 +227,44 @@ def safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
+def tensor_wants_grad(params: Mapping[str, Any]) -> bool:
+    """Whether a parameter is a tensor recording a gradient."""
+    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in params.values())
+
+
+def detached(params: Mapping[str, Any]) -> dict[str, Any]:
+    """The parameters with each tensor detached."""
+    return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in params.items()}
+
+
+def shift_invariant_slope_grad(z: torch.Tensor, x: torch.Tensor, ref: torch.Tensor,
+                               slope: torch.Tensor) -> torch.Tensor:
+    r"""``z = a x`` of a ``softmax(a x)`` form (computed with the parameters detached), carrying
+    the gradient of the slope ``a`` (``slope``, with its graph) as ``sum_j dL/dz_j (x_j - ref)``
+    rather than ``sum_j dL/dz_j x_j``. Softmax is shift invariant, so ``sum_j dL/dz_j = 0`` over
+    each row and the two agree in exact arithmetic; but at scores near one huge value (a query
+    row that an additive ``finfo.min`` mask hides whole: every score ``finfo.min``) the second
+    sums rounding errors times 1e38 (a temperature gradient of 1e31, inf or NaN), where the
+    first is 0. ``ref``: one value per row, near the row's largest ``z``. An entry whose
+    ``x - ref`` overflows has weight 0 and adds nothing. The value of ``z`` is unchanged, and so
+    are its gradient in ``x`` and the second derivatives."""
+    return z + relative_to(x, ref) * (slope - slope.detach())
+
+
+def relative_to(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``x - ref`` (``ref`` detached), 0 where that overflows (an entry of weight 0)."""
+    d = x - ref.detach()
+    return torch.where(torch.isfinite(d), d, torch.zeros_like(d))
+
+
+def score_at_largest(x: torch.Tensor, z: torch.Tensor, visible: torch.Tensor | None) -> torch.Tensor:
+    """Per row (last axis), the ``x`` of the visible entry with the largest ``z`` (detached)."""
+    zd = z.detach()
+    if visible is not None:
+        zd = zd.masked_fill(~visible, float("-inf"))
+    return x.detach().gather(-1, zd.argmax(-1, keepdim=True))
+
+
 def held_overflow(x: torch.Tensor, z: torch.Tensor, slope: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
     """``z = g(x)`` held within ``[finfo.min, finfo.max]`` where ``g`` overflowed a score that
     is not ``-inf``. Down (SSMax's ``s log n``, a temperature below 1 or MultiMax's slope above 1
@@ -319,7 +357,24 @@ class SoftmaxOfRule(StreamRule):
 
     def z(self, p, x, st):
         params, n = st["params"], st.get("n")
-        return held_overflow(x, call(self.form.g, x, params, n), lambda: call(self.form.dg, x, params, n))
+        # the backward (c{p} known) of a softmax(a x) form: see shift_invariant_slope_grad
+        slope_grad = self.form.linear and f"c{p}" in st and torch.is_grad_enabled() and tensor_wants_grad(params)
+        g_params = detached(params) if slope_grad else params
+        z = held_overflow(x, call(self.form.g, x, g_params, n), lambda: call(self.form.dg, x, g_params, n))
+        if slope_grad:
+            slope = call(self.form.g, torch.ones((), dtype=x.dtype, device=x.device), params, n)
+            z = shift_invariant_slope_grad(z, x, self._score_at_shift(st[f"c{p}"], slope.detach()), slope)
+        return z
+
+    @staticmethod
+    def _score_at_shift(c: torch.Tensor, slope: torch.Tensor) -> torch.Tensor:
+        """The score whose ``a x`` is the row's shift ``c``: ``c / a`` within the dtype's range;
+        ``finfo.min`` where ``c`` was held there (every visible ``a x`` overflowed: a row of
+        ``finfo.min`` fills), 0 where ``c / a`` is NaN or ``c`` infinite (``a = 0``, a row
+        with nothing visible)."""
+        finfo = torch.finfo(c.dtype)
+        ref = torch.where(c <= finfo.min, torch.full_like(c, finfo.min), c / slope).clamp(finfo.min, finfo.max)
+        return torch.where(torch.isfinite(c) & ~torch.isnan(ref), ref, torch.zeros_like(ref))
 
     def terms(self, p, z, visible, st):
         e = shifted_exp(z, visible, st[f"c{p}"])

@@ -514,3 +514,37 @@ def test_a_huge_finite_mask_bonus_stays_finite_on_the_fused_path(name, dtype):
     for got, want in zip(results["fused"], results["dense"]):
         assert torch.isfinite(want).all() and torch.isfinite(got).all()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("method", ["dense", "auto", "fused", "streaming"])
+@pytest.mark.parametrize(("name", "param", "value"), [("softmax", "temperature", (0.7, 1.5)), ("ssmax", "s", (0.43, 0.8))])
+def test_per_head_parameter_gradient_beside_a_padded_query_row(name, param, value, method, dtype):
+    """Hugging Face's float mask: ``finfo.min`` where hidden, and a query row of padding that sees
+    no key has every score ``finfo.min``. Its weights do not move with the parameter, nor do
+    hidden entries' (weight 0); the parameter's chain rule ``sum_j dS_j x_j`` summed rounding
+    errors times 1e38 there (temperature 0.7: NaN, 1.5: -1e30; SSMax: 2e31 or -inf), differently
+    on each path. Expected: the float64 dense gradient with the same mask (softmax: as with a
+    boolean mask, where the padded row is empty)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 40, 8, generator=gen, dtype=F64) for _ in range(3))
+    visible = torch.ones(40, 40, dtype=torch.bool).tril().expand(2, 1, 40, 40).clone()
+    visible[1, :, :5] = False   # the first five queries of batch entry 1 are padding
+
+    def param_grad(method, dtype, mask):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        theta = torch.tensor(value, dtype=dtype).view(2, 1, 1).requires_grad_()
+        out = sk.attention(*leaves, name, attn_mask=mask, method=method, **{param: theta})
+        weight = torch.linspace(-1, 2, out.numel(), dtype=dtype).reshape(out.shape)
+        return torch.autograd.grad((out * weight).sum(), theta)[0]
+
+    def hf_mask(dtype):
+        return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+
+    got = param_grad(method, dtype, hf_mask(dtype))
+    want = param_grad("dense", F64, hf_mask(F64))
+    assert torch.isfinite(got).all()
+    tol = 1e-4 if dtype == torch.float32 else 1e-9
+    torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
+    if name == "softmax":
+        torch.testing.assert_close(want, param_grad("dense", F64, visible), rtol=1e-9, atol=1e-9)

@@ -686,7 +686,7 @@ class _FusedAttention(torch.autograd.Function):
                 if wanted:
                     with torch.enable_grad():
                         pblk = _block_params(plan, leaves, blk)
-                        val = forms.call(piece, _finite_scores(raw, kind), pblk, blk.count)
+                        val = forms.call(piece, _param_scores(plan, raw, kind, p), pblk, blk.count)
                         dpar = torch.autograd.grad(val, [leaves[n] for n in wanted], ds, allow_unused=True)
                 if not linear:
                     with torch.no_grad():
@@ -711,6 +711,20 @@ def _finite_scores(raw: torch.Tensor, kind: str) -> torch.Tensor:
     if kind != "softmax_of":
         return raw
     return torch.where(torch.isinf(raw), torch.zeros_like(raw), raw)
+
+
+def _param_scores(plan: _Plan, raw: torch.Tensor, kind: str, weights: torch.Tensor) -> torch.Tensor:
+    """The scores the parameters' chain rule reads (:func:`_finite_scores`); for a ``softmax(a x)``
+    form, relative to each row's score of largest weight (see
+    :func:`softmaxkit.forms.shift_invariant_slope_grad`: the same gradient, without the rounding
+    of a row of ``finfo.min`` additive-mask fills), and 0 at weight 0, whose gradient is 0
+    (``g`` of a fill, ``finfo.min / T``, overflows, and ``x / T``'s derivative in ``T`` would
+    be ``0 * inf``)."""
+    x = _finite_scores(raw, kind)
+    if kind != "softmax_of" or not getattr(plan.form, "linear", False):
+        return x
+    shifted = forms.relative_to(x, forms.score_at_largest(x, weights, None))
+    return torch.where(weights != 0, shifted, torch.zeros_like(shifted))
 
 
 def _param_grads(dparams: dict, names: list, tensors, needs) -> list:
@@ -926,7 +940,7 @@ def _tile_backward(plan: _Plan, s: torch.Tensor, dp: torch.Tensor, blk: _Block, 
         targets = [leaves[n] for n in wanted]
         with torch.enable_grad():
             pblk = _block_params(plan, leaves, blk)
-            val = forms.call(piece, _finite_scores(raw, plan.kind), pblk, _count(blk))
+            val = forms.call(piece, _param_scores(plan, raw, plan.kind, s), pblk, _count(blk))
             if val.requires_grad:
                 dpar = torch.autograd.grad(val, targets, dp, allow_unused=True)
             if pieces.sink_logit is not None:

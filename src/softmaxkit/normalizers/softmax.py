@@ -16,7 +16,7 @@ import torch
 
 from .._checks import can_branch_on, check_bool, check_positive
 from .._rows import Rows, nonzero_or_one, prepare_rows
-from ..forms import SoftmaxOf
+from ..forms import SoftmaxOf, score_at_largest, shift_invariant_slope_grad
 from ..kernels import dispatch
 from ..registry import Example, builtin
 
@@ -96,14 +96,20 @@ def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Te
     else:
         scale = 1.0 / temperature
     aligned = rows.align(scale, "temperature")
+    if not (isinstance(aligned, torch.Tensor) and aligned.requires_grad):
+        return _scaled(rows, aligned)
+    # T's gradient: see shift_invariant_slope_grad (an infinite score, whose z does not move
+    # with T, adds nothing to it)
+    z = _scaled(rows, aligned.detach())
+    finite = rows.visible & torch.isfinite(rows.safe_x)
+    ref = score_at_largest(rows.safe_x, z, finite)
+    return shift_invariant_slope_grad(z, rows.safe_x.masked_fill(~finite, 0.0), ref, aligned)
+
+
+def _scaled(rows: Rows, aligned: float | torch.Tensor) -> torch.Tensor:
+    """``x / T`` as ``x * aligned`` (``aligned = 1 / T`` in the rows' layout)."""
     z = rows.safe_x * aligned
-    if isinstance(aligned, torch.Tensor) and aligned.requires_grad:
-        # an infinite score's z does not move with T (its row is the limit, or its weight 0): no
-        # gradient to T from it, where the product's would be 0 * inf = NaN
-        infinite = torch.isinf(rows.safe_x)
-        z = torch.where(infinite, rows.safe_x * aligned.detach(),
-                        rows.safe_x.masked_fill(infinite, 0.0) * aligned)
-    if not isinstance(scale, torch.Tensor) and scale <= 1:
+    if not isinstance(aligned, torch.Tensor) and aligned <= 1:
         return z
     # A visible finite score whose x / T overflows is not a limit of the definition: a row of
     # finfo.min (or -1e38) over T < 1 became all -inf (read as nothing visible); 3 and 4 over
@@ -119,7 +125,7 @@ def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Te
         return z
     m = rows.masked_max().detach()
     finite_m = torch.isfinite(m)
-    shifted = (rows.safe_x - torch.where(finite_m, m, torch.zeros_like(m))) * rows.align(scale, "temperature")
+    shifted = (rows.safe_x - torch.where(finite_m, m, torch.zeros_like(m))) * aligned
     shifted = torch.where(torch.isnan(shifted), torch.zeros_like(shifted), shifted)   # 0 * inf at the maxima
     fixed = torch.where(finite_m, shifted, torch.where(over, torch.zeros_like(z), z))
     return torch.where(lost, fixed, z)
