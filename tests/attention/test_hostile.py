@@ -548,3 +548,45 @@ def test_per_head_parameter_gradient_beside_a_padded_query_row(name, param, valu
     torch.testing.assert_close(got.double(), want, rtol=tol, atol=tol)
     if name == "softmax":
         torch.testing.assert_close(want, param_grad("dense", F64, visible), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize(("name", "method"), [
+    (name, method) for name in ("softmax", "sigmoid", "sparsemax", "softpick", "ssmax")
+    for method in ("auto", "dense", "fused", "streaming", "sdpa") if method != "sdpa" or name in ("softmax", "ssmax")])
+@pytest.mark.parametrize("mask_kind", ["bool", "-inf", "gqa"])
+def test_garbage_in_slots_no_query_sees_stays_there(mask_kind, name, method):
+    """A key-value cache preallocated with ``torch.empty`` and read past its length, under a
+    key-padding mask: the hidden slots hold NaN and inf, and so does a query row that sees no
+    key. Their weights are 0, but ``0 * NaN`` made every output and gradient of the head NaN on
+    every path (torch's SDPA too). Expected: the result with zeros in those slots, and zero
+    gradients there."""
+    gen = torch.Generator().manual_seed(3)
+    heads_kv = 1 if mask_kind == "gqa" else 2
+    q = torch.randn(2, 2, 24, 8, generator=gen, dtype=F64)
+    k, v = (torch.randn(2, heads_kv, 24, 8, generator=gen, dtype=F64) for _ in range(2))
+    visible = torch.ones(2, 1, 24, 24, dtype=torch.bool)
+    visible[1, ..., 18:] = False          # batch entry 1: keys 18.. are cache slots not yet written
+    visible[0, :, 3] = False              # batch entry 0: query 3 sees no key
+    mask = visible if mask_kind != "-inf" else torch.zeros(visible.shape, dtype=F64).masked_fill(~visible, float("-inf"))
+    dirty = [t.clone() for t in (q, k, v)]
+    dirty[1][1, :, 18:] = float("nan")
+    dirty[2][1, :, 18:, ::2] = float("inf")
+    dirty[2][1, :, 18:, 1::2] = float("nan")
+    dirty[0][0, :, 3] = float("nan")
+    clean = [t.clone() for t in (q, k, v)]
+    for t in (clean[1], clean[2]):
+        t[1, :, 18:] = 0
+    clean[0][0, :, 3] = 0
+
+    def run(tensors):
+        leaves = [t.clone().requires_grad_() for t in tensors]
+        out = sk.attention(*leaves, name, attn_mask=mask, method=method)
+        weight = torch.linspace(-1, 2, out.numel(), dtype=F64).reshape(out.shape)
+        return [out.detach(), *torch.autograd.grad((out * weight).sum(), leaves)]
+
+    got, want = run(dirty), run(clean)
+    for g, w in zip(got, want):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    dq, dk, dv = got[1:]
+    assert dk[1, :, 18:].eq(0).all() and dv[1, :, 18:].eq(0).all() and dq[0, :, 3].eq(0).all()

@@ -10,7 +10,7 @@ from ..forms import COUNT
 from ..registry import NormalizerSpec
 from .dense import dense_attention
 from .fused import auto_prefers, fused_attention, pays_off_when_small, row_kernels_apply
-from .inputs import AttentionInputs, per_head, prepare
+from .inputs import AttentionInputs, per_head, prepare, zero_unseen
 from .sdpa import SdpaPlan, checks_skipped, run_sdpa, sdpa_backward_drifts, sdpa_mask_clamped, sdpa_plan, sdpa_safe
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
@@ -137,6 +137,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     check_choice(method, "method", METHODS)
     block_q, block_k = _blocks(block_size)
     inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
+    clean = zero_unseen(q, k, v, attn_mask)
+    if clean is not None:
+        q, k, v = clean
+        inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
     if not torch.compiler.is_compiling():  # a reference on a dummy row may branch on data (sparsemax)
         _validate(spec, params, inp)
     if _gives_a_key_everything(attn_mask):

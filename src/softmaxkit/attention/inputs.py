@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .._checks import check_bool, check_finite, check_floating
+from .._checks import can_branch_on, check_bool, check_finite, check_floating
 from .._rows import compute_dtype
 
 
@@ -142,6 +142,30 @@ def check_mask(attn_mask, shape, layout: str = "(B, H, Lq, Lk)",
     if attn_mask.dtype == torch.bool:
         return attn_mask.expand(shape), None
     return None, attn_mask.expand(shape)
+
+
+def zero_unseen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask):
+    """``(q, k, v)`` (checked by :func:`prepare`) with 0 for each key and value that ``attn_mask``
+    hides from every query of its head, and each query that it lets see no key; None when
+    there is none (or no mask). Their weights are exactly 0, but ``0 * NaN`` is NaN: garbage
+    in such a slot (a preallocated key/value cache read past its length, ``torch.empty``'s
+    contents) reached every output and gradient of the head (torch's SDPA too). They are
+    constants of the result, so their gradients stay 0. ``finfo.min`` fills are not hidden
+    (a query row of them averages the values), only ``False`` and ``-inf``."""
+    if attn_mask is None or not isinstance(attn_mask, torch.Tensor) or attn_mask.dim() == 0:
+        return None
+    seen = attn_mask if attn_mask.dtype == torch.bool else attn_mask != float("-inf")
+    seen = seen.reshape((1,) * (4 - seen.dim()) + tuple(seen.shape)).to(q.device)
+    keys = seen.any(-2)                       # (B or 1, H or 1, Lk)
+    groups = q.shape[1] // k.shape[1] if k.shape[1] else 1
+    if keys.shape[1] != 1 and groups != 1:    # a key/value head is seen when any of its query heads sees it
+        keys = keys.reshape(keys.shape[0], k.shape[1], groups, keys.shape[-1]).any(2)
+    keys = keys.unsqueeze(-1)
+    queries = seen.any(-1, keepdim=True)      # (B or 1, H or 1, Lq, 1)
+    if can_branch_on(seen) and bool(keys.all()) and bool(queries.all()):
+        return None
+    zero = torch.zeros((), dtype=q.dtype, device=q.device)
+    return torch.where(queries, q, zero), torch.where(keys, k, zero), torch.where(keys, v, zero)
 
 
 def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
