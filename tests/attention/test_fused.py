@@ -430,11 +430,14 @@ def test_rule_normalizers_auto_route():
 
     q = k = v = torch.randn(1, 2, 200, 8)
     assert auto_method(q, k, v, "softmax_sink", is_causal=True) == "sdpa"
-    q[0, 0, 0, 0] = float("nan")   # a NaN score: not SDPA's to take
+    v = torch.randn(1, 2, 200, 4)   # a value head size of its own: not SDPA's to take with a sink
     for name in RULES:
         assert auto_method(q, k, v, name, is_causal=True) == "fused", name
         assert auto_method(q.double(), k.double(), v.double(), name) == "fused", name
         assert auto_method(q.bfloat16(), k.bfloat16(), v.bfloat16(), name) == "fused", name  # float32 inside
+        nan_q = q.clone()
+        nan_q[0, 0, 0, 0] = float("nan")   # the dense reference defines a NaN score's row
+        assert auto_method(nan_q, k, v, name, is_causal=True) == "dense", name
     assert auto_method(q, k, v, "sa_softmax", normalized=True) == "streaming"
     spec = sk.registry.get("sa_softmax")
     assert fused.kind_for(spec, spec.with_defaults({}), kernels=True) == "softmax_of"

@@ -592,3 +592,36 @@ def test_garbage_in_slots_no_query_sees_stays_there(mask_kind, name, method):
         torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
     dq, dk, dv = got[1:]
     assert dk[1, :, 18:].eq(0).all() and dv[1, :, 18:].eq(0).all() and dq[0, :, 3].eq(0).all()
+
+
+@pytest.mark.parametrize("where", ["q", "k"])
+@pytest.mark.parametrize("name", [s.name for s in sk.normalizers()])
+def test_an_infinite_query_or_key_entry_gives_the_dense_result(name, where):
+    """An infinite query entry makes a row of ``+inf`` and ``-inf`` scores (a ``-inf`` key entry, a
+    column of them): the dense reference gives the limit's rows, where the streaming path gave NaN
+    rows for most normalizers and the fused path NaN gradients for the entmax family, SA-Softmax
+    and MultiMax with its own r and t. Every method now gives the dense result, NaN where it has
+    NaN."""
+    params = {"k": 5} if name == "sparse_softmax" else (
+        {"r": (-1.0, 0.0, 0.5, 1.0), "t": (0.5, 0.3, 0.0, 0.1)} if name == "multimax" else {})
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 160, 8, generator=gen, dtype=F64) for _ in range(3))
+    if where == "q":
+        q[0, 0, 5, 0] = float("inf")
+    else:
+        k[0, 1, 7, 2] = float("-inf")
+
+    def run(method):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = sk.attention(*leaves, name, is_causal=True, method=method, **params)
+        weight = torch.linspace(-1, 2, out.numel(), dtype=F64).view_as(out)
+        return [out.detach(), *torch.autograd.grad((out * weight).sum(), leaves)]
+
+    want = run("dense")
+    assert torch.isfinite(want[0][0, 0 if where == "q" else 1, 5 if where == "q" else 7:]).any()
+    for method in ("auto", "fused", "streaming"):
+        if method == "streaming" and name not in STREAMS:
+            continue
+        for got, ref in zip(run(method), want):
+            torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9, equal_nan=True)
+    assert auto_method(q, k, v, name, is_causal=True, **params) in ("dense", "sdpa")   # (SDPA: then checked)

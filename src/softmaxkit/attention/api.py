@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import registry
@@ -9,7 +11,7 @@ from .._checks import can_branch_on, check_choice
 from ..forms import COUNT
 from ..registry import NormalizerSpec
 from .dense import dense_attention
-from .fused import auto_prefers, fused_attention, pays_off_when_small, row_kernels_apply
+from .fused import auto_prefers, fused_attention, largest_magnitude, pays_off_when_small, row_kernels_apply
 from .inputs import AttentionInputs, per_head, prepare, zero_unseen
 from .sdpa import SdpaPlan, checks_skipped, run_sdpa, sdpa_backward_drifts, sdpa_mask_clamped, sdpa_plan, sdpa_safe
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
@@ -180,6 +182,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         if reason is not None:
             raise ValueError(f"method='fused' cannot run normalizer {normalizer!r} here: {reason}")
         return triton_attention(q, k, v, normalizer, is_causal=is_causal, attn_mask=attn_mask, scale=scale, **params)
+    if method in ("fused", "streaming") and _holds_non_finite(inp):
+        return dense_attention(inp, normalizer, params)
     per_head = _params_per_head(spec, merged, inp)
     if method == "fused":
         if not per_head:
@@ -193,6 +197,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
                              "use method='auto' or 'dense'")
         return streaming_attention(rule, inp, merged, block_q, block_k)
     return dense_attention(inp, normalizer, params)
+
+
+def _holds_non_finite(inp: AttentionInputs) -> bool:
+    """Whether ``q`` or ``k`` holds an infinite or NaN entry (CPU, not traced): the dense
+    reference defines those rows (an infinite score's limit, NaN rows), where the fused and
+    streaming paths gave NaN rows or NaN gradients for many normalizers (an infinite query
+    entry: ``+inf`` and ``-inf`` scores in one row). One ``aminmax`` pass over each."""
+    if checks_skipped(inp):
+        return False
+    return not (math.isfinite(largest_magnitude(inp.q)) and math.isfinite(largest_magnitude(inp.k)))
 
 
 def _triton_device(t: torch.Tensor) -> bool:
@@ -270,4 +284,6 @@ def auto_method(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer
             method = _auto(spec, params, merged, inp, None)
         elif sdpa_backward_drifts(attn_mask, inp, plan):
             method = "dense" if plan.sink is None and plan.row_scale is None else _auto(spec, params, merged, inp, None)
+    if method in ("fused", "streaming") and _holds_non_finite(inp):
+        return "dense"
     return "dense" if _learnable_mask(attn_mask) and method not in ("sdpa", "dense") else method

@@ -775,14 +775,14 @@ def scores_may_be_nan(inp: AttentionInputs) -> bool:
     pass over every score per tile in the row kernels (``check_nan``)."""
     q, k = inp.q, inp.k
     with torch.no_grad():
-        q_max, k_max = _largest_magnitude(q), _largest_magnitude(k)
+        q_max, k_max = largest_magnitude(q), largest_magnitude(k)
         bound = q_max * k_max * q.shape[-1] * abs(inp.scale)
         if not bound < torch.finfo(q.dtype).max / 4:   # (NaN and inf included)
             return True
         return inp.additive_mask is not None and bool(inp.additive_mask.isnan().any())
 
 
-def _largest_magnitude(t: torch.Tensor) -> float:
+def largest_magnitude(t: torch.Tensor) -> float:
     """``max |t|`` (NaN if ``t`` holds one; 0 when empty) from one ``aminmax`` pass, without the
     temporary of ``t.abs()`` (whose fresh pages cost more than the reduction)."""
     if t.numel() == 0:
