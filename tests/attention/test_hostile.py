@@ -625,3 +625,15 @@ def test_an_infinite_query_or_key_entry_gives_the_dense_result(name, where):
         for got, ref in zip(run(method), want):
             torch.testing.assert_close(got, ref, rtol=1e-9, atol=1e-9, equal_nan=True)
     assert auto_method(q, k, v, name, is_causal=True, **params) in ("dense", "sdpa")   # (SDPA: then checked)
+
+
+@pytest.mark.parametrize("method", ["auto", "fused", "streaming"])
+def test_inputs_recording_a_gradient_raise_no_warning(method):
+    """The check of q and k for non-finite entries read them as Python numbers with their graph
+    (torch's "Converting a tensor with requires_grad=True to a scalar" warning on every call)."""
+    import warnings
+
+    q, k, v = (torch.randn(1, 2, 300, 8, requires_grad=True) for _ in range(3))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        sk.attention(q, k, v, "sigmoid", is_causal=True, method=method).sum().backward()

@@ -787,7 +787,7 @@ def largest_magnitude(t: torch.Tensor) -> float:
     temporary of ``t.abs()`` (whose fresh pages cost more than the reduction)."""
     if t.numel() == 0:
         return 0.0
-    extremes = torch.aminmax(t)
+    extremes = torch.aminmax(t.detach())
     low, high = float(extremes.min), float(extremes.max)
     return high if low != low or high != high else max(-low, high)
 
