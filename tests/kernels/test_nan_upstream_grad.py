@@ -162,3 +162,29 @@ def test_logsumexp_non_finite_upstream_skips_constant_entries(value, rows, backe
     others[1::3] = False
     others[2] = False
     torch.testing.assert_close(grad[others], torch.softmax(x[others].double(), -1).to(dtype))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("backend", ["auto", "numba"])
+@pytest.mark.parametrize("shape", [(5, 40), (3000, 40), (600, 1000)], ids=["few", "many", "long"])
+def test_entropy_gradient_at_underflowed_probabilities_matches_the_reference(shape, backend, threads):
+    """A visible score whose probability underflows to exactly 0 (a -1e9 fill beside ordinary
+    scores) gets entr's infinite derivative too: the reference's quotient took ``inf * 0 = NaN``
+    into the row, the kernels dropped it. Every backend now drops it (the limit: ``p_j`` times a
+    derivative of order ``log p_j`` is 0), one bad row among good rows, on 1 and 2 threads."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(5))
+    x[1] = torch.finfo(torch.float32).min
+    x[2, ::2] = -1e9
+    x[3, 0] = math.inf
+    x[4, 1] = math.nan
+    x[0, 3] = -math.inf
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = _entropy_grad(backend, x)
+        want = _entropy_grad("reference", x)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert torch.isfinite(got[2]).all() and got[2, ::2].eq(0).all()
+    assert torch.isnan(got[4]).all() and torch.isfinite(got[torch.arange(shape[0]) != 4]).all()

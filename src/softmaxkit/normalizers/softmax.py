@@ -63,9 +63,13 @@ def limit_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 
 def softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """Softmax along the last axis over visible entries (building block, no checks)."""
+    """Softmax along the last axis over visible entries (building block, no checks). An entry
+    whose ``exp`` is exactly 0 (hidden, ``-inf``, or underflowed) passes no incoming gradient,
+    even an infinite one (``torch.special.entr``'s at ``p = 0``: the quotient's backward took
+    ``inf * 0 = NaN`` into the row), as the kernels' backward has it."""
     e, d, _, inf_rows = _exp_terms(z, visible)
-    p = e / nonzero_or_one(d)
+    zero = (e == 0) & ~torch.isnan(d)   # (a visible NaN makes its whole row NaN)
+    p = torch.where(zero, torch.zeros_like(e), e / nonzero_or_one(d))
     return torch.where(inf_rows, infinite_limit(z.detach(), visible), p)
 
 
