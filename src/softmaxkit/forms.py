@@ -227,14 +227,22 @@ def safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return num / torch.where(den > 0, den, torch.ones_like(den))
 
 
-def tensor_wants_grad(params: Mapping[str, Any]) -> bool:
-    """Whether a parameter is a tensor recording a gradient."""
-    return any(isinstance(v, torch.Tensor) and v.requires_grad for v in params.values())
+def value_params(form: SoftmaxOf, params: Mapping[str, Any]) -> tuple[Mapping[str, Any], bool]:
+    """``(params for g's value, whether the slope's gradient is added)``: for a ``softmax(a x)``
+    form whose tensor parameter records a gradient, ``g`` is evaluated with them detached and
+    :func:`slope_grad` adds their gradient (see :func:`shift_invariant_slope_grad`)."""
+    wants = form.linear and torch.is_grad_enabled() and any(
+        isinstance(v, torch.Tensor) and v.requires_grad for v in params.values())
+    if not wants:
+        return params, False
+    return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in params.items()}, True
 
 
-def detached(params: Mapping[str, Any]) -> dict[str, Any]:
-    """The parameters with each tensor detached."""
-    return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in params.items()}
+def slope_grad(form: SoftmaxOf, z: torch.Tensor, x: torch.Tensor, params: Mapping[str, Any], count: Any,
+               ref: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """:func:`shift_invariant_slope_grad` with the slope ``a = g(1)`` and ``ref(a.detach())``."""
+    slope = call(form.g, torch.ones((), dtype=x.dtype, device=x.device), params, count)
+    return shift_invariant_slope_grad(z, x, ref(slope.detach()), slope)
 
 
 def shift_invariant_slope_grad(z: torch.Tensor, x: torch.Tensor, ref: torch.Tensor,
@@ -358,12 +366,10 @@ class SoftmaxOfRule(StreamRule):
     def z(self, p, x, st):
         params, n = st["params"], st.get("n")
         # the backward (c{p} known) of a softmax(a x) form: see shift_invariant_slope_grad
-        slope_grad = self.form.linear and f"c{p}" in st and torch.is_grad_enabled() and tensor_wants_grad(params)
-        g_params = detached(params) if slope_grad else params
+        g_params, wants = value_params(self.form, params) if f"c{p}" in st else (params, False)
         z = held_overflow(x, call(self.form.g, x, g_params, n), lambda: call(self.form.dg, x, g_params, n))
-        if slope_grad:
-            slope = call(self.form.g, torch.ones((), dtype=x.dtype, device=x.device), params, n)
-            z = shift_invariant_slope_grad(z, x, self._score_at_shift(st[f"c{p}"], slope.detach()), slope)
+        if wants:
+            z = slope_grad(self.form, z, x, params, n, lambda a: self._score_at_shift(st[f"c{p}"], a))
         return z
 
     @staticmethod

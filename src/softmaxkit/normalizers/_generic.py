@@ -79,14 +79,13 @@ def softmax_of_rows(rows: Rows, form: forms.SoftmaxOf, params: Mapping[str, Any]
     ``g`` overflows float64 too (a float64 ``finfo.min`` fill), it is held at the float64
     range (:func:`~softmaxkit.forms.held_overflow`): a row of such fills gets equal weights."""
     finite, xs = _finite(rows)
-    slope_grad = form.linear and forms.tensor_wants_grad(params)
-    g_params = forms.detached(params) if slope_grad else params   # see shift_invariant_slope_grad
+    g_params, wants = forms.value_params(form, params)   # see shift_invariant_slope_grad
     gx = forms.call(form.g, xs, g_params, rows.count)
     if rows.x.dtype == torch.float64:
         gx = forms.held_overflow(xs, gx, lambda: forms.call(form.dg, xs, g_params, rows.count))
-    if slope_grad:
-        slope = forms.call(form.g, torch.ones((), dtype=xs.dtype, device=xs.device), params, rows.count)
-        gx = forms.shift_invariant_slope_grad(gx, xs, forms.score_at_largest(xs, gx, finite), slope)
+    if wants:
+        top = forms.score_at_largest(xs, gx, finite)
+        gx = forms.slope_grad(form, gx, xs, params, rows.count, lambda _: top)
     p = softmax_rows(torch.where(finite, gx, rows.x), rows.visible)
     if rows.x.dtype == torch.float32 and can_branch_on(gx):
         over = (finite & ~torch.isfinite(gx)).any(-1, keepdim=True)
