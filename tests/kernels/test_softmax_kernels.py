@@ -160,3 +160,27 @@ def test_forward_only_takes_no_gradient_and_keeps_the_input():
     assert out is not None and not out.requires_grad and out.grad_fn is None
     torch.testing.assert_close(out, torch.softmax(before * 0.5, -1))
     assert torch.equal(x.detach(), before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("mode", [0, 1, 2])   # PROBS, LOG_PROBS, LSE
+def test_forward_only_declines_a_row_the_kernel_leaves_to_the_reference(mode, dtype):
+    """x / T overflowing on a finite score (finfo.max at T = 1/4) is a row the kernel leaves
+    to the reference: the call returns None whichever row it is, on one row (the serial
+    kernel) and many (the parallel one); the same call at T = 1 is complete."""
+    big = torch.finfo(dtype).max
+    for rows in (1, 7):
+        for bad in range(rows):
+            x = torch.randn(rows, 300, dtype=dtype)
+            x[bad, 3] = big
+            assert functions.forward_only(x, mode, 4.0) is None
+            out = functions.forward_only(x, mode)
+            assert out is not None
+            expected = (torch.softmax, torch.log_softmax, torch.logsumexp)[mode](x.double(), -1).to(dtype)
+            torch.testing.assert_close(out, expected)
+
+
+def test_forward_only_log_sum_exp_of_a_vector_is_a_scalar():
+    x = torch.randn(40)
+    out = functions.forward_only(x, 2)
+    assert out.shape == () and torch.isclose(out, torch.logsumexp(x, 0))

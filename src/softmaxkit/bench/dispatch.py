@@ -42,6 +42,8 @@ FULL_SHAPES = [
     ("attention", (1, 8, 1024, 1024)), ("attention", (1, 4, 2048, 2048)),
     ("classification", (1024, 1000)), ("rows", (256, 32768)), ("long rows", (4, 1048576)),
 ]
+#: The crossovers' grid adds a short single row (class "one row"), which the dispatch grid lacks.
+CROSSOVER_SHAPES = FULL_SHAPES + [("one row", (1, 4096))]
 QUICK_SHAPES = [("vocab", (2, 4096)), ("attention", (1, 2, 64, 64)), ("classification", (64, 100))]
 OPS = ("softmax", "log_softmax", "logsumexp")
 PASSES = ("fwd", "fwd+bwd")
@@ -233,7 +235,7 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1) -> 
     Returns the table (a row per run and shape) and the set of winning keys (the value of
     :data:`softmaxkit.kernels.dispatch.NUMBA_WINS` for this machine's vector instruction set).
     """
-    shapes = FULL_SHAPES if shapes is None else shapes
+    shapes = CROSSOVER_SHAPES if shapes is None else shapes
     table = Table("numba kernel against aten, per shape", [
         "run", "threads", "shape", "class", "op", "dtype", "pass", "torch ms", "kernel ms", "kernel / torch"])
     ratios: dict[tuple, dict[tuple, list[float]]] = {}

@@ -64,11 +64,14 @@ SOFTMAX_ALGORITHMS = ("three_pass", "two_pass", "online")
 #: 65536), but the first call in a fresh environment compiles them (seconds, then cached
 #: on disk); small calls stay on the reference so that toy use never pays that.
 AUTO_MIN_NUMEL = 16384
-#: ``auto`` takes a measured kernel win (:data:`NUMBA_WINS`) for these ops only from this many
-#: elements: below, the kernel's parallel launch (15-20 us) costs more than the faster loop
-#: saves (AVX2, float32, 2 threads, kernel / torch: softmax 1.14 at 64 x 1000 and 0.77 at
-#: 256 x 1000, log-softmax 1.18 and 0.82; log-sum-exp 1.11 at 16 x 1000 and 0.69 at 64 x 1000).
-KERNEL_MIN_NUMEL = {"softmax": 1 << 17, "log_softmax": 1 << 17, "logsumexp": 1 << 15}
+#: ``auto`` takes a measured kernel win (:data:`NUMBA_WINS`) on two rows or more only from this
+#: many elements: below, the kernel's parallel launch costs more than the faster loop saves.
+#: A single row runs the serial kernel (no launch) and is left to the table's "one row" and
+#: "one long row" cells. Measured 2026-12-03 (AVX2, the forward through
+#: ``functions.forward_only``, 1 / 2 threads, kernel / torch): float32 softmax 1.13 / 1.41 at
+#: 4 x 4096, 0.95 / 1.17 at 8 x 4096, 0.79 / 0.88 at 32 x 4096 and 128 x 1024 (log-softmax
+#: within 0.05 of it); log-sum-exp 0.6-0.9 from 2 x 4096 on (aten's is five full-size ops).
+KERNEL_MIN_NUMEL = {"softmax": 1 << 17, "log_softmax": 1 << 17, "logsumexp": 1 << 12}
 #: entmax kernels cover alpha >= this (closer to 1 the reference's log1p form is used).
 ENTMAX_MIN_ALPHA = 1.05
 
@@ -233,32 +236,35 @@ _WINS_AVX512 = frozenset({
     ('softmax', 'float64', 'fwd+bwd', 'large', 1),
 })
 
-#: AVX2: measured 2026-12-02 on the shared 2-core development machine of that day (AMD
+#: AVX2: measured 2026-12-03 on the shared 2-core development machine of that day (AMD
 #: EPYC, AVX2 and FMA, no AVX-512; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, two
-#: runs pooled as ``--runs 2`` pools them (each shape's ratio the median of its runs; single
-#: cells moved by up to 2x between the runs), the forward timed through the call ``auto``
-#: makes (``functions.forward_only``; the 2026-12-01 table timed the full ``numba`` backend
-#: path, which costs about 40 us more a call). On 256-bit vectors, with the three-pass
-#: algorithm (:data:`softmaxkit.kernels.cpu.functions.DEFAULT_ALGORITHM`), the kernels beat
-#: aten on large inputs in float32 as well as float64, and log-sum-exp almost everywhere
-#: past one short row, a long single row included (float32 1 x 32000: 0.67-0.72). Other
-#: single rows stay with aten (softmax 1 x 32000 forward 0.9-1.2, with a gradient 1.8-3.2:
-#: the autograd Function around the kernel).
+#: runs pooled as ``--runs 2`` pools them (each shape's ratio the median of its runs), the
+#: forward timed through the call ``auto`` makes (``functions.forward_only``, which since
+#: this run hands the kernel the tensors' addresses: about 4 us of Python a call instead of
+#: 12). On 256-bit vectors, with the three-pass algorithm
+#: (:data:`softmaxkit.kernels.cpu.functions.DEFAULT_ALGORITHM`), the kernels beat aten on
+#: large inputs in float32 as well as float64, on a long single float32 row (1 x 32000:
+#: 0.82-0.86, the serial kernel against aten's one-thread row), and log-sum-exp almost
+#: everywhere without a gradient (aten's is five ops: 0.4-0.7 on short single rows). With a
+#: gradient they win on large float32 inputs only: on smaller ones the autograd Function
+#: around the kernel costs more than the faster loops save.
 _WINS_AVX2 = frozenset({
     ('log_softmax', 'float32', 'fwd', 'large', 1),
     ('log_softmax', 'float32', 'fwd', 'large', 2),
-    ('log_softmax', 'float32', 'fwd', 'short rows', 1),
+    ('log_softmax', 'float32', 'fwd', 'one long row', 1),
+    ('log_softmax', 'float32', 'fwd', 'one long row', 2),
     ('log_softmax', 'float32', 'fwd', 'small', 1),
     ('log_softmax', 'float32', 'fwd', 'small', 2),
     ('log_softmax', 'float32', 'fwd+bwd', 'large', 1),
     ('log_softmax', 'float32', 'fwd+bwd', 'large', 2),
     ('log_softmax', 'float64', 'fwd', 'large', 1),
     ('log_softmax', 'float64', 'fwd', 'large', 2),
-    ('log_softmax', 'float64', 'fwd+bwd', 'large', 1),
     ('logsumexp', 'float32', 'fwd', 'large', 1),
     ('logsumexp', 'float32', 'fwd', 'large', 2),
     ('logsumexp', 'float32', 'fwd', 'one long row', 1),
     ('logsumexp', 'float32', 'fwd', 'one long row', 2),
+    ('logsumexp', 'float32', 'fwd', 'one row', 1),
+    ('logsumexp', 'float32', 'fwd', 'one row', 2),
     ('logsumexp', 'float32', 'fwd', 'short rows', 1),
     ('logsumexp', 'float32', 'fwd', 'short rows', 2),
     ('logsumexp', 'float32', 'fwd', 'small', 1),
@@ -268,10 +274,11 @@ _WINS_AVX2 = frozenset({
     ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 1),
     ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 2),
     ('logsumexp', 'float32', 'fwd+bwd', 'small', 1),
-    ('logsumexp', 'float32', 'fwd+bwd', 'small', 2),
     ('logsumexp', 'float64', 'fwd', 'large', 1),
     ('logsumexp', 'float64', 'fwd', 'large', 2),
     ('logsumexp', 'float64', 'fwd', 'one long row', 1),
+    ('logsumexp', 'float64', 'fwd', 'one row', 1),
+    ('logsumexp', 'float64', 'fwd', 'one row', 2),
     ('logsumexp', 'float64', 'fwd', 'short rows', 1),
     ('logsumexp', 'float64', 'fwd', 'short rows', 2),
     ('logsumexp', 'float64', 'fwd', 'small', 1),
@@ -280,17 +287,16 @@ _WINS_AVX2 = frozenset({
     ('logsumexp', 'float64', 'fwd+bwd', 'large', 2),
     ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 1),
     ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 2),
-    ('logsumexp', 'float64', 'fwd+bwd', 'small', 1),
-    ('logsumexp', 'float64', 'fwd+bwd', 'small', 2),
     ('softmax', 'float32', 'fwd', 'large', 1),
     ('softmax', 'float32', 'fwd', 'large', 2),
+    ('softmax', 'float32', 'fwd', 'one long row', 1),
+    ('softmax', 'float32', 'fwd', 'one long row', 2),
     ('softmax', 'float32', 'fwd', 'small', 1),
     ('softmax', 'float32', 'fwd', 'small', 2),
+    ('softmax', 'float32', 'fwd+bwd', 'large', 1),
     ('softmax', 'float32', 'fwd+bwd', 'large', 2),
     ('softmax', 'float64', 'fwd', 'large', 1),
     ('softmax', 'float64', 'fwd', 'large', 2),
-    ('softmax', 'float64', 'fwd+bwd', 'large', 1),
-    ('softmax', 'float64', 'fwd+bwd', 'short rows', 2),
 })
 WINS_BY_ISA = {"avx512": _WINS_AVX512, "avx2": _WINS_AVX2}
 NUMBA_WINS = WINS_BY_ISA.get(VECTOR_ISA, frozenset())
@@ -338,14 +344,19 @@ _F32 = torch.float32
 def _numba_wins(op, x, threads=None) -> bool:
     """Whether the numba kernel measurably beats aten for ``op`` on ``x`` (:data:`NUMBA_WINS`,
     or a float32 row of :data:`LONG_FLOAT32_ROW` entries or more)."""
-    dtype, n = x.dtype, x.shape[-1]
+    n = x.size(-1)
+    return _wins(op, x.dtype, x.numel() // n if n else 0, n, x.requires_grad and torch.is_grad_enabled(),
+                 torch.get_num_threads() if threads is None else threads)
+
+
+def _wins(op, dtype, rows, n, grad, threads) -> bool:
+    """:func:`_numba_wins` on ``rows`` rows of ``n`` entries, ``grad``: a gradient is recorded."""
     if dtype is _F32 and n >= LONG_FLOAT32_ROW:
         return True
-    if x.numel() < KERNEL_MIN_NUMEL.get(op, AUTO_MIN_NUMEL):   # the parallel launch costs more than the op
+    if rows > 1 and rows * n < KERNEL_MIN_NUMEL.get(op, AUTO_MIN_NUMEL):   # the parallel launch costs more than the op
         return False
-    classes = _WIN_CLASSES.get((op, dtype, x.requires_grad and torch.is_grad_enabled(),
-                                torch.get_num_threads() if threads is None else threads))
-    return classes is not None and shape_class(x.numel() // n if n else 0, n) in classes
+    classes = _WIN_CLASSES.get((op, dtype, grad, threads))
+    return classes is not None and shape_class(rows, n) in classes
 
 
 # ----------------------------------------------------------------------------------------
@@ -729,11 +740,11 @@ def _lane_rows(x, dim) -> int:
         return 0   # (forward-mode AD: aten's tangent at -inf scores is not the reference's 0)
     if x.layout is not _STRIDED or not x.is_cpu or x.is_nested or x.dtype not in _READ or not x.is_contiguous():
         return 0
-    shape = x.shape
-    nd = len(shape)
-    if not nd or (dim != -1 and dim != nd - 1) or not shape[-1]:
+    nd = x.dim()
+    if not nd or (dim != -1 and dim != nd - 1):
         return 0
-    return x.numel() // shape[-1]
+    n = x.size(-1)
+    return x.numel() // n if n else 0
 
 
 def _lane_bad(out, rows: int) -> bool:
@@ -779,13 +790,14 @@ def softmax_lane(x, dim, log=False):
     if not rows or is_functorch_wrapped(x):   # (wrapped: no address to read, the full path's reference)
         return None
     op = "log_softmax" if log else "softmax"
-    if (rows > 1 or _ONE_ROW_WINS or x.shape[-1] >= (ONE_LONG_ROW if op in _LONG_ROW_OPS else LONG_FLOAT32_ROW)) \
-            and _numba_wins(op, x):
-        return _kernel_forward(op, x)
-    if x.numel() * x.element_size() >= memory.MIN_BYTES:
+    grad = x.requires_grad and torch.is_grad_enabled()
+    n = x.size(-1)
+    if (rows > 1 or _ONE_ROW_WINS or n >= (ONE_LONG_ROW if op in _LONG_ROW_OPS else LONG_FLOAT32_ROW)) \
+            and _wins(op, x.dtype, rows, n, grad, torch.get_num_threads()):
+        return None if grad else _forward_only(x, LOG_PROBS if log else PROBS)
+    if rows * n * x.element_size() >= memory.MIN_BYTES:
         out = _huge_page_softmax(x, log)
-    elif log and rows >= NUMBA_BACKWARD_ROWS and x.requires_grad and torch.is_grad_enabled() \
-            and numba_available():
+    elif log and rows >= NUMBA_BACKWARD_ROWS and grad and numba_available():
         out = _AtenSoftmax.apply(x, log, False)
     elif log:
         out = _reference_log_softmax_grad(torch.log_softmax(x, -1))
@@ -858,7 +870,20 @@ def _kernel_forward(op, x, scale=1.0, algorithm=None):
     return functions.forward_only(x, _KERNEL_MODES[op], scale, algorithm)
 
 
-_KERNEL_MODES = {"softmax": 0, "log_softmax": 1, "logsumexp": 2}   # softmax.PROBS, LOG_PROBS, LSE
+PROBS, LOG_PROBS, LSE = 0, 1, 2   # the kernels' modes (softmax.PROBS, LOG_PROBS, LSE)
+_KERNEL_MODES = {"softmax": PROBS, "log_softmax": LOG_PROBS, "logsumexp": LSE}
+
+
+def _forward_only(x, mode):
+    """:func:`softmaxkit.kernels.cpu.functions.forward_only` at scale 1 for a lane input that
+    records no gradient (the lane has checked what :func:`_kernel_forward` checks)."""
+    global _FORWARD_ONLY
+    if _FORWARD_ONLY is None:
+        from .cpu.functions import forward_only as _FORWARD_ONLY
+    return _FORWARD_ONLY(x, mode)
+
+
+_FORWARD_ONLY = None
 
 
 def _log_softmax_lane(x, dim, params):
@@ -873,12 +898,16 @@ def _logsumexp_lane(x, dim, params):
 def logsumexp_lane(x, dim, keepdim=False):
     """As :func:`softmax_lane`, for log-sum-exp (``keepdim`` a bool): None unless every row's
     result is finite (the reference's own rows: nothing visible, a NaN, an ``inf``)."""
-    if not _lane_rows(x, dim) or is_functorch_wrapped(x) or forward_ad._current_level >= 0:
+    rows = _lane_rows(x, dim)
+    if not rows or is_functorch_wrapped(x):
         return None
-    if _numba_wins("logsumexp", x):
-        out = _kernel_forward("logsumexp", x)
+    grad = x.requires_grad and torch.is_grad_enabled()
+    if _wins("logsumexp", x.dtype, rows, x.size(-1), grad, torch.get_num_threads()):
+        if grad:
+            return None
+        out = _forward_only(x, LSE)
         return out if out is None or not keepdim else out.unsqueeze(-1)
-    if x.requires_grad and torch.is_grad_enabled():   # aten's own gradient uses the rounded lse
+    if grad:   # aten's own gradient uses the rounded lse
         out = _LogSumExpGrad.apply(x, -1)
         out = out if keepdim else out.squeeze(-1)
     else:
