@@ -188,3 +188,32 @@ def test_entropy_gradient_at_underflowed_probabilities_matches_the_reference(sha
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
     assert torch.isfinite(got[2]).all() and got[2, ::2].eq(0).all()
     assert torch.isnan(got[4]).all() and torch.isfinite(got[torch.arange(shape[0]) != 4]).all()
+
+
+@pytest.mark.parametrize("log", [False, True])
+@pytest.mark.parametrize("bad", ["nan", "+inf", "all -inf"])
+@pytest.mark.parametrize("shape", [(1, 40), (6, 40), (64, 4096)])
+def test_small_aten_lane_with_gradient_sends_bad_rows_to_the_reference(bad, log, shape):
+    """A small input recording a gradient takes aten with one scan of its output: a row aten
+    leaves NaN (a NaN score, a +inf, nothing visible) goes to the full path, which gives the
+    reference's values and gradient; rows of zero probability pass no gradient, even an
+    infinite one; the good rows are untouched."""
+    fn = sk.log_softmax if log else sk.softmax
+    x = torch.randn(*shape, dtype=torch.float64) * 3
+    r = shape[0] // 2
+    x[r, :3] = {"nan": float("nan"), "+inf": float("inf"), "all -inf": float("-inf")}[bad]
+    if bad == "all -inf":
+        x[r] = float("-inf")
+    x[-1, -1] = float("-inf")   # a zero probability (in another row when there are several)
+    g = torch.randn(shape, dtype=torch.float64)
+    g[-1, -1] = float("inf")
+    x.requires_grad_()
+    out = fn(x)
+    (dx,) = torch.autograd.grad(out, x, g)
+    with sk.use_backend("reference"):
+        ref = fn(x)
+        (dref,) = torch.autograd.grad(ref, x, g)
+    torch.testing.assert_close(out, ref, equal_nan=True)
+    torch.testing.assert_close(dx, dref, equal_nan=True)
+    if shape[0] > 1:
+        assert torch.isfinite(dx[-1]).all()

@@ -344,7 +344,7 @@ _F32 = torch.float32
 def _numba_wins(op, x, threads=None) -> bool:
     """Whether the numba kernel measurably beats aten for ``op`` on ``x`` (:data:`NUMBA_WINS`,
     or a float32 row of :data:`LONG_FLOAT32_ROW` entries or more)."""
-    n = x.size(-1)
+    n = x.shape[-1]
     return _wins(op, x.dtype, x.numel() // n if n else 0, n, x.requires_grad and torch.is_grad_enabled(),
                  torch.get_num_threads() if threads is None else threads)
 
@@ -712,9 +712,9 @@ def _scans() -> dict:
     """The first-column NaN scan by dtype, and the all-finite check under ``"all finite"`` (none
     without numba), loaded on first use."""
     if numba_available():
-        from .cpu.scan import all_finite, first_entries_have_nan, reaches_floor
+        from .cpu.scan import all_finite, first_entries_have_nan, nan_or_floor, reaches_floor
         _SCANS.update({torch.float32: first_entries_have_nan, torch.float64: first_entries_have_nan,
-                       "all finite": all_finite, "floor": reaches_floor})
+                       "all finite": all_finite, "floor": reaches_floor, "nan or floor": nan_or_floor})
     else:
         _SCANS[None] = None
     return _SCANS
@@ -729,22 +729,25 @@ NUMBA_BACKWARD_ROWS = 1024
 _STRIDED = torch.strided
 
 
-def _lane_rows(x, dim) -> int:
-    """The number of rows of ``x`` when the call can take a lane: the auto backend, not
-    traced, and ``x`` a plain contiguous CPU float32 / float64 tensor normalised along its
-    last, non-empty axis; else 0. Each check is one attribute read: this runs on every
-    ``sk.softmax`` call that could have been ``torch.softmax``. Tensors seen through a
-    functorch transform pass here; the lanes send them to the full path."""
-    if (type(x) is not torch.Tensor or type(dim) is not int or torch.compiler.is_compiling()
-            or _current.get().backend != "auto" or forward_ad._current_level >= 0):
-        return 0   # (forward-mode AD: aten's tangent at -inf scores is not the reference's 0)
-    if x.layout is not _STRIDED or not x.is_cpu or x.is_nested or x.dtype not in _READ or not x.is_contiguous():
-        return 0
-    nd = x.dim()
+def _lane_shape(x, dim):
+    """``(rows, n)`` of ``x`` when the call can take a lane: the auto backend, not traced,
+    and ``x`` a plain contiguous, non-empty CPU float32 / float64 tensor normalised along its
+    last axis (``rows`` rows of ``n`` entries); else None. Each check is one attribute read, the cheap
+    ones first: this runs on every ``sk.softmax`` call that could have been
+    ``torch.softmax``. Tensors seen through a functorch transform pass here; the lanes send
+    them to the full path."""
+    if (type(x) is not torch.Tensor or type(dim) is not int or _current.get().backend != "auto"
+            or forward_ad._current_level >= 0 or torch.compiler.is_compiling()):
+        return None   # (forward-mode AD: aten's tangent at -inf scores is not the reference's 0)
+    if x.dtype not in _READ or not x.is_cpu or x.layout is not _STRIDED or x.is_nested or not x.is_contiguous():
+        return None
+    shape = x.shape   # (one read: x.size(-1) costs twice shape[-1])
+    nd = len(shape)
     if not nd or (dim != -1 and dim != nd - 1):
-        return 0
-    n = x.size(-1)
-    return x.numel() // n if n else 0
+        return None
+    n = shape[-1]
+    rows = x.numel() // n if n else 0
+    return (rows, n) if rows else None
 
 
 def _lane_bad(out, rows: int) -> bool:
@@ -781,17 +784,17 @@ def softmax_lane(x, dim, log=False):
     """``softmax(x, dim)`` (or its log with ``log``) for the common call, in the fewest Python
     steps, or None when the call needs :func:`run`'s full path.
 
-    The common call (:func:`_lane_rows`) with no mask and temperature 1 runs the numba
+    The common call (:func:`_lane_shape`) with no mask and temperature 1 runs the numba
     kernel's forward where that measurably wins (:data:`NUMBA_WINS`), aten otherwise, then
     reads each row's first output entry (:mod:`.cpu.scan`): aten leaves the rows the reference
     defines differently (nothing visible, a NaN, a ``+inf``) all NaN, and None sends those
     calls to the full path, which recomputes them."""
-    rows = _lane_rows(x, dim)
-    if not rows or is_functorch_wrapped(x):   # (wrapped: no address to read, the full path's reference)
+    lane = _lane_shape(x, dim)
+    if lane is None or is_functorch_wrapped(x):   # (wrapped: no address to read, the full path's reference)
         return None
+    rows, n = lane
     op = "log_softmax" if log else "softmax"
     grad = x.requires_grad and torch.is_grad_enabled()
-    n = x.size(-1)
     if (rows > 1 or _ONE_ROW_WINS or n >= (ONE_LONG_ROW if op in _LONG_ROW_OPS else LONG_FLOAT32_ROW)) \
             and _wins(op, x.dtype, rows, n, grad, torch.get_num_threads()):
         return None if grad else _forward_only(x, LOG_PROBS if log else PROBS)
@@ -799,6 +802,8 @@ def softmax_lane(x, dim, log=False):
         out = _huge_page_softmax(x, log)
     elif log and rows >= NUMBA_BACKWARD_ROWS and grad and numba_available():
         out = _AtenSoftmax.apply(x, log, False)
+    elif grad and rows * n <= SERIAL_SCAN_NUMEL and numba_available():
+        return _small_aten_with_gradient(x, log)
     elif log:
         out = _reference_log_softmax_grad(torch.log_softmax(x, -1))
     else:
@@ -806,6 +811,22 @@ def softmax_lane(x, dim, log=False):
     if rows == 1:
         return None if math.isnan(_READ[x.dtype](out.data_ptr()).value) else out
     return None if _lane_bad(out, rows) else out
+
+
+def _small_aten_with_gradient(x, log):
+    """aten's softmax / log-softmax of a lane input of at most :data:`SERIAL_SCAN_NUMEL`
+    entries that records a gradient, or None where a row needs the reference. One scan of
+    the output finds both what the full path must recompute (a NaN: aten's row where the
+    reference differs) and the entries at the floor, which must pass no gradient (see
+    :func:`_drop_grad_at`; only then is the output hooked)."""
+    out = (torch.log_softmax if log else torch.softmax)(x, -1)
+    floor = float("-inf") if log else 0.0
+    found = (_SCANS or _scans())["nan or floor"](out, floor)
+    if found & 1:   # scan.NAN_FOUND
+        return None
+    if found:   # scan.FLOOR_FOUND
+        out.register_hook(functools.partial(_drop_grad_at, floor, out.detach()))
+    return out
 
 
 class _AtenSoftmax(torch.autograd.Function):
@@ -859,7 +880,7 @@ def _huge_page_softmax(x, log):
 
 
 def _kernel_forward(op, x, scale=1.0, algorithm=None):
-    """The numba kernel's forward result for a lane input (:func:`_lane_rows`) when no
+    """The numba kernel's forward result for a lane input (:func:`_lane_shape`) when no
     gradient is recorded, through :func:`softmaxkit.kernels.cpu.functions.forward_only`;
     None (the full path then runs) when a gradient is wanted, the tensor is seen through a
     transform, or a row needs the reference."""
@@ -898,11 +919,11 @@ def _logsumexp_lane(x, dim, params):
 def logsumexp_lane(x, dim, keepdim=False):
     """As :func:`softmax_lane`, for log-sum-exp (``keepdim`` a bool): None unless every row's
     result is finite (the reference's own rows: nothing visible, a NaN, an ``inf``)."""
-    rows = _lane_rows(x, dim)
-    if not rows or is_functorch_wrapped(x):
+    lane = _lane_shape(x, dim)
+    if lane is None or is_functorch_wrapped(x):
         return None
     grad = x.requires_grad and torch.is_grad_enabled()
-    if _wins("logsumexp", x.dtype, rows, x.size(-1), grad, torch.get_num_threads()):
+    if _wins("logsumexp", x.dtype, lane[0], lane[1], grad, torch.get_num_threads()):
         if grad:
             return None
         out = _forward_only(x, LSE)
