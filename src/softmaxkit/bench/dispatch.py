@@ -18,6 +18,7 @@ kernel-against-aten crossovers that :data:`softmaxkit.kernels.dispatch.NUMBA_WIN
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
 import os
@@ -226,8 +227,25 @@ def page_fault_table(shape, repeats: int) -> Table:
     return table
 
 
+@contextlib.contextmanager
+def _aten_lanes():
+    """``auto`` with no kernel win: its lanes take aten as they do where the kernel loses
+    (the output check, huge pages for large outputs, the gradient at zero probabilities)."""
+    saved = dispatch._WIN_CLASSES, dispatch.LONG_FLOAT32_ROW
+    dispatch._WIN_CLASSES, dispatch.LONG_FLOAT32_ROW = {}, math.inf
+    try:
+        yield
+    finally:
+        dispatch._WIN_CLASSES, dispatch.LONG_FLOAT32_ROW = saved
+
+
 def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1) -> tuple[Table, frozenset]:
-    """Measure the numba kernel against aten per (op, dtype, pass, shape class, threads).
+    """Measure the numba kernel against aten per (op, dtype, pass, shape class, threads),
+    each as ``auto`` would run it: the kernel through the lane's call (forward) or the numba
+    backend (with a gradient), aten through ``auto`` with no kernel win (so with the lane's
+    checks and, on outputs of 32 MiB and more, huge pages: the choice ``auto`` makes is
+    between these two, not bare ``torch.softmax``, whose fresh large outputs fault in every
+    4 KiB page).
 
     The grid is measured ``runs`` times over; each shape's ratio is the median of its runs.
     A cell is a win when, over the shapes of its class, the median of kernel time / torch
@@ -237,7 +255,8 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1) -> 
     """
     shapes = CROSSOVER_SHAPES if shapes is None else shapes
     table = Table("numba kernel against aten, per shape", [
-        "run", "threads", "shape", "class", "op", "dtype", "pass", "torch ms", "kernel ms", "kernel / torch"])
+        "run", "threads", "shape", "class", "op", "dtype", "pass", "aten (auto) ms", "kernel ms",
+        "kernel / aten"])
     ratios: dict[tuple, dict[tuple, list[float]]] = {}
     before = torch.get_num_threads()
     try:
@@ -250,8 +269,9 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1) -> 
                         for pass_ in PASSES:
                             x = _inputs(shape, dtype, pass_)
                             for op in OPS:
-                                fns = [_callable(_TORCH[op], x, pass_), _kernel_callable(op, x, pass_)]
-                                t_torch, t_kernel = interleaved_medians(fns, repeats)
+                                fns = [_callable(_sk(op), x, pass_), _kernel_callable(op, x, pass_)]
+                                with _aten_lanes():
+                                    t_torch, t_kernel = interleaved_medians(fns, repeats)
                                 name = str(dtype).replace("torch.", "")
                                 table.add(run_index, t, "x".join(map(str, shape)), cls, op, name, pass_,
                                           t_torch * 1e3, t_kernel * 1e3, t_kernel / t_torch)

@@ -238,27 +238,31 @@ _WINS_AVX512 = frozenset({
 
 #: AVX2: measured 2026-12-03 on the shared 2-core development machine of that day (AMD
 #: EPYC, AVX2 and FMA, no AVX-512; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, two
-#: runs pooled as ``--runs 2`` pools them (each shape's ratio the median of its runs), the
-#: forward timed through the call ``auto`` makes (``functions.forward_only``, which since
-#: this run hands the kernel the tensors' addresses: about 4 us of Python a call instead of
-#: 12). On 256-bit vectors, with the three-pass algorithm
-#: (:data:`softmaxkit.kernels.cpu.functions.DEFAULT_ALGORITHM`), the kernels beat aten on
-#: large inputs in float32 as well as float64, on a long single float32 row (1 x 32000:
-#: 0.82-0.86, the serial kernel against aten's one-thread row), and log-sum-exp almost
-#: everywhere without a gradient (aten's is five ops: 0.4-0.7 on short single rows). With a
-#: gradient they win on large float32 inputs only: on smaller ones the autograd Function
+#: runs pooled as ``--runs 2`` pools them (each shape's ratio the median of its runs), each
+#: side as ``auto`` runs it: the kernel's forward through ``functions.forward_only`` (which
+#: hands the kernel the tensors' addresses: about 4 us of Python a call, not 12), aten
+#: through ``auto`` with no kernel win (its output check, and huge pages on outputs of 32 MiB
+#: and more). Earlier tables timed bare ``torch.softmax``, whose large fresh outputs fault in
+#: every 4 KiB page: against that the kernels "won" large float64 inputs (0.66-0.75) that
+#: aten on huge pages runs as fast. On 256-bit vectors, with the three-pass algorithm
+#: (:data:`softmaxkit.kernels.cpu.functions.DEFAULT_ALGORITHM`), the kernels win large
+#: float32 inputs, single rows (the serial kernel against aten's one-thread row and the
+#: lane's checks), and log-sum-exp almost everywhere without a gradient (aten's is five ops).
+#: With a gradient they win on large inputs only: on smaller ones the autograd Function
 #: around the kernel costs more than the faster loops save.
 _WINS_AVX2 = frozenset({
     ('log_softmax', 'float32', 'fwd', 'large', 1),
     ('log_softmax', 'float32', 'fwd', 'large', 2),
     ('log_softmax', 'float32', 'fwd', 'one long row', 1),
     ('log_softmax', 'float32', 'fwd', 'one long row', 2),
+    ('log_softmax', 'float32', 'fwd', 'one row', 1),
+    ('log_softmax', 'float32', 'fwd', 'one row', 2),
+    ('log_softmax', 'float32', 'fwd', 'short rows', 1),
     ('log_softmax', 'float32', 'fwd', 'small', 1),
     ('log_softmax', 'float32', 'fwd', 'small', 2),
     ('log_softmax', 'float32', 'fwd+bwd', 'large', 1),
-    ('log_softmax', 'float32', 'fwd+bwd', 'large', 2),
-    ('log_softmax', 'float64', 'fwd', 'large', 1),
-    ('log_softmax', 'float64', 'fwd', 'large', 2),
+    ('log_softmax', 'float64', 'fwd', 'one row', 1),
+    ('log_softmax', 'float64', 'fwd', 'one row', 2),
     ('logsumexp', 'float32', 'fwd', 'large', 1),
     ('logsumexp', 'float32', 'fwd', 'large', 2),
     ('logsumexp', 'float32', 'fwd', 'one long row', 1),
@@ -271,8 +275,6 @@ _WINS_AVX2 = frozenset({
     ('logsumexp', 'float32', 'fwd', 'small', 2),
     ('logsumexp', 'float32', 'fwd+bwd', 'large', 1),
     ('logsumexp', 'float32', 'fwd+bwd', 'large', 2),
-    ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 1),
-    ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 2),
     ('logsumexp', 'float32', 'fwd+bwd', 'small', 1),
     ('logsumexp', 'float64', 'fwd', 'large', 1),
     ('logsumexp', 'float64', 'fwd', 'large', 2),
@@ -285,18 +287,17 @@ _WINS_AVX2 = frozenset({
     ('logsumexp', 'float64', 'fwd', 'small', 2),
     ('logsumexp', 'float64', 'fwd+bwd', 'large', 1),
     ('logsumexp', 'float64', 'fwd+bwd', 'large', 2),
-    ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 1),
-    ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 2),
     ('softmax', 'float32', 'fwd', 'large', 1),
     ('softmax', 'float32', 'fwd', 'large', 2),
     ('softmax', 'float32', 'fwd', 'one long row', 1),
     ('softmax', 'float32', 'fwd', 'one long row', 2),
+    ('softmax', 'float32', 'fwd', 'one row', 1),
+    ('softmax', 'float32', 'fwd', 'one row', 2),
     ('softmax', 'float32', 'fwd', 'small', 1),
     ('softmax', 'float32', 'fwd', 'small', 2),
-    ('softmax', 'float32', 'fwd+bwd', 'large', 1),
     ('softmax', 'float32', 'fwd+bwd', 'large', 2),
-    ('softmax', 'float64', 'fwd', 'large', 1),
-    ('softmax', 'float64', 'fwd', 'large', 2),
+    ('softmax', 'float64', 'fwd', 'one row', 1),
+    ('softmax', 'float64', 'fwd', 'one row', 2),
 })
 WINS_BY_ISA = {"avx512": _WINS_AVX512, "avx2": _WINS_AVX2}
 NUMBA_WINS = WINS_BY_ISA.get(VECTOR_ISA, frozenset())
