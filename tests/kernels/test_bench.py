@@ -2,6 +2,9 @@
 
 import math
 
+import pytest
+import torch
+
 from softmaxkit.bench import kernels as bench
 
 
@@ -54,3 +57,18 @@ def test_crossovers_pool_runs_per_shape_and_name_known_cells(monkeypatch):
     timings = iter([(1.0, 0.5)] * 1000)
     table, wins = bench_dispatch.crossovers(threads=(1,), repeats=1, shapes=shapes, runs=2)
     assert len(wins) == cells and all(key[3] == dispatch.shape_class(2, 4096) for key in wins)
+
+
+def test_crossovers_time_aten_as_auto_runs_it():
+    """The crossovers' aten side is ``auto`` with no kernel win (the lane's checks and huge
+    pages included); the table and the long-row rule come back afterwards, also on error."""
+    from softmaxkit.bench import dispatch as bench_dispatch
+    from softmaxkit.kernels import dispatch
+    long_row = torch.zeros(1, dispatch.LONG_FLOAT32_ROW)
+    assert dispatch._numba_wins("softmax", long_row)
+    with pytest.raises(RuntimeError):
+        with bench_dispatch._aten_lanes():
+            assert not dispatch._numba_wins("softmax", long_row)
+            assert not dispatch._numba_wins("logsumexp", torch.zeros(64, 4096))
+            raise RuntimeError
+    assert dispatch._numba_wins("softmax", long_row)
