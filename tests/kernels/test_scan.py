@@ -228,11 +228,24 @@ def test_a_small_input_takes_a_measured_win_only_past_the_launch_cost(monkeypatc
     assert dispatch._numba_wins("softmax", torch.zeros(256, 1000))
     assert not dispatch._numba_wins("logsumexp", torch.zeros(2, 1000))
     assert dispatch._numba_wins("logsumexp", torch.zeros(16, 1000))
-    assert dispatch._numba_wins("logsumexp", torch.zeros(1, 100))   # one row: no launch
-    assert not dispatch._numba_wins("softmax", torch.zeros(1, 100))   # no one-row win in this table
+    assert dispatch._numba_wins("logsumexp", torch.zeros(1, 5000))   # one row: no launch
+    assert not dispatch._numba_wins("softmax", torch.zeros(1, 5000))   # no one-row win in this table
     assert not dispatch._numba_wins("log_softmax", torch.zeros(256, 1000))   # no win in this table
-    x = torch.zeros(1, 100)
+    x = torch.zeros(1, 5000)
     torch.testing.assert_close(sk.logsumexp(x), torch.logsumexp(x, -1))
+
+
+def test_a_toy_single_row_never_loads_the_kernels(monkeypatch):
+    """Single rows shorter than the crossovers measure (1 x 4096) stay with aten even where
+    the table has a one-row win: a toy call must not load the compiled kernels."""
+    threads = torch.get_num_threads()
+    wins = {(op, torch.float32, False, threads): {"one row"} for op in ("softmax", "logsumexp")}
+    monkeypatch.setattr(dispatch, "_WIN_CLASSES", wins)
+    for op in ("softmax", "logsumexp"):
+        assert not dispatch._numba_wins(op, torch.zeros(3))
+        assert not dispatch._numba_wins(op, torch.zeros(1, dispatch.ONE_ROW_MIN - 1))
+        assert dispatch._numba_wins(op, torch.zeros(1, dispatch.ONE_ROW_MIN))
+    assert not dispatch._numba_wins("softmax", torch.zeros(2, 5000))   # two rows: the launch threshold
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])

@@ -183,6 +183,11 @@ SHORT_ROW = 512
 SMALL_NUMEL = 1 << 21
 #: A single row of at least this many entries is "one long row".
 ONE_LONG_ROW = 1 << 14
+#: A single row takes a kernel win only from this many entries, the shortest row the
+#: crossovers measure (1 x 4096): shorter ones are unmeasured, and a toy call such as
+#: ``sk.softmax(torch.tensor([1., 2., 3.]))`` must not load the compiled kernels (about a
+#: second in a fresh process).
+ONE_ROW_MIN = 1 << 12
 
 
 #: Cells (op, dtype, pass, shape class, threads) where the numba kernel measurably beat
@@ -355,6 +360,8 @@ def _wins(op, dtype, rows, n, grad, threads) -> bool:
     if dtype is _F32 and n >= LONG_FLOAT32_ROW:
         return True
     if rows > 1 and rows * n < KERNEL_MIN_NUMEL.get(op, AUTO_MIN_NUMEL):   # the parallel launch costs more than the op
+        return False
+    if rows == 1 and n < ONE_ROW_MIN:   # not measured; and toy calls never load the kernels
         return False
     classes = _WIN_CLASSES.get((op, dtype, grad, threads))
     return classes is not None and shape_class(rows, n) in classes
