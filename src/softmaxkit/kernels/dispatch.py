@@ -732,11 +732,6 @@ def _scans() -> dict:
 
 
 _READ = {dtype: kind.from_address for dtype, kind in _CTYPES.items()}
-#: From this many rows the aten lane's log-softmax takes its gradient from the numba backward
-#: kernel (one pass, ``-inf`` outputs handled in it) instead of aten's backward after a pass
-#: looking for ``-inf`` outputs; on fewer rows the kernel's parallel launch costs more than
-#: that pass (measured at 1 x 32000 and 8 x 50257: 1.4-2.5x torch, against 1.2-1.4x).
-NUMBA_BACKWARD_ROWS = 1024
 _STRIDED = torch.strided
 
 
@@ -811,8 +806,6 @@ def softmax_lane(x, dim, log=False):
         return None if grad else _forward_only(x, LOG_PROBS if log else PROBS)
     if rows * n * x.element_size() >= memory.MIN_BYTES:
         out = _huge_page_softmax(x, log)
-    elif log and rows >= NUMBA_BACKWARD_ROWS and grad and numba_available():
-        out = _AtenSoftmax.apply(x, log, False)
     elif grad and rows * n <= SERIAL_SCAN_NUMEL and numba_available():
         return _small_aten_with_gradient(x, log)
     elif log:
