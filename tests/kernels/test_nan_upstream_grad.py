@@ -217,3 +217,32 @@ def test_small_aten_lane_with_gradient_sends_bad_rows_to_the_reference(bad, log,
     torch.testing.assert_close(dx, dref, equal_nan=True)
     if shape[0] > 1:
         assert torch.isfinite(dx[-1]).all()
+
+
+@pytest.mark.parametrize("backend", ["auto", "numba"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(1, 7), (9, 4096), (9, 40000), (2, 1 << 18)])
+def test_log_softmax_gradient_where_finite_scores_overflow_to_minus_inf(shape, dtype, backend):
+    """finfo.max beside finfo.min in one row: ``x - max`` overflows to -inf, so the output is
+    -inf at a finite score. That entry is not masked: the reference passes its incoming
+    gradient and keeps it in the row's sum; only a -inf score passes none. The aten lane
+    (one scan up to 2^18 entries, torch's amin above) and the numba kernel (which leaves
+    such a row to the reference; float32 rows of 2^18 take it under auto too) agree."""
+    fi = torch.finfo(dtype)
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(shape, dtype=dtype, generator=gen)
+    x[-1, 0], x[-1, 1], x[-1, 2] = fi.max, fi.min, float("-inf")
+    g = torch.randn(shape, dtype=dtype, generator=gen)
+    xa, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    with sk.use_backend(backend):
+        ya = sk.log_softmax(xa)
+        yf = sk.log_softmax(x)   # the forward alone (the lane's kernel call)
+    torch.testing.assert_close(yf, ya.detach())
+    with sk.use_backend("reference"):
+        yr = sk.log_softmax(xr)
+    torch.testing.assert_close(ya, yr)
+    (da,) = torch.autograd.grad(ya, xa, g)
+    (dr,) = torch.autograd.grad(yr, xr, g)
+    # (the finfo.max entry's gradient is g - sum(g): summation order shows at n = 40000)
+    torch.testing.assert_close(da, dr, rtol=1e-5, atol=fi.eps * shape[1] ** 0.5 * 10)
+    assert da[-1, 1] == g[-1, 1] and da[-1, 2] == 0

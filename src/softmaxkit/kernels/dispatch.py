@@ -607,9 +607,22 @@ def _drop_grad_at(floor, y, grad):
     gradient, so its incoming gradient is dropped before aten's backward, which would give a
     ``-inf`` log-probability ``g_j`` and add ``g_j`` (``0 * g_j`` in a softmax, NaN when ``g_j``
     is infinite, as ``torch.special.entr``'s at ``p = 0``) to every other entry's sum."""
+    return _drop_grad_where(y == floor, grad)
+
+
+def _drop_grad_where(hidden, grad):
     if grad is None:   # an undefined gradient (gradcheck's undefined-grad test) stays undefined
         return None
-    return grad.masked_fill(y == floor, 0)
+    return grad.masked_fill(hidden, 0)
+
+
+def _minus_inf_scores(z):
+    """Where the scores ``z`` are ``-inf``: the log-softmax entries that pass no gradient. Not
+    where the output is ``-inf``: at a finite score whose ``z - max`` overflows (finfo.max
+    beside finfo.min) the output is ``-inf`` too, but the reference passes its gradient and
+    keeps it in the row's sum, as aten's backward does. Read when the hook is set, so an
+    in-place change of ``z`` afterwards cannot move it."""
+    return z.detach() == float("-inf")
 
 
 class _LogSumExpGrad(torch.autograd.Function):
@@ -649,7 +662,7 @@ def _aten_op(op, z, d):
         return _aten_logsumexp(z, d)
     if op == "softmax":
         return _reference_softmax_grad(torch.softmax(z, d), d)
-    return _reference_log_softmax_grad(torch.log_softmax(z, d))
+    return _reference_log_softmax_grad(torch.log_softmax(z, d), z)
 
 
 def _reference_softmax_grad(y, d=-1):
@@ -689,12 +702,13 @@ def softmax_backward_dropping_zeros(y, grad, d=-1):
     return (y * (grad - (grad * y).sum(d, keepdim=True))).masked_fill(zero, 0)
 
 
-def _reference_log_softmax_grad(y):
-    """``y`` (aten's log-softmax), with a hook giving it the reference's gradient when it has
-    ``-inf`` entries. Checked once, here, while ``y`` is still in cache, so that the common
-    gradient (no ``-inf``) runs aten's backward with no hook."""
+def _reference_log_softmax_grad(y, z):
+    """``y`` (aten's log-softmax of ``z``), with a hook giving it the reference's gradient
+    when it has ``-inf`` entries (:func:`_minus_inf_scores`). Checked once, here, while ``y`` is
+    still in cache, so that the common gradient (no ``-inf``) runs aten's backward with no
+    hook."""
     if y.requires_grad and y.numel() and _reaches_floor(y, float("-inf")):
-        y.register_hook(functools.partial(_drop_grad_at, float("-inf"), y.detach()))
+        y.register_hook(functools.partial(_drop_grad_where, _minus_inf_scores(z)))
     return y
 
 
@@ -809,7 +823,7 @@ def softmax_lane(x, dim, log=False):
     elif grad and rows * n <= SERIAL_SCAN_NUMEL and numba_available():
         return _small_aten_with_gradient(x, log)
     elif log:
-        out = _reference_log_softmax_grad(torch.log_softmax(x, -1))
+        out = _reference_log_softmax_grad(torch.log_softmax(x, -1), x)
     else:
         out = _reference_softmax_grad(torch.softmax(x, -1))
     if rows == 1:
@@ -829,7 +843,8 @@ def _small_aten_with_gradient(x, log):
     if found & 1:   # scan.NAN_FOUND
         return None
     if found:   # scan.FLOOR_FOUND
-        out.register_hook(functools.partial(_drop_grad_at, floor, out.detach()))
+        out.register_hook(functools.partial(_drop_grad_where, _minus_inf_scores(x)) if log
+                          else functools.partial(_drop_grad_at, 0.0, out.detach()))
     return out
 
 

@@ -125,9 +125,19 @@ def _rescale(out, factor):
 
 @njit(cache=True, error_model="numpy")
 def _write_log_probs(x, out, scale, shift, log_sum):
+    """``out = x * scale - shift - log_sum``; whether a finite ``x * scale`` gave ``-inf``
+    (``x - max`` overflowed: finfo.max beside finfo.min). The reference passes that entry's
+    gradient, where a ``-inf`` output otherwise marks a ``-inf`` score that passes none, so
+    such a row is left to the reference."""
     wide_vectors()
+    neg_inf = cast_like(-np.inf, scale)
+    overflow = False
     for i in range(x.shape[0]):
-        out[i] = (x[i] * scale - shift) - log_sum
+        z = x[i] * scale
+        v = (z - shift) - log_sum
+        out[i] = v
+        overflow = overflow | ((v == neg_inf) & (z != neg_inf))
+    return overflow
 
 
 # nnan (for the vectorised max reductions) is safe: exp_parts propagates a NaN to its
@@ -339,8 +349,8 @@ def _careful_row(x, out, scale, mode):
         _rescale(out, cast_like(1.0, s) / s)
     else:
         s = _sum_exp(x, scale, m)
-    if mode == LOG_PROBS:
-        _write_log_probs(x, out, scale, m, np.log(s))
+    if mode == LOG_PROBS and _write_log_probs(x, out, scale, m, np.log(s)):
+        return neg_inf, _SPECIAL_TODO
     return m + np.log(s), np.uint8(0)
 
 
@@ -375,7 +385,9 @@ def _normalize_row(x, out, lse, special, scale, algorithm, mode, r):
             m, s, ok = _online_stats(xr, scale)
         if ok:
             if mode == LOG_PROBS:
-                _write_log_probs(xr, outr, scale, m, np.log(s))
+                if _write_log_probs(xr, outr, scale, m, np.log(s)):
+                    special[r] = _SPECIAL_TODO
+                    return
             else:
                 lse[r] = m + np.log(s)
             special[r] = 0
