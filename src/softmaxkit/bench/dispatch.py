@@ -82,12 +82,16 @@ def _callable(fn, x, pass_):
 
 def _kernel_callable(op, x, pass_):
     """The numba kernel as ``auto`` runs it when it picks the kernel: forward only, the
-    lane's call (:func:`softmaxkit.kernels.cpu.functions.forward_only`); with a gradient,
-    the full path under ``use_backend("numba")``."""
+    lane's call (:func:`softmaxkit.kernels.cpu.functions.forward_only`); log-softmax with a
+    gradient, the lane's kernel Function (that forward and the one-pass backward); the other
+    ops with a gradient, the full path under ``use_backend("numba")``."""
     if pass_ == "fwd":
         from ..kernels.cpu import functions
         mode = dispatch._KERNEL_MODES[op]
         return lambda: functions.forward_only(x, mode)
+    if op != "logsumexp":
+        log = op == "log_softmax"
+        return _callable(lambda x: dispatch._kernel_softmax(x, log), x, pass_)
     return _callable(_in_backend("numba", _sk(op)), x, pass_)
 
 

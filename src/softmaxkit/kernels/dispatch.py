@@ -253,8 +253,13 @@ _WINS_AVX512 = frozenset({
 #: (:data:`softmaxkit.kernels.cpu.functions.DEFAULT_ALGORITHM`), the kernels win large
 #: float32 inputs, single rows (the serial kernel against aten's one-thread row and the
 #: lane's checks), and log-sum-exp almost everywhere without a gradient (aten's is five ops).
-#: With a gradient they win on large inputs only: on smaller ones the autograd Function
-#: around the kernel costs more than the faster loops save.
+#: With a gradient they win on large float32 inputs only: on smaller ones the autograd
+#: Function around the kernel costs more than the faster loops save. The softmax and
+#: log-softmax cells with a gradient were re-measured the same day with the kernel as the
+#: lane now runs it (``_KernelSoftmax``: the forward above and the one-pass backward, no
+#: per-row flags), kernel / aten medians 0.83-0.93 on large float32 inputs (one cell each,
+#: log-softmax 1 thread and softmax 2 threads, at 0.91-0.98 in that run and kept from the
+#: first), 0.95-1.08 elsewhere.
 _WINS_AVX2 = frozenset({
     ('log_softmax', 'float32', 'fwd', 'large', 1),
     ('log_softmax', 'float32', 'fwd', 'large', 2),
@@ -266,6 +271,7 @@ _WINS_AVX2 = frozenset({
     ('log_softmax', 'float32', 'fwd', 'small', 1),
     ('log_softmax', 'float32', 'fwd', 'small', 2),
     ('log_softmax', 'float32', 'fwd+bwd', 'large', 1),
+    ('log_softmax', 'float32', 'fwd+bwd', 'large', 2),
     ('log_softmax', 'float64', 'fwd', 'one row', 1),
     ('log_softmax', 'float64', 'fwd', 'one row', 2),
     ('logsumexp', 'float32', 'fwd', 'large', 1),
@@ -300,6 +306,7 @@ _WINS_AVX2 = frozenset({
     ('softmax', 'float32', 'fwd', 'one row', 2),
     ('softmax', 'float32', 'fwd', 'small', 1),
     ('softmax', 'float32', 'fwd', 'small', 2),
+    ('softmax', 'float32', 'fwd+bwd', 'large', 1),
     ('softmax', 'float32', 'fwd+bwd', 'large', 2),
     ('softmax', 'float64', 'fwd', 'one row', 1),
     ('softmax', 'float64', 'fwd', 'one row', 2),
@@ -817,8 +824,12 @@ def softmax_lane(x, dim, log=False):
     grad = x.requires_grad and torch.is_grad_enabled()
     if (rows > 1 or _ONE_ROW_WINS or n >= (ONE_LONG_ROW if op in _LONG_ROW_OPS else LONG_FLOAT32_ROW)) \
             and _wins(op, x.dtype, rows, n, grad, torch.get_num_threads()):
-        return None if grad else _forward_only(x, LOG_PROBS if log else PROBS)
+        if not grad:
+            return _forward_only(x, LOG_PROBS if log else PROBS)
+        return _kernel_softmax(x, log)
     if rows * n * x.element_size() >= memory.MIN_BYTES:
+        if grad and log and numba_available():
+            return _kernel_softmax(x, log=True)
         out = _huge_page_softmax(x, log)
     elif grad and rows * n <= SERIAL_SCAN_NUMEL and numba_available():
         return _small_aten_with_gradient(x, log)
@@ -852,10 +863,9 @@ class _AtenSoftmax(torch.autograd.Function):
     """aten's softmax / log-softmax (last axis, contiguous), forward and backward; with ``huge``
     (large inputs) each writes into a fresh output backed by huge pages
     (:mod:`softmaxkit.kernels.memory`): on a large input most of aten's own time is page
-    faults on its fresh output. A log-softmax
-    gets the reference's gradient at ``-inf`` outputs (see :func:`_drop_grad_at`):
-    from the numba backward kernel, which handles them in its one pass, or else from aten's
-    backward after a pass that looks for them."""
+    faults on its fresh output. A log-softmax gets the reference's gradient at ``-inf``
+    scores (see :func:`_minus_inf_scores`) from aten's backward after a pass that looks for
+    them (with numba, :class:`_KernelSoftmax` runs instead)."""
 
     @staticmethod
     def forward(ctx, x, log, huge=True):
@@ -863,24 +873,19 @@ class _AtenSoftmax(torch.autograd.Function):
         (torch.log_softmax if log else torch.softmax)(x, -1, out=out)
         ctx.save_for_backward(out)
         ctx.log = log
-        ctx.numba = log and numba_available()
-        # -inf outputs (or NaN rows, which the caller recomputes) need the reference's gradient
-        ctx.invisible = log and not ctx.numba and not float(out.amin()) > float("-inf")
+        # -inf outputs (or NaN rows, which the caller recomputes): hide the -inf scores' gradient
+        ctx.hidden = _minus_inf_scores(x) if log and not float(out.amin()) > float("-inf") else None
         return out
 
     @staticmethod
     def backward(ctx, grad):
         (y,) = ctx.saved_tensors
+        if ctx.hidden is not None:
+            grad = _drop_grad_where(ctx.hidden, grad)
         if backward_in_torch_ops(grad):   # create_graph or batched gradients: the same formula as torch ops
             if ctx.log:
-                grad = _drop_grad_at(float("-inf"), y, grad)
                 return grad - torch.exp(y) * grad.sum(-1, keepdim=True), None, None
             return softmax_backward_dropping_zeros(y, grad), None, None
-        if ctx.numba:
-            from .cpu import functions
-            return functions.log_softmax_backward(y, grad), None, None
-        if ctx.invisible:
-            grad = _drop_grad_at(float("-inf"), y, grad)
         grad = grad.contiguous()
         dx = memory.empty_like(y)
         if ctx.log:
@@ -896,6 +901,51 @@ def _huge_page_softmax(x, log):
     if x.requires_grad and torch.is_grad_enabled():
         return _AtenSoftmax.apply(x, log)
     return (torch.log_softmax if log else torch.softmax)(x, -1, out=memory.empty_like(x))
+
+
+class _RowsLeft(Exception):
+    """Raised inside :class:`_KernelSoftmax`'s forward when the kernel left a row to the
+    reference, so that no autograd node is recorded; the caller takes the full path."""
+
+
+class _KernelSoftmax(torch.autograd.Function):
+    """The numba kernel's softmax or log-softmax (last axis, contiguous, output on huge pages
+    from :data:`memory.MIN_BYTES`; :func:`softmaxkit.kernels.cpu.functions.forward_only`) and
+    its one-pass backward, which reads only the output: an entry at the floor (probability 0,
+    log-probability ``-inf``) passes no gradient. For a log-softmax that is the reference's
+    gradient only because the forward leaves to the reference every row where a finite
+    score's output overflows to ``-inf`` (finfo.max beside finfo.min), which aten's forward
+    returns silently; every other row the forward leaves (NaN, ``+inf``, nothing visible)
+    goes to the reference too."""
+
+    @staticmethod
+    def forward(ctx, x, mode):
+        out = _forward_only(x, mode)
+        if out is None:
+            raise _RowsLeft
+        ctx.save_for_backward(out)
+        ctx.mode = mode
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (y,) = ctx.saved_tensors
+        if backward_in_torch_ops(grad):   # create_graph or batched gradients: the same formula as torch ops
+            if ctx.mode == PROBS:
+                return softmax_backward_dropping_zeros(y, grad), None
+            grad = _drop_grad_at(float("-inf"), y, grad)
+            return grad - torch.exp(y) * grad.sum(-1, keepdim=True), None
+        from .cpu import functions
+        return functions.backward_from_output(y, grad, ctx.mode), None
+
+
+def _kernel_softmax(x, log=False):
+    """:class:`_KernelSoftmax` of a lane input (log-softmax with ``log``), or None where a row
+    needs the reference."""
+    try:
+        return _KernelSoftmax.apply(x, LOG_PROBS if log else PROBS)
+    except _RowsLeft:
+        return None
 
 
 def _kernel_forward(op, x, scale=1.0, algorithm=None):

@@ -105,14 +105,16 @@ def _differentiable_backward(y, grad, special, scale, mode):
     return torch.where(keep, dx * scale, torch.zeros_like(dx))
 
 
-def log_softmax_backward(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
-    """The reference's log-softmax gradient from the output ``y`` (last axis, every row with a
-    finite maximum): ``dx = g - e^y sum g`` over the entries with ``y > -inf``, 0 at the
-    others, in one pass per row (aten's backward gives a ``-inf`` entry ``g_j`` and adds it to
-    the row's sum, so it needs a separate pass to find them)."""
+def backward_from_output(y: torch.Tensor, grad: torch.Tensor, mode: int) -> torch.Tensor:
+    """The reference's softmax (``mode`` PROBS) or log-softmax (LOG_PROBS) gradient from the
+    output ``y`` (last axis, every row with a finite maximum), in one pass per row: softmax
+    ``dx = y (g - <y, g>)`` with 0 (and ``g`` left out of the sum) where ``y = 0``;
+    log-softmax ``dx = g - e^y sum g`` over the entries with ``y > -inf``, 0 at the others
+    (aten's backward gives a ``-inf`` entry ``g_j`` and adds it to the row's sum, so it needs
+    a separate pass to find them)."""
     y2 = _rows(y)
     special = torch.zeros(y2.shape[0], dtype=torch.uint8)
-    return _run_backward(y2, grad, special, 1.0, _k.LOG_PROBS).reshape(y.shape)
+    return _run_backward(y2, grad, special, 1.0, mode).reshape(y.shape)
 
 
 _FORWARD_ENTRIES: dict = {}
