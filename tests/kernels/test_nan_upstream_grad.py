@@ -66,6 +66,35 @@ def test_nan_gradient_at_zero_weights_is_dropped_alike(fn):
     torch.testing.assert_close(got["numba"], got["reference"])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("fn", [sk.sparsemax, sk.entmax15, lambda x: sk.entmax(x, alpha=1.3),
+                                lambda x: sk.entmax(x, alpha=3.0)],
+                         ids=["sparsemax", "entmax15", "entmax1.3", "entmax3"])
+def test_nan_gradient_on_the_support_stays_on_the_support(fn, dtype):
+    """A NaN incoming gradient at an entry of positive weight makes that row's gradient NaN on
+    the support and leaves exactly 0 off it (a weight that is exactly 0 passes no gradient),
+    on every backend and row length (the sparse references spread it over the whole row, where
+    the kernels kept it on the support)."""
+    for n in (6, 3000):
+        x = torch.randn(4, n, generator=torch.Generator().manual_seed(2), dtype=dtype) * 3
+        x[:, 0] = -math.inf
+        x[:, 1] = -1e4
+
+        def nan_at_top(out):
+            g = torch.randn(out.shape, generator=torch.Generator().manual_seed(3), dtype=dtype)
+            g[2, out[2].argmax()] = math.nan
+            return g
+
+        got = {backend: _grads(fn, x, backend, nan_at_top) for backend in BACKENDS + ["auto"]}
+        with sk.use_backend("reference"):
+            support = fn(x) > 0
+        for backend, grad in got.items():
+            assert torch.isnan(grad[2][support[2]]).all(), backend
+            assert (grad[2][~support[2]] == 0).all(), backend
+            assert torch.isfinite(grad[[0, 1, 3]]).all(), backend
+            torch.testing.assert_close(grad, got["reference"], equal_nan=True, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("alpha", [2.5, 3.0])
 def test_entmax_bisection_runs_on_meta_tensors(alpha):
     out = sk.entmax(torch.empty(4, 8, device="meta"), alpha=alpha)

@@ -244,10 +244,12 @@ def centered(g: torch.Tensor, v: torch.Tensor, g_sum: torch.Tensor, dominant: bo
     numbers, multiplied by the huge ``g_k`` (float32 at alpha = 5 lost 4.4 of 41). With
     ``dominant`` (the caller's alpha may exceed 2) the entry of the largest ``g`` takes the
     leave-one-out form ``g_k sum_{j != k} g_j (v_k - v_j) / sum g``, with no cancellation.
-    Off the support (``g = 0``) ``v`` is not read: a NaN there (an incoming gradient at a weight
-    that is exactly 0) leaves the row finite, as the kernels and softmax's reference give it."""
-    v = torch.where(g != 0, v, torch.zeros_like(v))
-    out = g * (v - (g * v).sum(-1, keepdim=True) / g_sum)
+    Off the support (``g = 0``) ``v`` is not read and the result is exactly 0: a NaN there (an
+    incoming gradient at a weight that is exactly 0) leaves the row finite, and a NaN on the
+    support makes only the support NaN, as the kernels and softmax's reference give it."""
+    on = g != 0
+    v = torch.where(on, v, torch.zeros_like(v))
+    out = torch.where(on, g * (v - (g * v).sum(-1, keepdim=True) / g_sum), torch.zeros_like(g))
     if not dominant or g.shape[-1] < 2:
         return out
     k = g.argmax(-1, keepdim=True)
