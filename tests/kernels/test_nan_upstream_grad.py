@@ -275,3 +275,46 @@ def test_log_softmax_gradient_where_finite_scores_overflow_to_minus_inf(shape, d
     # (the finfo.max entry's gradient is g - sum(g): summation order shows at n = 40000)
     torch.testing.assert_close(da, dr, rtol=1e-5, atol=fi.eps * shape[1] ** 0.5 * 10)
     assert da[-1, 1] == g[-1, 1] and da[-1, 2] == 0
+
+
+_UPSTREAM_PATTERNS = {
+    "nan on the support": {(2, 5): math.nan},
+    "+inf on the support": {(2, 5): math.inf},
+    "-inf on the support": {(2, 5): -math.inf},
+    "+inf and -inf on the support": {(2, 5): math.inf, (2, 4): -math.inf},
+    "inf at zero probabilities": {(2, 0): math.inf, (2, 1): math.inf},
+    "nan at zero probabilities": {(2, 0): math.nan, (2, 1): math.nan},
+    "nan in a row with nothing visible": {(3, 2): math.nan},
+}
+
+
+@pytest.mark.parametrize("shape, large_outputs", [((4, 6), False), ((4, 3000), False), ((4, 3000), True),
+                                                   ((4, 70000), False), ((300, 1000), False)],
+                         ids=["tiny", "small", "huge-page-lane", "above-2^18", "many-rows"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_non_finite_upstream_gradients_match_the_reference(op, dtype, shape, large_outputs, monkeypatch):
+    """A NaN or an infinity arriving anywhere in a row: every backend and lane (the small aten
+    lane's one scan, the hooks above 2^18 entries, the kernel, the large-output lane) gives
+    the reference's gradient. An entry of probability 0 (a -inf score, an underflow) is a
+    constant of its row: its softmax gradient is exactly 0 even where the row's <p, g> is
+    not finite (aten's 0 * inf is NaN there, and the numba kernel took an infinite <p, g>
+    for a finite one); a -inf score's log-softmax gradient is 0 (aten's 0 - 0 * NaN)."""
+    if large_outputs:
+        from softmaxkit.kernels import memory
+        monkeypatch.setattr(memory, "MIN_BYTES", 0)
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(shape, generator=gen, dtype=dtype) * 3
+    x[:, 0] = -math.inf
+    x[:, 1] = -1e4   # underflows: probability exactly 0, log-probability finite
+    x[3] = -math.inf
+    for name, entries in _UPSTREAM_PATTERNS.items():
+        g = torch.randn(shape, generator=gen, dtype=dtype)
+        for index, value in entries.items():
+            g[index] = value
+        got = {backend: _grads(getattr(sk, op), x, backend, lambda out: g) for backend in BACKENDS + ["auto"]}
+        for backend in ("numba", "auto"):
+            torch.testing.assert_close(got[backend], got["reference"], equal_nan=True, rtol=1e-4, atol=1e-4,
+                                       msg=lambda m: f"{backend}, {name}: {m}")
+        zero_grad = got["reference"][2, :2] if op == "softmax" else got["reference"][2, :1]
+        assert (zero_grad == 0).all(), name

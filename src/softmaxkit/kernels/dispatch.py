@@ -581,20 +581,23 @@ _CTYPES = {torch.float32: ctypes.c_float, torch.float64: ctypes.c_double}
 SCAN_MIN_ROWS = 5
 
 
-def _first_column_has_nan(out, d) -> bool:
-    """Whether ``out`` has a NaN at index 0 along ``d``, read at the lowest fixed cost."""
+def _first_column_has_nan(out, d, inf_too=False) -> bool:
+    """Whether ``out`` has a NaN (with ``inf_too``, a NaN or an infinity) at index 0 along
+    ``d``, read at the lowest fixed cost."""
     if out.is_cpu and out.dtype in _CTYPES:
         n = out.shape[d]
         rows = out.numel() // n
         last = d == out.dim() - 1 and out.is_contiguous()
+        bad = math.isnan if not inf_too else (lambda v: not math.isfinite(v))
         if last and rows < SCAN_MIN_ROWS:   # a few rows: read their first elements in place
             read, size, base = _CTYPES[out.dtype].from_address, out.element_size() * n, out.data_ptr()
-            return any(math.isnan(read(base + r * size).value) for r in range(rows))
+            return any(bad(read(base + r * size).value) for r in range(rows))
         if last and numba_available():
-            return (_SCANS or _scans())[out.dtype](out)
-        a = out.detach().numpy()
-        return bool(np.isnan(a[(slice(None),) * d + (0,)]).any())
-    return bool(torch.isnan(out.narrow(d, 0, 1)).any())
+            return (_SCANS or _scans())[out.dtype](out, inf_too)
+        first = out.detach().numpy()[(slice(None),) * d + (0,)]
+        return bool((~np.isfinite(first) if inf_too else np.isnan(first)).any())
+    first = out.narrow(d, 0, 1)
+    return bool((~torch.isfinite(first) if inf_too else torch.isnan(first)).any())
 
 
 def _all_finite(out) -> bool:
@@ -608,16 +611,10 @@ def _all_finite(out) -> bool:
     return bool(torch.isfinite(out).all())
 
 
-def _drop_grad_at(floor, y, grad):
-    """The reference's gradient from aten's: an output at the floor of its range (``-inf`` in a
-    log-softmax, 0 in a softmax: a masked entry, a ``-inf`` score, an underflow) passes no
-    gradient, so its incoming gradient is dropped before aten's backward, which would give a
-    ``-inf`` log-probability ``g_j`` and add ``g_j`` (``0 * g_j`` in a softmax, NaN when ``g_j``
-    is infinite, as ``torch.special.entr``'s at ``p = 0``) to every other entry's sum."""
-    return _drop_grad_where(y == floor, grad)
-
-
 def _drop_grad_where(hidden, grad):
+    """The incoming gradient with the entries at ``hidden`` dropped: an output that is a
+    constant of its row (a ``-inf`` log-probability of a ``-inf`` score) passes no gradient,
+    where aten's backward would pass ``g_j`` on and add it to every other entry's sum."""
     if grad is None:   # an undefined gradient (gradcheck's undefined-grad test) stays undefined
         return None
     return grad.masked_fill(hidden, 0)
@@ -669,32 +666,40 @@ def _aten_op(op, z, d):
         return _aten_logsumexp(z, d)
     if op == "softmax":
         return _reference_softmax_grad(torch.softmax(z, d), d)
-    return _reference_log_softmax_grad(torch.log_softmax(z, d), z)
+    return _reference_log_softmax_grad(torch.log_softmax(z, d), z, d)
 
 
 def _reference_softmax_grad(y, d=-1):
-    """``y`` (aten's softmax along ``d``) whose gradient is the reference's where an entry of
-    probability 0 gets a non-finite incoming gradient (see :func:`_drop_grad_at`). Up to
-    :data:`SERIAL_SCAN_NUMEL` entries a scan finds the zeros while ``y`` is in cache and only
-    then hooks ``y``; above, a hook on the backward node reads each row's first gradient entry
-    (aten's row is all NaN then) and recomputes those gradients, which costs a fixed ~15 us
-    and no pass over the data."""
+    """``y`` (aten's softmax along ``d``) whose gradient is the reference's where the incoming
+    gradient is not finite (see :func:`_recompute_non_finite_rows`; with a finite one aten's
+    ``y (g - <y, g>)`` is the reference's, exactly 0 at a probability 0). Up to
+    :data:`SERIAL_SCAN_NUMEL` entries a scan looks for zero probabilities while ``y`` is in
+    cache and only then hooks ``y``'s node (with none, a non-finite gradient is non-finite
+    wherever the reference's is); above, the node is hooked with no scan: the hook reads
+    each row's first gradient entry, a fixed ~15 us and no pass over the data."""
     if not y.requires_grad or not y.numel():
         return y
-    if y.numel() <= SERIAL_SCAN_NUMEL:
-        if _reaches_floor(y, 0.0):
-            y.register_hook(functools.partial(_drop_grad_at, 0.0, y.detach()))
-    else:
-        y.grad_fn.register_hook(functools.partial(_recompute_nan_rows, y.detach(), d % y.dim()))
+    if y.numel() > SERIAL_SCAN_NUMEL or _reaches_floor(y, 0.0):
+        _recompute_non_finite_rows(y, d % y.dim())
     return y
 
 
-def _recompute_nan_rows(y, d, grad_inputs, grad_outputs):
+def _recompute_non_finite_rows(y, d):
+    """Hook aten's softmax backward (``y``'s node, normalised along ``d``) so that a row
+    whose gradient has a NaN or an infinity is recomputed with the reference's formula
+    (:func:`softmax_backward_dropping_zeros`). aten's ``y (g - <y, g>)`` is non-finite in
+    its whole row when ``<y, g>`` is (an infinite or NaN incoming gradient anywhere in the
+    row, even at a probability 0, where ``0 * inf`` is NaN), so one column tells; the
+    reference drops the gradient arriving at a probability 0 and gives those entries exactly 0."""
+    y.grad_fn.register_hook(functools.partial(_recompute_where_not_finite, y.detach(), d))
+
+
+def _recompute_where_not_finite(y, d, grad_inputs, grad_outputs):
     dx, (grad,) = grad_inputs[0], grad_outputs
     if dx is None or grad is None:
         return None
     try:
-        if not _first_column_has_nan(dx, d):
+        if not _first_column_has_nan(dx, d, inf_too=True):
             return None
     except RuntimeError:   # a batched gradient (vmap): no data-dependent branch, recompute
         pass
@@ -709,14 +714,45 @@ def softmax_backward_dropping_zeros(y, grad, d=-1):
     return (y * (grad - (grad * y).sum(d, keepdim=True))).masked_fill(zero, 0)
 
 
-def _reference_log_softmax_grad(y, z):
+def log_softmax_backward_hiding(y, grad, hidden, d=-1):
+    """``g - e^y sum g`` along ``d`` over the entries not ``hidden``, exactly 0 at those (in
+    torch ops, differentiable): the reference's log-softmax gradient, ``hidden`` its ``-inf``
+    scores."""
+    grad = grad.masked_fill(hidden, 0)
+    return (grad - torch.exp(y) * grad.sum(d, keepdim=True)).masked_fill(hidden, 0)
+
+
+def _reference_log_softmax_grad(y, z, d=-1):
     """``y`` (aten's log-softmax of ``z``), with a hook giving it the reference's gradient
     when it has ``-inf`` entries (:func:`_minus_inf_scores`). Checked once, here, while ``y`` is
     still in cache, so that the common gradient (no ``-inf``) runs aten's backward with no
     hook."""
     if y.requires_grad and y.numel() and _reaches_floor(y, float("-inf")):
-        y.register_hook(functools.partial(_drop_grad_where, _minus_inf_scores(z)))
+        _hide_minus_inf_scores(y, _minus_inf_scores(z), d)
     return y
+
+
+def _hide_minus_inf_scores(y, hidden, d=-1):
+    """Hooks on aten's log-softmax ``y`` (normalised along ``d``) that give the entries at
+    ``hidden`` (its ``-inf`` scores) the reference's gradient: the gradient arriving there
+    is dropped before aten's backward (which would pass it on and add it to the row's sum),
+    and where the row's sum of incoming gradients is not finite (a NaN or an infinity at a
+    visible entry: aten's ``g_j - e^{y_j} sum g`` is then non-finite throughout the row,
+    ``0 * inf`` at ``e^{y_j} = 0``), those entries are set back to 0."""
+    y.register_hook(functools.partial(_drop_grad_where, hidden))
+    y.grad_fn.register_hook(functools.partial(_zero_where_not_finite, hidden, d % y.dim()))
+
+
+def _zero_where_not_finite(hidden, d, grad_inputs, grad_outputs):
+    dx = grad_inputs[0]
+    if dx is None:
+        return None
+    try:
+        if not _first_column_has_nan(dx, d, inf_too=True):
+            return None
+    except RuntimeError:   # a batched gradient (vmap): no data-dependent branch
+        pass
+    return (dx.masked_fill(hidden, 0),) + tuple(grad_inputs[1:])
 
 
 #: Up to this many entries the look for outputs at the floor (``-inf`` log-probabilities, zero
@@ -846,16 +882,18 @@ def _small_aten_with_gradient(x, log):
     """aten's softmax / log-softmax of a lane input of at most :data:`SERIAL_SCAN_NUMEL`
     entries that records a gradient, or None where a row needs the reference. One scan of
     the output finds both what the full path must recompute (a NaN: aten's row where the
-    reference differs) and the entries at the floor, which must pass no gradient (see
-    :func:`_drop_grad_at`; only then is the output hooked)."""
+    reference differs) and the entries at the floor, which must pass no gradient (only then
+    is the output hooked: :func:`_hide_minus_inf_scores`, :func:`_recompute_non_finite_rows`)."""
     out = (torch.log_softmax if log else torch.softmax)(x, -1)
     floor = float("-inf") if log else 0.0
     found = (_SCANS or _scans())["nan or floor"](out, floor)
     if found & 1:   # scan.NAN_FOUND
         return None
     if found:   # scan.FLOOR_FOUND
-        out.register_hook(functools.partial(_drop_grad_where, _minus_inf_scores(x)) if log
-                          else functools.partial(_drop_grad_at, 0.0, out.detach()))
+        if log:
+            _hide_minus_inf_scores(out, _minus_inf_scores(x))
+        else:
+            _recompute_non_finite_rows(out, out.dim() - 1)
     return out
 
 
@@ -884,15 +922,19 @@ class _AtenSoftmax(torch.autograd.Function):
             grad = _drop_grad_where(ctx.hidden, grad)
         if backward_in_torch_ops(grad):   # create_graph or batched gradients: the same formula as torch ops
             if ctx.log:
-                return grad - torch.exp(y) * grad.sum(-1, keepdim=True), None, None
+                if ctx.hidden is None:
+                    return grad - torch.exp(y) * grad.sum(-1, keepdim=True), None, None
+                return log_softmax_backward_hiding(y, grad, ctx.hidden), None, None
             return softmax_backward_dropping_zeros(y, grad), None, None
         grad = grad.contiguous()
         dx = memory.empty_like(y)
         if ctx.log:
             torch.ops.aten._log_softmax_backward_data.out(grad, y, -1, y.dtype, out=dx)
+            if ctx.hidden is not None and _first_column_has_nan(dx, y.dim() - 1, inf_too=True):
+                dx.masked_fill_(ctx.hidden, 0)   # see _hide_minus_inf_scores
         else:
             torch.ops.aten._softmax_backward_data.out(grad, y, -1, y.dtype, grad_input=dx)
-            if _first_column_has_nan(dx, y.dim() - 1):   # see _reference_softmax_grad
+            if _first_column_has_nan(dx, y.dim() - 1, inf_too=True):   # see _recompute_non_finite_rows
                 dx = softmax_backward_dropping_zeros(y, grad)
         return dx, None, None
 
@@ -933,8 +975,7 @@ class _KernelSoftmax(torch.autograd.Function):
         if backward_in_torch_ops(grad):   # create_graph or batched gradients: the same formula as torch ops
             if ctx.mode == PROBS:
                 return softmax_backward_dropping_zeros(y, grad), None
-            grad = _drop_grad_at(float("-inf"), y, grad)
-            return grad - torch.exp(y) * grad.sum(-1, keepdim=True), None
+            return log_softmax_backward_hiding(y, grad, y == float("-inf")), None
         from .cpu import functions
         return functions.backward_from_output(y, grad, ctx.mode), None
 

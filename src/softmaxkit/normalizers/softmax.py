@@ -67,7 +67,11 @@ def softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     whose ``exp`` is exactly 0 (hidden, ``-inf``, or underflowed) passes no incoming gradient,
     even an infinite one (``torch.special.entr``'s at ``p = 0``: the quotient's backward took
     ``inf * 0 = NaN`` into the row), as the kernels' backward has it."""
-    e, d, _, inf_rows = _exp_terms(z, visible)
+    e, _, _, inf_rows = _exp_terms(z, visible)
+    # an entry of probability 0 is a constant of its row: its gradient is exactly 0, even
+    # where a NaN or an infinite incoming gradient makes the row's <p, g> non-finite
+    e = torch.where(e == 0, e.detach(), e)
+    d = e.sum(-1, keepdim=True)
     zero = (e == 0) & ~torch.isnan(d)   # (a visible NaN makes its whole row NaN)
     p = torch.where(zero, torch.zeros_like(e), e / nonzero_or_one(d))
     return torch.where(inf_rows, infinite_limit(z.detach(), visible), p)

@@ -19,22 +19,22 @@ from ._intrinsics import pointer_to as _pointer
 
 
 @njit(cache=True, nogil=True)
-def _scan(address, count, stride, like):
+def _scan(address, count, stride, inf_too, like):
     values = carray(_pointer(address, like), (count * stride,))
     for r in range(count):
         v = values[r * stride]
-        if v != v:
+        if v != v or (inf_too and v - v != 0):
             return True
     return False
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _scan_parallel(address, count, stride, like):
+def _scan_parallel(address, count, stride, inf_too, like):
     values = carray(_pointer(address, like), (count * stride,))
     found = 0
     for r in prange(count):
         v = values[r * stride]
-        if v != v:
+        if v != v or (inf_too and v - v != 0):
             found += 1
     return found > 0
 
@@ -45,15 +45,16 @@ PARALLEL_ROWS = 4096
 _LIKE = {torch.float32: np.float32(0), torch.float64: np.float64(0)}
 
 
-def first_entries_have_nan(t: torch.Tensor) -> bool:
+def first_entries_have_nan(t: torch.Tensor, inf_too: bool = False) -> bool:
     """Whether any row of ``t`` (CPU, float32 or float64, C-contiguous, rows along the last
-    axis, at least one column) has a NaN as its first entry."""
+    axis, at least one column) has a NaN as its first entry (with ``inf_too``, a NaN or an
+    infinity: the backward hooks' look for rows an infinite incoming gradient reached)."""
     n = t.shape[-1]
     rows = t.numel() // n
     if rows >= PARALLEL_ROWS:
         sync_threads()
-        return _scan_parallel(t.data_ptr(), rows, n, _LIKE[t.dtype])
-    return _call(_scan, t.data_ptr(), rows, n, _LIKE[t.dtype])
+        return _scan_parallel(t.data_ptr(), rows, n, inf_too, _LIKE[t.dtype])
+    return _call(_scan, t.data_ptr(), rows, n, inf_too, _LIKE[t.dtype])
 
 
 _ENTRIES: dict = {}

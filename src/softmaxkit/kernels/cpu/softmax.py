@@ -510,8 +510,9 @@ def backward_rows(y, g, dx, special, scale, mode):
 
     softmax: ``dx = scale * y (g - <y, g>)``; log-softmax: ``dx = scale * (g - e^y sum g)``
     over visible entries (``y > -inf``), 0 elsewhere. Rows flagged in ``special`` get 0. In a
-    softmax row whose ``<y, g>`` is NaN, ``<y, g>`` is taken over ``y != 0`` (a NaN gradient at a
-    ``-inf`` score is dropped, as the reference drops it) and entries with ``y = 0`` get 0.
+    softmax row whose ``<y, g>`` is not finite, ``<y, g>`` is taken over ``y != 0`` (a NaN or
+    infinite gradient at a probability 0 is dropped, as the reference drops it) and entries
+    with ``y = 0`` get 0.
     """
     rows, n = y.shape
     for r in prange(rows):
@@ -527,9 +528,9 @@ def backward_rows(y, g, dx, special, scale, mode):
             continue
         if mode == PROBS:
             c = _dot(yr, gr)
-            if c != c:
-                # a NaN row, or a NaN gradient: at entries of weight 0 (-inf scores) it is dropped, as
-                # the reference drops it at -inf scores, and those entries keep the reference's 0
+            if not np.isfinite(c):
+                # a NaN row, or a NaN or infinite gradient: at entries of weight 0 it is dropped, as
+                # the reference drops it, and those entries keep the reference's 0 (not 0 * inf)
                 c = _support_dot(yr, gr)
                 zero = cast_like(0.0, scale)
                 for i in range(n):
