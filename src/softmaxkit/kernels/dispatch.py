@@ -679,18 +679,25 @@ def _reference_softmax_grad(y, d=-1):
     each row's first gradient entry, a fixed ~15 us and no pass over the data."""
     if not y.requires_grad or not y.numel():
         return y
-    if y.numel() > SERIAL_SCAN_NUMEL or _reaches_floor(y, 0.0):
+    if y.numel() > SERIAL_SCAN_NUMEL:
         _recompute_non_finite_rows(y, d % y.dim())
+    elif _reaches_floor(y, 0.0):
+        _recompute_non_finite_rows(y, d % y.dim(), drop_at_zeros=True)
     return y
 
 
-def _recompute_non_finite_rows(y, d):
+def _recompute_non_finite_rows(y, d, drop_at_zeros=False):
     """Hook aten's softmax backward (``y``'s node, normalised along ``d``) so that a row
     whose gradient has a NaN or an infinity is recomputed with the reference's formula
     (:func:`softmax_backward_dropping_zeros`). aten's ``y (g - <y, g>)`` is non-finite in
     its whole row when ``<y, g>`` is (an infinite or NaN incoming gradient anywhere in the
     row, even at a probability 0, where ``0 * inf`` is NaN), so one column tells; the
-    reference drops the gradient arriving at a probability 0 and gives those entries exactly 0."""
+    reference drops the gradient arriving at a probability 0 and gives those entries exactly 0.
+    With ``drop_at_zeros`` (a small ``y`` known to hold zeros) the gradient arriving at a
+    probability 0 is also dropped before aten's backward, so that a finite but huge one
+    (``g_j - <y, g>`` overflowing, ``0 * inf`` at that entry alone) cannot slip past the column."""
+    if drop_at_zeros:
+        y.register_hook(functools.partial(_drop_grad_where, y.detach() == 0))
     y.grad_fn.register_hook(functools.partial(_recompute_where_not_finite, y.detach(), d))
 
 
@@ -893,7 +900,7 @@ def _small_aten_with_gradient(x, log):
         if log:
             _hide_minus_inf_scores(out, _minus_inf_scores(x))
         else:
-            _recompute_non_finite_rows(out, out.dim() - 1)
+            _recompute_non_finite_rows(out, out.dim() - 1, drop_at_zeros=True)
     return out
 
 
