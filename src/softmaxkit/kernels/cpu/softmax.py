@@ -532,12 +532,9 @@ def backward_rows(y, g, dx, special, scale, mode):
                 # a NaN row, or a NaN or infinite gradient: at entries of weight 0 it is dropped, as
                 # the reference drops it, and those entries keep the reference's 0 (not 0 * inf)
                 c = _support_dot(yr, gr)
-                zero = cast_like(0.0, scale)
-                for i in range(n):
-                    dr[i] = scale * yr[i] * (gr[i] - c) if yr[i] != zero else zero
-                continue
-            for i in range(n):
-                dr[i] = scale * yr[i] * (gr[i] - c)
+            zero = cast_like(0.0, scale)
+            for i in range(n):   # (a select, not 0 * (g - c): a huge finite g_i - c overflows)
+                dr[i] = scale * yr[i] * (gr[i] - c) if yr[i] != zero else zero
         else:
             c = _visible_sum(yr, gr)
             neg_inf = cast_like(-np.inf, scale)
