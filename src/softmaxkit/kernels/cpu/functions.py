@@ -17,7 +17,7 @@ import torch
 
 from ..._checks import backward_in_torch_ops
 from .. import memory
-from ..dispatch import softmax_backward_dropping_zeros
+from ..dispatch import log_softmax_backward_hiding, softmax_backward_dropping_zeros
 from . import FLAG_TODO, call_kernel, entry_point, keep_torch_threads, sync_threads
 from . import softmax as _k
 from ._intrinsics import VECTOR_ISA
@@ -99,9 +99,7 @@ def _differentiable_backward(y, grad, special, scale, mode):
     if mode == _k.PROBS:   # an entry with y = 0 passes no gradient, as in backward_rows
         dx = softmax_backward_dropping_zeros(y, grad)
     else:
-        visible = y != float("-inf")
-        total = torch.where(visible, grad, torch.zeros_like(grad)).sum(-1, keepdim=True)
-        dx = torch.where(visible, grad - torch.exp(y) * total, torch.zeros_like(grad))
+        dx = log_softmax_backward_hiding(y, grad, y == float("-inf"))
     return torch.where(keep, dx * scale, torch.zeros_like(dx))
 
 
