@@ -20,13 +20,14 @@ each plane.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import prange
 
 from ..kernels.cpu._exp import exp_nonpositive
 from ..kernels.cpu._intrinsics import cast_like
+from ..kernels.cpu.parallel import parallel_njit
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@parallel_njit(cache=True, error_model="numpy")
 def soft_pool_forward(x, out, shift, total, kh, kw, sh, sw, odd_planes):
     """``out[p, i, j]``: SoftPool of the window at ``(i sh, j sw)`` of plane ``p`` of ``x``
     ``(P, H, W)``, with the window's maximum in ``shift`` and ``sum e^{a - m}`` in ``total``
@@ -68,7 +69,7 @@ def soft_pool_forward(x, out, shift, total, kh, kw, sh, sw, odd_planes):
                     o[j] = m[j] + weighted[j] / t[j]
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@parallel_njit(cache=True, error_model="numpy")
 def soft_pool_backward(x, out, shift, total, grad, dx, kh, kw, sh, sw):
     """``dx += grad * w_i (1 + a_i - out)`` over every window (``dx`` zeroed by the caller),
     from the forward's ``out``, ``shift`` and ``total``; for inputs whose forward flagged no plane."""

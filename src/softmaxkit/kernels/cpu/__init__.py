@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from numba.core.dispatcher import Dispatcher
 
+from .parallel import runnable
+
 #: ``special`` value of a row no kernel has finished (see the module docstring).
 FLAG_TODO = 2
 
@@ -81,6 +83,7 @@ def compiled_call(kernel, *args) -> None:
     60 us, as much as a small kernel. The key holds what the type of each argument depends
     on (dtype, dimensions, layout and flags of an array; the identity of a function, which the
     entry keeps alive; the Python type of a scalar)."""
+    kernel = runnable(kernel)
     key = (id(kernel),) + tuple(map(_arg_key, args))
     entry = _ENTRY_POINTS.get(key)
     if entry is None and None in key:

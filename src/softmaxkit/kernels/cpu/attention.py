@@ -64,6 +64,7 @@ from numba import njit, prange
 
 from ._exp import exp_nonpositive_fast
 from ._intrinsics import cast_like, fmax, is_nan, wide_vectors
+from .parallel import parallel_njit
 
 #: nnan lets LLVM vectorise the max reductions; a NaN score still makes its row NaN through
 #: the sum of exponentials.
@@ -136,7 +137,7 @@ def _g_and_held(g, x, n, hp, lowest):
 
 # ---- softmax_of ------------------------------------------------------------------------
 
-@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+@parallel_njit(fastmath=_FAST, cache=False, error_model="numpy")
 def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, g, sink):
     masked = hidden.shape[0] > 0
     ninf = cast_like(-np.inf, s[0, 0])
@@ -179,7 +180,7 @@ def softmax_of_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, 
         _zero_tail(full, end)
 
 
-@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+@parallel_njit(fastmath=_FAST, cache=False, error_model="numpy")
 def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, g, dg, sink, apply_d):
     """``dS = g'(x) p (dp - D)`` with ``D = sum_j p_j dp_j`` formed from the row itself, not
     from ``dd = rowsum(dO * O)`` (unused here): the two differ by the rounding of ``O`` and of
@@ -264,7 +265,7 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
         _zero_tail(dfull, end)
 
 
-@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+@parallel_njit(fastmath=_FAST, cache=False, error_model="numpy")
 def factor_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, g, sink, w):
     """``softmax_of`` times a factor: ``p = w(x) e^{g(x) - m} / (sum e^{g - m} (+ e^{sink - m}))``,
     written whole (``den`` = 1)."""
@@ -331,7 +332,7 @@ def _factor_sums(row, raw, drow, hid, g, w, n, hp, m, total, lowest):
     return total, weighted
 
 
-@njit(parallel=True, fastmath=_FAST_UNFUSED, cache=False, error_model="numpy")
+@parallel_njit(fastmath=_FAST_UNFUSED, cache=False, error_model="numpy")
 def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, g, dg, sink, w, dw):
     """``dS = q (dg (w dp - D) + dw dp)``, ``q = e^{g - m} / sum``, ``p = w q``, with
     ``D = sum_j q_j w_j dp_j`` formed from the row, not from ``dd = rowsum(dO * O)`` (unused
@@ -414,7 +415,7 @@ def _piece_sums(row, drow, hid, fn, n, hp):
     return total, weighted
 
 
-@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+@parallel_njit(fastmath=_FAST, cache=False, error_model="numpy")
 def weighted_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, w, dg, apply_d):
     """``dS = dg p (dp - dd)``, ``p = w / W``, with ``dp - dd`` formed from the row as
     ``(dp W - sum_i w_i dp_i) / W`` (see :func:`sum_normalized_backward`; ``dd`` is unused)."""
@@ -504,7 +505,7 @@ def _infinite_limit(row, hid, values, fn, n, hp, biggest):
 
 # ---- sum_normalized --------------------------------------------------------------------
 
-@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+@parallel_njit(fastmath=_FAST, cache=False, error_model="numpy")
 def sum_normalized_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, h, eps):
     """``p = h(x) / (sum h + eps)``: ``h`` over ``s`` and the divisor in ``den``, or (a row whose
     sum passes the square root of the range) ``p`` itself over ``s`` and ``den`` = 1."""
@@ -545,7 +546,7 @@ def sum_normalized_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_n
         _zero_tail(full, end)
 
 
-@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+@parallel_njit(fastmath=_FAST, cache=False, error_model="numpy")
 def sum_normalized_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, h, dh, eps, apply_d):
     """``dS = dh (dp - dd) / den`` with ``dp - dd`` formed as ``(dp (S + eps) - sum_i h_i dp_i) / den``
     from the row itself (``S = sum h``, ``den = S + eps``), not from ``dd = rowsum(dO * O)``: in a
@@ -600,7 +601,7 @@ def _identity_map(x, n, hp):
     return x
 
 
-@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+@parallel_njit(fastmath=_FAST, cache=False, error_model="numpy")
 def signed_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, h, eps):
     """Signed ``sum_normalized`` with the row shift ``c = max(m, 0)`` (``m`` the row maximum):
     ``p = relu(h(x; c)) / (sum |h(x; c)| + eps e^{m - c})``."""
@@ -642,7 +643,7 @@ def signed_forward(s, den, lim, hidden, cnt, par, rows_per_head, check_nan, row_
         _zero_tail(full, end)
 
 
-@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+@parallel_njit(fastmath=_FAST, cache=False, error_model="numpy")
 def signed_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, h, dh, eps):
     """``dS = dh ([h > 0] dp - sign(h) dd) / den``, and at the row maximum (shared between ties, as
     ``torch.amax`` does) ``- eps e^{m - c} dd / den``."""
@@ -710,7 +711,7 @@ def signed_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
 
 # ---- elementwise -----------------------------------------------------------------------
 
-@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+@parallel_njit(fastmath=_FAST, cache=False, error_model="numpy")
 def elementwise_forward(s, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, h):
     masked = hidden.shape[0] > 0
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)
@@ -733,7 +734,7 @@ def elementwise_forward(s, lim, hidden, cnt, par, rows_per_head, check_nan, row_
         _zero_tail(full, end)
 
 
-@njit(parallel=True, fastmath=_FAST, cache=False, error_model="numpy")
+@parallel_njit(fastmath=_FAST, cache=False, error_model="numpy")
 def elementwise_backward(s, dp, lim, hidden, cnt, par, rows_per_head, check_nan, row_of, h, dh, apply_d):
     masked = hidden.shape[0] > 0
     none = np.zeros(s.shape[1], np.bool_)   # the hidden row when nothing is hidden (see _hidden_row)

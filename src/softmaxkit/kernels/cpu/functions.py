@@ -21,6 +21,7 @@ from ..dispatch import log_softmax_backward_hiding, softmax_backward_dropping_ze
 from . import FLAG_TODO, call_kernel, entry_point, keep_torch_threads, sync_threads
 from . import softmax as _k
 from ._intrinsics import VECTOR_ISA
+from .parallel import runnable
 from .scan import all_finite
 
 #: The algorithm used when none is asked for, per vector instruction set
@@ -149,7 +150,7 @@ def forward_only(x: torch.Tensor, mode: int, scale: float = 1.0, algorithm: str 
     if rows == 1:
         kernel = _k.normalize_rows_at_serial
     else:
-        kernel = _k.normalize_rows_at
+        kernel = runnable(_k.normalize_rows_at)
         sync_threads()
     entry = _FORWARD_ENTRIES.get((kernel, dtype))
     threads = torch.get_num_threads()

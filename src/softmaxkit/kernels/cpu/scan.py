@@ -16,6 +16,7 @@ from numba import carray, njit, prange
 
 from . import entry_point, sync_threads
 from ._intrinsics import pointer_to as _pointer
+from .parallel import parallel_njit, runnable
 
 
 @njit(cache=True, nogil=True)
@@ -28,7 +29,7 @@ def _scan(address, count, stride, inf_too, like):
     return False
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@parallel_njit(cache=True, nogil=True)
 def _scan_parallel(address, count, stride, inf_too, like):
     values = carray(_pointer(address, like), (count * stride,))
     found = 0
@@ -53,7 +54,7 @@ def first_entries_have_nan(t: torch.Tensor, inf_too: bool = False) -> bool:
     rows = t.numel() // n
     if rows >= PARALLEL_ROWS:
         sync_threads()
-        return _scan_parallel(t.data_ptr(), rows, n, inf_too, _LIKE[t.dtype])
+        return runnable(_scan_parallel)(t.data_ptr(), rows, n, inf_too, _LIKE[t.dtype])
     return _call(_scan, t.data_ptr(), rows, n, inf_too, _LIKE[t.dtype])
 
 

@@ -47,6 +47,7 @@ from numba import carray, njit, prange
 
 from ._exp import exp, exp_nonpositive_fast, exp_parts, pow2
 from ._intrinsics import cast_like, fmax, pointer_to, wide_vectors
+from .parallel import parallel_njit
 
 THREE_PASS, TWO_PASS, ONLINE = 0, 1, 2
 ALGORITHMS = {"three_pass": THREE_PASS, "two_pass": TWO_PASS, "online": ONLINE}
@@ -398,7 +399,7 @@ def _normalize_row(x, out, lse, special, scale, algorithm, mode, r):
     special[r] = flag
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@parallel_njit(cache=True, error_model="numpy")
 def normalize_rows(x, out, lse, special, scale, algorithm, mode):
     """Softmax (``mode`` PROBS), log-softmax (LOG_PROBS) or log-sum-exp (LSE) of each row.
 
@@ -447,7 +448,7 @@ def _rows_left(special):
     return left
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@parallel_njit(cache=True, error_model="numpy")
 def normalize_rows_at(x_address, out_address, lse_address, rows, n, scale, algorithm, mode):
     """:func:`normalize_rows` on C-contiguous tensors given by their addresses (``out`` the
     output for PROBS / LOG_PROBS, ``lse`` the ``(rows,)`` result for LSE; pass any valid
@@ -504,7 +505,7 @@ def _support_dot(y, g):
     return s
 
 
-@njit(parallel=True, fastmath=_FAST, cache=True, error_model="numpy")
+@parallel_njit(fastmath=_FAST, cache=True, error_model="numpy")
 def backward_rows(y, g, dx, special, scale, mode):
     """Gradient of softmax (``mode`` PROBS) or log-softmax (LOG_PROBS) from its output ``y``.
 

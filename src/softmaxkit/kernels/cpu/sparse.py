@@ -67,6 +67,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._intrinsics import cast_like
+from .parallel import parallel_njit
 from .softmax import _max
 
 #: Newton/bisection steps allowed before the bracket is accepted as converged.
@@ -357,7 +358,7 @@ def _support(x, u, stop, peaks, vals, idx):
     return 0, u * theta, count, top64
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@parallel_njit(cache=True, error_model="numpy")
 def entmax_rows(x, out, alpha, stop, tau, shift, special, groups):
     """alpha-entmax of each row of ``x`` (C-contiguous 2-d) into ``out`` (which may be ``x``:
     a row is written after it is solved; a row flagged in ``special`` is not written).
@@ -385,7 +386,7 @@ def entmax_rows(x, out, alpha, stop, tau, shift, special, groups):
                     o[idx[i]] = vals[i]
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@parallel_njit(cache=True, error_model="numpy")
 def entmax_attend(x, v, rows_per_head, alpha, stop, out, tau, shift, special, groups):
     """``out = alpha-entmax(x) v`` row by row, from the support only (no weight matrix).
 
@@ -504,7 +505,7 @@ def _power_grad(z, dp, u, t, c):
         dp[k] = cast_like(grad_k, zero)
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@parallel_njit(cache=True, error_model="numpy")
 def entmax_tile_grad(z, dp, alpha, tau, shift, stop, groups):
     """The closed-form backward of alpha-entmax rows given their thresholds, in place.
 
@@ -549,7 +550,7 @@ def _g(p, u):
     return math.exp((1.0 - u) * math.log(p))
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@parallel_njit(cache=True, error_model="numpy")
 def entmax_backward_rows(p, dy, alpha, dx, dalpha):
     """Closed-form gradients of alpha-entmax with respect to the scores and to alpha.
 

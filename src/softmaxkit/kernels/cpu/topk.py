@@ -27,6 +27,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._intrinsics import cast_like, fmax, wide_vectors
+from .parallel import parallel_njit
 from .softmax import _max, _sum_exp, merge_state
 
 BLOCK = 2048
@@ -224,7 +225,7 @@ def _order_by_value(xr, k, sv, si, vals, m, d, log_d, log):
         j = e
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@parallel_njit(cache=True, error_model="numpy")
 def softmax_topk_rows(x, k, values, indices, special, log):
     """Top-k softmax (or log-softmax) values and indices of each row, sorted, fused.
 
@@ -266,7 +267,7 @@ def _has_nan(x):
     return False
 
 
-@njit(parallel=True, cache=True, error_model="numpy")
+@parallel_njit(cache=True, error_model="numpy")
 def topk_rows(x, k, values, indices, special):
     """The ``k`` largest entries of each row and their indices, sorted by decreasing value, equal
     values by increasing index; one read of the row (chunk maxima) and a search of the chunks
