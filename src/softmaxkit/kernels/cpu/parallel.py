@@ -42,14 +42,19 @@ def runnable(kernel: Dispatcher) -> Dispatcher:
     """``kernel``, or its serial twin in a process forked after numba's OpenMP pool started
     (see the module docstring). Any kernel not declared with :func:`parallel_njit` is
     returned as is."""
-    if not _pool_inherited:
+    if not _pool_inherited or id(kernel) not in _RECIPES:
         return kernel
-    recipe = _RECIPES.get(id(kernel))
-    if recipe is None:
-        return kernel
+    return serial_twin(kernel)
+
+
+def serial_twin(kernel: Dispatcher) -> Dispatcher:
+    """The kernel declared with :func:`parallel_njit`, compiled without ``parallel`` (one per
+    kernel; compiled on first call): also what a single row runs, where the parallel launch,
+    and the OpenMP workers it leaves spinning on the cores the caller's next operations need,
+    cost more than a second thread gains."""
     twin = _TWINS.get(id(kernel))
     if twin is None:
-        function, options = recipe
+        function, options = _RECIPES[id(kernel)]
         # numba's disk cache names entries by the function's qualified name and first line,
         # not by its options: the twin needs a name of its own or it would load (and
         # overwrite) the parallel kernel's entries
@@ -68,7 +73,7 @@ def pool_inherited() -> bool:
 
 
 def serial_twins_made() -> list[str]:
-    """The names of the kernels whose serial twins this process compiled."""
+    """The names of the kernels whose serial twins this process declared."""
     return [twin.py_func.__name__ for twin in _TWINS.values()]
 
 

@@ -47,7 +47,7 @@ from numba import carray, njit, prange
 
 from ._exp import exp, exp_nonpositive_fast, exp_parts, pow2
 from ._intrinsics import cast_like, fmax, pointer_to, wide_vectors
-from .parallel import parallel_njit
+from .parallel import parallel_njit, serial_twin
 
 THREE_PASS, TWO_PASS, ONLINE = 0, 1, 2
 ALGORITHMS = {"three_pass": THREE_PASS, "two_pass": TWO_PASS, "online": ONLINE}
@@ -416,15 +416,8 @@ def normalize_rows(x, out, lse, special, scale, algorithm, mode):
         _normalize_row(x, out, lse, special, scale, algorithm, mode, r)
 
 
-@njit(cache=True, error_model="numpy")
-def normalize_rows_serial(x, out, lse, special, scale, algorithm, mode):
-    """:func:`normalize_rows` without the parallel launch, for a single row: the launch, and
-    the OpenMP workers it leaves spinning on the cores the caller's next operations need,
-    cost more than a second thread gains on one row. (A function of its own: numba's disk
-    cache names entries by the function's name, so a serial compilation of
-    ``normalize_rows`` itself would share, and overwrite, the parallel one's entries.)"""
-    for r in range(x.shape[0]):
-        _normalize_row(x, out, lse, special, scale, algorithm, mode, r)
+#: :func:`normalize_rows` without the parallel launch, for a single row.
+normalize_rows_serial = serial_twin(normalize_rows)
 
 
 @njit(cache=True)
@@ -460,14 +453,8 @@ def normalize_rows_at(x_address, out_address, lse_address, rows, n, scale, algor
         _normalize_row(x, out, lse, special, scale, algorithm, mode, r)
     return _rows_left(special)
 
-
-@njit(cache=True, error_model="numpy")
-def normalize_rows_at_serial(x_address, out_address, lse_address, rows, n, scale, algorithm, mode):
-    """:func:`normalize_rows_at` without the parallel launch (see :func:`normalize_rows_serial`)."""
-    x, out, lse, special = _arrays_at(x_address, out_address, lse_address, rows, n, scale, mode)
-    for r in range(rows):
-        _normalize_row(x, out, lse, special, scale, algorithm, mode, r)
-    return _rows_left(special)
+#: :func:`normalize_rows_at` without the parallel launch, for a single row.
+normalize_rows_at_serial = serial_twin(normalize_rows_at)
 
 
 # ---- backward -------------------------------------------------------------------------
