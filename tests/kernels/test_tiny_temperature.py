@@ -67,3 +67,56 @@ def test_tensor_temperature_too():
     torch.testing.assert_close(sk.softmax(x, temperature=t.float()),
                                sk.softmax(x.double(), temperature=t).float(),
                                rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def _gradient(op, x, temperature, upstream):
+    x = x.detach().requires_grad_()
+    return torch.autograd.grad(getattr(sk, op)(x, temperature=temperature), x, upstream)[0]
+
+
+def _overflowed_log_probabilities(op, x, temperature):
+    """Entries whose float32 log-probability is ``-inf`` at a finite score (``(x - max) / T``
+    overflows): their gradient is 0, as a ``-inf`` score's, and their incoming gradients are
+    left out of the row's sum (a known gap: float64's is ``g_j / T``)."""
+    if op != "log_softmax":
+        return torch.zeros(x.shape, dtype=torch.bool)
+    return (sk.log_softmax(x, temperature=temperature) == float("-inf")) & torch.isfinite(x)
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-300])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize(("backend", "algorithm"), CASES)
+def test_gradient_where_the_reciprocal_overflows(backend, algorithm, op, temperature):
+    """``1 / T`` overflows float32 (it is 1e40 or 1e300 in float64): the gradient is float64's
+    rounded to float32, 0 at each probability 0 and at a lone maximum, finite or +-inf where
+    ``g / T`` is not 0, never ``0 * inf = NaN`` (found by the hostile sweep: NaN on every
+    backend)."""
+    x = _batch(rows_per_kind=40)
+    upstream = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+    want = _gradient(op, x.double(), temperature, upstream.double()).float()
+    with sk.use_backend(backend, algorithm=algorithm):
+        got = _gradient(op, x, temperature, upstream)
+    kind = (torch.arange(x.shape[0]) % 7).unsqueeze(-1).expand(x.shape)
+    # (a NaN row's gradient: NaN, or 0 where float64's e^(z - m) underflows)
+    overflowed = _overflowed_log_probabilities(op, x, temperature)
+    compared = (kind != 4) & ~overflowed.any(-1, keepdim=True)
+    torch.testing.assert_close(got[compared], want[compared], rtol=1e-4, atol=1e-6, equal_nan=True)
+    assert not got[(kind != 3) & (kind != 4)].isnan().any()
+    assert got[4].isnan().any()
+    assert (got[overflowed] == 0).all()
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+def test_float64_gradient_where_the_reciprocal_overflows(op):
+    """In float64 itself (``T = 1e-310``, ``1 / T = inf``) the gradient is the limit: softmax's
+    is 0 where the float64 gradient at ``T = 1e-300`` is, and infinite with its sign
+    elsewhere; no NaN in either op."""
+    x = _batch().double()
+    upstream = torch.randn(x.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    good = [0, 1, 2, 5, 6]
+    got = _gradient(op, x, 1e-310, upstream)[good]
+    assert not got.isnan().any()
+    if op == "softmax":
+        near = _gradient(op, x, 1e-300, upstream)[good]
+        assert torch.equal(got.sign(), near.sign())
+        assert torch.isinf(got[near != 0]).all()

@@ -51,6 +51,7 @@ import torch
 from torch.autograd import forward_ad
 
 from .._checks import backward_in_torch_ops, has_no_data, is_functorch_wrapped
+from .._temperature import times_inverse_temperature
 from . import memory
 from .cpu._intrinsics import VECTOR_ISA
 
@@ -1072,7 +1073,7 @@ def _run_aten(op, reference, x, dim, mask, params):
     else:
         temperature = params.get("temperature", 1.0)
         if temperature != 1:
-            z = z * (1.0 / temperature)
+            z = times_inverse_temperature(z, 1.0 / temperature)
         if mask is not None:
             z = z.masked_fill(~mask, float("-inf"))
         out = _aten_op(op, z, d)

@@ -16,6 +16,7 @@ import torch
 
 from .._checks import can_branch_on, check_bool, check_positive
 from .._rows import Rows, nonzero_or_one, prepare_rows
+from .._temperature import times_inverse_temperature
 from ..forms import SoftmaxOf, score_at_largest, shift_invariant_slope_grad
 from ..kernels import dispatch
 from ..registry import Example, builtin
@@ -116,7 +117,7 @@ def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Te
 
 def _scaled(rows: Rows, aligned: float | torch.Tensor) -> torch.Tensor:
     """``x / T`` as ``x * aligned`` (``aligned = 1 / T`` in the rows' layout)."""
-    z = rows.safe_x * aligned
+    z = times_inverse_temperature(rows.safe_x, aligned)
     if not isinstance(aligned, torch.Tensor) and aligned <= 1:
         return z
     # A visible finite score whose x / T overflows is not a limit of the definition: a row of
@@ -125,7 +126,8 @@ def _scaled(rows: Rows, aligned: float | torch.Tensor) -> torch.Tensor:
     # a T whose reciprocal overflows NaN. Softmax is shift invariant, so such rows are
     # computed as (x - m) / T with m the (detached) row maximum, as float64 sees them: the
     # maxima give 0 (also where 1 / T is inf), the rest their difference over T (in a row
-    # whose maximum is +inf or NaN, the overflowed entries only have to stay finite).
+    # whose maximum is +inf or NaN, the overflowed entries only have to stay finite: they
+    # are 0, with the gradient of x / T, so that a NaN row's gradient is NaN everywhere).
     # Other rows keep z = x * (1 / T) as it is (the kernels round the same product).
     over = rows.visible & torch.isfinite(rows.x) & ~torch.isfinite(z)
     lost = over.any(-1, keepdim=True)
@@ -133,9 +135,10 @@ def _scaled(rows: Rows, aligned: float | torch.Tensor) -> torch.Tensor:
         return z
     m = rows.masked_max().detach()
     finite_m = torch.isfinite(m)
-    shifted = (rows.safe_x - torch.where(finite_m, m, torch.zeros_like(m))) * aligned
+    shifted = times_inverse_temperature(rows.safe_x - torch.where(finite_m, m, torch.zeros_like(m)), aligned)
     shifted = torch.where(torch.isnan(shifted), torch.zeros_like(shifted), shifted)   # 0 * inf at the maxima
-    fixed = torch.where(finite_m, shifted, torch.where(over, torch.zeros_like(z), z))
+    held = times_inverse_temperature(rows.safe_x - rows.safe_x.detach(), aligned)   # 0, gradient g / T
+    fixed = torch.where(finite_m, shifted, torch.where(over, held, z))
     return torch.where(lost, fixed, z)
 
 
