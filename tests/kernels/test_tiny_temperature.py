@@ -74,15 +74,6 @@ def _gradient(op, x, temperature, upstream):
     return torch.autograd.grad(getattr(sk, op)(x, temperature=temperature), x, upstream)[0]
 
 
-def _overflowed_log_probabilities(op, x, temperature):
-    """Entries whose float32 log-probability is ``-inf`` at a finite score (``(x - max) / T``
-    overflows): their gradient is 0, as a ``-inf`` score's, and their incoming gradients are
-    left out of the row's sum (a known gap: float64's is ``g_j / T``)."""
-    if op != "log_softmax":
-        return torch.zeros(x.shape, dtype=torch.bool)
-    return (sk.log_softmax(x, temperature=temperature) == float("-inf")) & torch.isfinite(x)
-
-
 @pytest.mark.parametrize("temperature", [1e-40, 1e-300])
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 @pytest.mark.parametrize(("backend", "algorithm"), CASES)
@@ -90,7 +81,8 @@ def test_gradient_where_the_reciprocal_overflows(backend, algorithm, op, tempera
     """``1 / T`` overflows float32 (it is 1e40 or 1e300 in float64): the gradient is float64's
     rounded to float32, 0 at each probability 0 and at a lone maximum, finite or +-inf where
     ``g / T`` is not 0, never ``0 * inf = NaN`` (found by the hostile sweep: NaN on every
-    backend)."""
+    backend). A log-probability that overflows to ``-inf`` at a finite score passes ``g_j / T``
+    and keeps ``g_j`` in its row's sum, as in float64."""
     x = _batch(rows_per_kind=40)
     upstream = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
     want = _gradient(op, x.double(), temperature, upstream.double()).float()
@@ -98,25 +90,49 @@ def test_gradient_where_the_reciprocal_overflows(backend, algorithm, op, tempera
         got = _gradient(op, x, temperature, upstream)
     kind = (torch.arange(x.shape[0]) % 7).unsqueeze(-1).expand(x.shape)
     # (a NaN row's gradient: NaN, or 0 where float64's e^(z - m) underflows)
-    overflowed = _overflowed_log_probabilities(op, x, temperature)
-    compared = (kind != 4) & ~overflowed.any(-1, keepdim=True)
+    compared = kind != 4
     torch.testing.assert_close(got[compared], want[compared], rtol=1e-4, atol=1e-6, equal_nan=True)
     assert not got[(kind != 3) & (kind != 4)].isnan().any()
     assert got[4].isnan().any()
-    assert (got[overflowed] == 0).all()
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 def test_float64_gradient_where_the_reciprocal_overflows(op):
-    """In float64 itself (``T = 1e-310``, ``1 / T = inf``) the gradient is the limit: softmax's
+    """In float64 itself (``T = 1e-310``, ``1 / T = inf``) the gradient is the limit: it
     is 0 where the float64 gradient at ``T = 1e-300`` is, and infinite with its sign
-    elsewhere; no NaN in either op."""
+    elsewhere; no NaN."""
     x = _batch().double()
     upstream = torch.randn(x.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     good = [0, 1, 2, 5, 6]
     got = _gradient(op, x, 1e-310, upstream)[good]
+    near = _gradient(op, x, 1e-300, upstream)[good]
     assert not got.isnan().any()
-    if op == "softmax":
-        near = _gradient(op, x, 1e-300, upstream)[good]
-        assert torch.equal(got.sign(), near.sign())
-        assert torch.isinf(got[near != 0]).all()
+    assert torch.equal(got.sign(), near.sign())
+    assert torch.isinf(got[near != 0]).all()
+
+
+@pytest.mark.parametrize("temperature", [0.5, torch.tensor(0.5)])
+@pytest.mark.parametrize("backend", ["reference", "auto", "numba"])
+def test_log_softmax_of_a_finfo_min_fill_over_a_temperature_below_one(backend, temperature):
+    """``finfo.min`` fills over ``T = 0.5``: ``x / T`` overflows to ``-inf`` at finite scores.
+    Their log-probabilities are ``-inf`` (as float64's ``-6.8e38`` rounds), their gradient
+    ``g_j / T``, and their ``g_j`` counts in the row's sum; a ``-inf`` score passes nothing
+    (was: the overflowed entries passed nothing either, on every backend)."""
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(6, 300, generator=gen)
+    x[:3, 100:] = FMIN
+    x[1, 7] = float("-inf")
+    upstream = torch.randn(x.shape, generator=gen)
+    t64 = temperature.double() if isinstance(temperature, torch.Tensor) else temperature
+    x64 = x.double().requires_grad_()
+    y64 = sk.log_softmax(x64, temperature=t64)
+    (want,) = torch.autograd.grad(y64, x64, upstream.double())
+    xs = x.clone().requires_grad_()
+    with sk.use_backend(backend):
+        y = sk.log_softmax(xs, temperature=temperature)
+    (got,) = torch.autograd.grad(y, xs, upstream)
+    torch.testing.assert_close(y, y64.float(), rtol=1e-5, atol=1e-5)
+    assert (y[:3, 100:] == float("-inf")).all()
+    torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
+    assert got[1, 7] == 0
+    torch.testing.assert_close(got[0, 100:], upstream[0, 100:] / 0.5)

@@ -662,12 +662,14 @@ def _aten_logsumexp(z, d):
     return torch.logsumexp(z, d, keepdim=True)
 
 
-def _aten_op(op, z, d):
+def _aten_op(op, z, d, scores=None):
+    """aten's ``op`` of ``z`` along ``d`` with the reference's gradient; ``scores`` (default
+    ``z``) tells log-softmax's ``-inf`` scores."""
     if op == "logsumexp":
         return _aten_logsumexp(z, d)
     if op == "softmax":
         return _reference_softmax_grad(torch.softmax(z, d), d)
-    return _reference_log_softmax_grad(torch.log_softmax(z, d), z, d)
+    return _reference_log_softmax_grad(torch.log_softmax(z, d), z if scores is None else scores, d)
 
 
 def _reference_softmax_grad(y, d=-1):
@@ -1062,6 +1064,7 @@ def _run_aten(op, reference, x, dim, mask, params):
         return reference(x, dim=dim, mask=mask, **params)
     half = x.dtype in (torch.float16, torch.bfloat16)
     z = x.float() if half else x
+    scores = None
     if op == "logsumexp":
         if mask is not None:
             z = z.masked_fill(~mask, float("-inf"))
@@ -1072,11 +1075,14 @@ def _run_aten(op, reference, x, dim, mask, params):
         bad = ~torch.isfinite(out)          # NaN rows, and inf rows whose gradient differs
     else:
         temperature = params.get("temperature", 1.0)
+        scores = z
         if temperature != 1:
             z = times_inverse_temperature(z, 1.0 / temperature)
         if mask is not None:
             z = z.masked_fill(~mask, float("-inf"))
-        out = _aten_op(op, z, d)
+            scores = z if scores is z else scores.masked_fill(~mask, float("-inf"))
+        scores = z if temperature == 1 else scores   # (-inf scores: a finite x / T overflowed to -inf is none)
+        out = _aten_op(op, z, d, scores)
         # A row aten does not define as the reference (a NaN, a +inf, nothing visible)
         # comes out all NaN; every other row has no NaN. One column tells them apart.
         if out.shape[d] == 0 or not _first_column_has_nan(out, d):
@@ -1084,7 +1090,7 @@ def _run_aten(op, reference, x, dim, mask, params):
         bad = torch.isnan(out.narrow(d, 0, 1))
     # rare: recompute without those rows (their NaN would reach the gradient), then put
     # the reference's rows in
-    out = _aten_op(op, torch.where(bad, torch.zeros((), dtype=z.dtype), z), d)
+    out = _aten_op(op, torch.where(bad, torch.zeros((), dtype=z.dtype), z), d, scores)
     out = _aten_fix_rows(op, reference, x, d, mask, params, out, bad, half)
     if op == "logsumexp" and not params.get("keepdim", False):
         out = out.squeeze(d)

@@ -203,7 +203,36 @@ def log_softmax_reference(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | N
                           temperature: float | torch.Tensor = 1.0) -> torch.Tensor:
     """:func:`log_softmax` in plain PyTorch."""
     rows = prepare_rows(x, dim, mask)
-    return rows.restore(log_softmax_rows(_over_temperature(rows, temperature), rows.visible))
+    z = _over_temperature(rows, temperature)
+    if isinstance(temperature, torch.Tensor) or temperature < 1:
+        return rows.restore(_log_softmax_keeping_overflowed(rows, z))
+    return rows.restore(log_softmax_rows(z, rows.visible))
+
+
+class _FloorPassingGradient(torch.autograd.Function):
+    """``z`` with ``finfo.min`` at ``where``, whose gradient passes to ``z`` unchanged."""
+
+    @staticmethod
+    def forward(ctx, z, where):
+        return z.masked_fill(where, torch.finfo(z.dtype).min)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def _log_softmax_keeping_overflowed(rows: Rows, z: torch.Tensor) -> torch.Tensor:
+    """:func:`log_softmax_rows` of ``z = x / T``, where a finite score whose ``z`` overflowed
+    to ``-inf`` (``(x - max) / T`` beyond ``finfo.max``: a ``finfo.min`` fill over ``T < 1``)
+    is not a ``-inf`` score: its log-probability is ``-inf`` (as the exact value rounds), but
+    its gradient is ``g_j / T`` and its ``g_j`` counts in the row's sum, as in float64, where
+    ``z`` is finite. (Computed on ``z`` floored at ``finfo.min``, then moved to ``-inf`` by a
+    constant.)"""
+    overflowed = rows.visible & torch.isfinite(rows.safe_x) & (z == float("-inf"))
+    if not (can_branch_on(z) and z.requires_grad and bool(overflowed.any())):
+        return log_softmax_rows(z, rows.visible)
+    out = log_softmax_rows(_FloorPassingGradient.apply(z, overflowed), rows.visible)
+    return out + torch.zeros_like(out).masked_fill(overflowed, float("-inf"))
 
 
 def logsumexp(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,

@@ -126,18 +126,17 @@ def _rescale(out, factor):
 
 @njit(cache=True, error_model="numpy")
 def _write_log_probs(x, out, scale, shift, log_sum):
-    """``out = x * scale - shift - log_sum``; whether a finite ``x * scale`` gave ``-inf``
-    (``x - max`` overflowed: finfo.max beside finfo.min). The reference passes that entry's
-    gradient, where a ``-inf`` output otherwise marks a ``-inf`` score that passes none, so
-    such a row is left to the reference."""
+    """``out = x * scale - shift - log_sum``; whether a finite score gave ``-inf`` (``x - max``
+    overflowed: finfo.max beside finfo.min; or ``x * scale`` did: a finfo.min fill over
+    ``T < 1``). The reference passes that entry's gradient, where a ``-inf`` output otherwise
+    marks a ``-inf`` score that passes none, so such a row is left to the reference."""
     wide_vectors()
     neg_inf = cast_like(-np.inf, scale)
     overflow = False
     for i in range(x.shape[0]):
-        z = x[i] * scale
-        v = (z - shift) - log_sum
+        v = (x[i] * scale - shift) - log_sum
         out[i] = v
-        overflow = overflow | ((v == neg_inf) & (z != neg_inf))
+        overflow = overflow | ((v == neg_inf) & (x[i] != neg_inf))
     return overflow
 
 
