@@ -10,7 +10,8 @@ Each parallel kernel is therefore declared with :func:`parallel_njit`, which als
 recipe of its serial twin (the same function compiled without ``parallel``, where
 ``prange`` is ``range``). Every launch goes through :func:`runnable`, which hands back the
 parallel kernel, or, in a child forked after the pool started, the serial twin (compiled
-on first use there). The child computes the same rows on one thread.
+on first use there). The child computes the same rows on one thread. The twins also serve
+single rows (:func:`serial_twin`), where a parallel launch costs more than it gains.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import types
 import numba
 from numba import njit
 from numba.core.dispatcher import Dispatcher
+from numba.np.ufunc import parallel as _numba_parallel  # (imported here: no import inside the fork hook)
 
 #: ``id(parallel kernel)`` -> (its Python function, its njit options without ``parallel``).
 _RECIPES: dict[int, tuple[types.FunctionType, dict]] = {}
@@ -79,8 +81,6 @@ def serial_twins_made() -> list[str]:
 
 def _note_fork_in_child() -> None:
     global _pool_inherited
-    from numba.np.ufunc import parallel as _numba_parallel
-
     if getattr(_numba_parallel, "_is_initialized", False) and numba.threading_layer() == "omp":
         _pool_inherited = True
 
