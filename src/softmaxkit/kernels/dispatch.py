@@ -51,9 +51,9 @@ import torch
 from torch.autograd import forward_ad
 
 from .._checks import backward_in_torch_ops, has_no_data, is_functorch_wrapped
-from .._temperature import times_inverse_temperature
 from . import memory
 from .cpu._intrinsics import VECTOR_ISA
+from .temperature import times_inverse_temperature
 
 BACKENDS = ("reference", "numba", "triton", "auto")
 OPS = ("softmax", "log_softmax", "logsumexp", "sparsemax", "entmax15", "entmax", "softmax_topk",

@@ -16,9 +16,9 @@ import torch
 
 from .._checks import can_branch_on, check_bool, check_positive
 from .._rows import Rows, nonzero_or_one, prepare_rows
-from .._temperature import times_inverse_temperature
 from ..forms import SoftmaxOf, score_at_largest, shift_invariant_slope_grad
 from ..kernels import dispatch
+from ..kernels.temperature import times_inverse_temperature
 from ..registry import Example, builtin
 
 # ----------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import can_branch_on
+from .._checks import can_branch_on
 
 
 def _times_wide(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
