@@ -1075,13 +1075,10 @@ def _run_aten(op, reference, x, dim, mask, params):
         bad = ~torch.isfinite(out)          # NaN rows, and inf rows whose gradient differs
     else:
         temperature = params.get("temperature", 1.0)
-        scores = z
-        if temperature != 1:
-            z = times_inverse_temperature(z, 1.0 / temperature)
-        if mask is not None:
-            z = z.masked_fill(~mask, float("-inf"))
-            scores = z if scores is z else scores.masked_fill(~mask, float("-inf"))
-        scores = z if temperature == 1 else scores   # (-inf scores: a finite x / T overflowed to -inf is none)
+        # the -inf scores (log-softmax's entries that pass no gradient) are those of x and the
+        # mask: a finite x / T that overflows to -inf is none
+        scores = z if mask is None else z.masked_fill(~mask, float("-inf"))
+        z = scores if temperature == 1 else times_inverse_temperature(scores, 1.0 / temperature)
         out = _aten_op(op, z, d, scores)
         # A row aten does not define as the reference (a NaN, a +inf, nothing visible)
         # comes out all NaN; every other row has no NaN. One column tells them apart.
