@@ -59,6 +59,16 @@ def test_crossovers_pool_runs_per_shape_and_name_known_cells(monkeypatch):
     assert len(wins) == cells and all(key[3] == dispatch.shape_class(2, 4096) for key in wins)
 
 
+def test_crossovers_measure_only_the_passes_asked_for(monkeypatch):
+    from softmaxkit.bench import dispatch as bench_dispatch
+
+    monkeypatch.setattr(bench_dispatch, "interleaved_medians", lambda fns, repeats: (1.0, 0.5))
+    table, wins = bench_dispatch.crossovers(threads=(1,), repeats=1, shapes=[("vocab", (2, 4096))],
+                                            passes=("fwd+bwd",))
+    assert {row[6] for row in table.rows} == {"fwd+bwd"}
+    assert wins and {key[2] for key in wins} == {"fwd+bwd"}
+
+
 def test_crossovers_time_aten_as_auto_runs_it():
     """The crossovers' aten side is ``auto`` with no kernel win (the lane's checks and huge
     pages included); the table and the long-row rule come back afterwards, also on error."""

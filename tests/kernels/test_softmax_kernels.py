@@ -184,3 +184,32 @@ def test_forward_only_log_sum_exp_of_a_vector_is_a_scalar():
     x = torch.randn(40)
     out = functions.forward_only(x, 2)
     assert out.shape == () and torch.isclose(out, torch.logsumexp(x, 0))
+
+
+@pytest.mark.parametrize("rows", [1, 7])
+@pytest.mark.parametrize("mode", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_backward_from_output_is_the_reference_gradient(rows, mode, dtype):
+    # the lane's backward (addresses, serial for one row): -inf scores, zero probabilities, and
+    # infinite / NaN incoming gradients at visible and at hidden entries, with an expanded gradient
+    torch.manual_seed(rows + 10 * mode)
+    x = torch.randn(rows, 3000, dtype=torch.float64) * 4
+    x[:, 5] = float("-inf")
+    x[:, 6] = -1e4   # a probability 0 at a finite score
+    g = torch.randn(rows, 3000, dtype=torch.float64)
+    g[0, 5] = float("inf")
+    g[0, 6] = float("nan")
+    if rows > 1:
+        g[1, 9] = float("inf")
+    x64 = x.clone().requires_grad_()
+    with sk.use_backend("reference"):
+        ref = (sk.log_softmax if mode else sk.softmax)(x64, -1)
+    (want,) = torch.autograd.grad(ref, x64, g, retain_graph=True)
+    y = ref.detach().to(dtype)
+    got = functions.backward_from_output(y, g.to(dtype), mode)
+    # float32: y rounded, and e^y times a row sum of |g| ~ 100
+    tol = _tolerance(dtype) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(got.double(), want, equal_nan=True, **tol)
+    ones = functions.backward_from_output(y, torch.ones(3000, dtype=dtype).expand(rows, 3000), mode)
+    (want_ones,) = torch.autograd.grad(ref, x64, torch.ones_like(ref))
+    torch.testing.assert_close(ones.double(), want_ones, **tol)

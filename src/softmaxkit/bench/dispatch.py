@@ -243,7 +243,8 @@ def _aten_lanes():
         dispatch._WIN_CLASSES, dispatch.LONG_FLOAT32_ROW = saved
 
 
-def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1) -> tuple[Table, frozenset]:
+def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1,
+               passes=PASSES) -> tuple[Table, frozenset]:
     """Measure the numba kernel against aten per (op, dtype, pass, shape class, threads),
     each as ``auto`` would run it: the kernel through the lane's call (forward) or the numba
     backend (with a gradient), aten through ``auto`` with no kernel win (so with the lane's
@@ -251,7 +252,8 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1) -> 
     between these two, not bare ``torch.softmax``, whose fresh large outputs fault in every
     4 KiB page).
 
-    The grid is measured ``runs`` times over; each shape's ratio is the median of its runs.
+    The grid (``passes``: ``"fwd"``, ``"fwd+bwd"`` or both) is measured ``runs`` times over;
+    each shape's ratio is the median of its runs.
     A cell is a win when, over the shapes of its class, the median of kernel time / torch
     time is <= ``dispatch.WIN_MEDIAN`` and none is above ``dispatch.WIN_WORST``.
     Returns the table (a row per run and shape) and the set of winning keys (the value of
@@ -270,7 +272,7 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1) -> 
                 for _, shape in shapes:
                     cls = dispatch.shape_class(math.prod(shape[:-1]), shape[-1])
                     for dtype in DTYPES:
-                        for pass_ in PASSES:
+                        for pass_ in passes:
                             x = _inputs(shape, dtype, pass_)
                             for op in OPS:
                                 fns = [_callable(_sk(op), x, pass_), _kernel_callable(op, x, pass_)]
@@ -310,10 +312,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--runs", type=int, default=1,
                         help="crossovers: measure the grid this many times, each shape's ratio the median")
+    parser.add_argument("--passes", nargs="+", choices=PASSES, default=list(PASSES),
+                        help="crossovers: the passes measured (the printed table holds only their cells)")
     args = parser.parse_args(argv)
     if args.crossovers:
         table, wins = crossovers(tuple(args.threads), repeats=3 if args.quick else 5,
-                                 shapes=QUICK_SHAPES if args.quick else None, runs=args.runs)
+                                 shapes=QUICK_SHAPES if args.quick else None, runs=args.runs,
+                                 passes=tuple(args.passes))
         print(table.to_markdown())
         print(f"\n# vector instruction set: {dispatch.VECTOR_ISA} (the WINS_BY_ISA entry this is for)")
         print("NUMBA_WINS = frozenset({")

@@ -110,13 +110,22 @@ def backward_from_output(y: torch.Tensor, grad: torch.Tensor, mode: int) -> torc
     ``dx = y (g - <y, g>)`` with 0 (and ``g`` left out of the sum) where ``y = 0``;
     log-softmax ``dx = g - e^y sum g`` over the entries with ``y > -inf``, 0 at the others
     (aten's backward gives a ``-inf`` entry ``g_j`` and adds it to the row's sum, so it needs
-    a separate pass to find them)."""
-    y2 = _rows(y)
-    special = torch.zeros(y2.shape[0], dtype=torch.uint8)
-    return _run_backward(y2, grad, special, 1.0, mode).reshape(y.shape)
+    a separate pass to find them). The kernel reads and writes the tensors at their
+    addresses, as :func:`forward_only` does."""
+    if not y.numel():
+        return torch.zeros_like(y)
+    y = y.detach().contiguous()
+    g = grad.detach().to(y.dtype).contiguous()
+    n = y.shape[-1]
+    rows = y.numel() // n
+    dx = memory.empty_like(y) if rows * n * y.element_size() >= memory.MIN_BYTES else torch.empty_like(y)
+    dtype = _NP_DTYPES[y.dtype]
+    _call_at(_k.backward_rows_at, _k.backward_rows_at_serial, rows, dtype,
+             (y.data_ptr(), g.data_ptr(), dx.data_ptr(), rows, n, _ONE[dtype], mode))
+    return dx
 
 
-_FORWARD_ENTRIES: dict = {}
+_ENTRIES_AT: dict = {}
 _NP_DTYPES = {torch.float32: np.float32, torch.float64: np.float64}
 _ONE = {np.float32: np.float32(1.0), np.float64: np.float64(1.0)}
 _SHORT_ROW_CODE, _LONG_ROW_CODE = _algorithm_code(None, 1), _algorithm_code(None, _k.BLOCK + 1)
@@ -147,25 +156,34 @@ def forward_only(x: torch.Tensor, mode: int, scale: float = 1.0, algorithm: str 
             _ONE[dtype] if scale == 1.0 else _as_dtype(scale, dtype),
             (_SHORT_ROW_CODE if n <= _k.BLOCK else _LONG_ROW_CODE) if algorithm is None
             else _algorithm_code(algorithm, n), mode)
+    try:
+        left = _call_at(_k.normalize_rows_at, _k.normalize_rows_at_serial, rows, dtype, args)
+    except Exception:
+        return None   # the full path reruns the kernel and reports the error
+    return None if left else result
+
+
+def _call_at(parallel, serial, rows: int, dtype, args):
+    """``kernel(*args)`` for a kernel that takes tensors by address: ``serial`` for one row (no
+    parallel launch), else ``parallel`` on torch's thread count (given back to torch after).
+    The entry point of the kernel's specialisation is looked up once per (kernel, dtype), not
+    typed per call; the arguments other than the addresses keep their types."""
     if rows == 1:
-        kernel = _k.normalize_rows_at_serial
+        kernel = serial
     else:
-        kernel = runnable(_k.normalize_rows_at)
+        kernel = runnable(parallel)
         sync_threads()
-    entry = _FORWARD_ENTRIES.get((kernel, dtype))
+    entry = _ENTRIES_AT.get((kernel, dtype))
     threads = torch.get_num_threads()
     try:
         if entry is None:
-            left = kernel(*args)   # compiles on first use
-            _FORWARD_ENTRIES[(kernel, dtype)] = entry_point(kernel, *args)
-        else:
-            left = entry(*args)
-    except Exception:
-        return None   # the full path reruns the kernel and reports the error
+            result = kernel(*args)   # compiles on first use
+            _ENTRIES_AT[(kernel, dtype)] = entry_point(kernel, *args) or kernel
+            return result
+        return entry(*args)
     finally:
         if rows > 1 and torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-    return None if left else result
 
 
 class _SoftmaxFunction(torch.autograd.Function):
