@@ -168,15 +168,16 @@ def test_aten_logsumexp_double_backward():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("serial_scan", [True, False])
-def test_log_softmax_lane_gradient_at_minus_inf_entries(monkeypatch, dtype, serial_scan):
+@pytest.mark.parametrize("parallel_scan", [False, True])
+def test_log_softmax_lane_gradient_at_minus_inf_entries(monkeypatch, dtype, parallel_scan):
     """The aten lane's log-softmax (below the huge-page size) finds its -inf outputs (which
-    must pass no gradient and stay out of the row sums) with one numba scan up to
-    SERIAL_SCAN_NUMEL entries and torch's amin above, then hooks the output; aten's backward
+    must pass no gradient and stay out of the row sums) and its NaN rows with one numba scan
+    (on every thread from scan.PARALLEL_NUMEL entries), then hooks the output; aten's backward
     runs. Either way the gradient is the reference's, and double backward and vmap hold.
     (The numba backward through an autograd Function took 5-9% longer on 1024 x 1000 and
     16384 x 128, float32 and float64, 2026-12-03.)"""
-    monkeypatch.setattr(dispatch, "SERIAL_SCAN_NUMEL", 1 << 18 if serial_scan else 0)
+    from softmaxkit.kernels.cpu import scan
+    monkeypatch.setattr(scan, "PARALLEL_NUMEL", 0 if parallel_scan else 1 << 18)
     g = torch.Generator().manual_seed(5)
     x = torch.randn(7, 3, 40, generator=g, dtype=dtype) * 5
     x[1, 2, :13] = float("-inf")

@@ -5,6 +5,7 @@ import torch
 
 import softmaxkit as sk
 from softmaxkit.kernels import dispatch
+from softmaxkit.kernels.cpu import scan
 from softmaxkit.kernels.cpu.scan import first_entries_have_nan, reaches_floor
 
 
@@ -41,6 +42,27 @@ def test_floor_scan_finds_one_anywhere_and_nothing_else(floor, dtype, size):
         y[at] = floor
         assert reaches_floor(y, floor)
     assert reaches_floor(torch.full((2, 3), floor, dtype=dtype), floor)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("size", [7, scan.PARALLEL_NUMEL + 12345])
+@pytest.mark.parametrize("floor", [float("-inf"), 0.0])
+def test_nan_or_floor_reports_each_kind_anywhere(floor, dtype, size):
+    """One scan (on every thread past PARALLEL_NUMEL, in chunks: the last one partial) reports
+    a NaN and a floor entry apart, wherever they lie, and nothing on an ordinary output."""
+    x = torch.randn(size, dtype=dtype).abs_().add_(1e-30)
+    if floor < 0:
+        x.neg_()
+    x[1] = float("inf") if floor < 0 else 1e-45   # near the floor, not at it
+    assert scan.nan_or_floor(x, floor) == 0
+    for at in {0, size // 2, size - 1}:
+        y = x.clone()
+        y[at] = floor
+        assert scan.nan_or_floor(y, floor) == scan.FLOOR_FOUND
+        y[(at + 3) % size] = float("nan")
+        assert scan.nan_or_floor(y, floor) == scan.FLOOR_FOUND | scan.NAN_FOUND
+        y[at] = 1.0 if floor == 0 else -1.0
+        assert scan.nan_or_floor(y, floor) == scan.NAN_FOUND
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])

@@ -877,8 +877,8 @@ def softmax_lane(x, dim, log=False):
         if grad and log and numba_available():
             return _kernel_softmax(x, log=True)
         out = _huge_page_softmax(x, log)
-    elif grad and rows * n <= SERIAL_SCAN_NUMEL and numba_available():
-        return _small_aten_with_gradient(x, log)
+    elif grad and (log or rows * n <= SERIAL_SCAN_NUMEL) and numba_available():
+        return _aten_with_gradient(x, log)
     elif log:
         out = _reference_log_softmax_grad(torch.log_softmax(x, -1), x)
     else:
@@ -888,12 +888,15 @@ def softmax_lane(x, dim, log=False):
     return None if _lane_bad(out, rows) else out
 
 
-def _small_aten_with_gradient(x, log):
-    """aten's softmax / log-softmax of a lane input of at most :data:`SERIAL_SCAN_NUMEL`
-    entries that records a gradient, or None where a row needs the reference. One scan of
-    the output finds both what the full path must recompute (a NaN: aten's row where the
-    reference differs) and the entries at the floor, which must pass no gradient (only then
-    is the output hooked: :func:`_hide_minus_inf_scores`, :func:`_recompute_non_finite_rows`)."""
+def _aten_with_gradient(x, log):
+    """aten's softmax / log-softmax of a lane input that records a gradient (a softmax of at
+    most :data:`SERIAL_SCAN_NUMEL` entries: above, a hook on its backward costs less than a
+    pass), or None where a row needs the reference. One scan of the output finds both what
+    the full path must recompute (a NaN: aten's row where the reference differs) and the
+    entries at the floor, which must pass no gradient (only then is the output hooked:
+    :func:`_hide_minus_inf_scores`, :func:`_recompute_non_finite_rows`); a log-softmax needs
+    that pass at any size, and one scan replaces ``torch.amin`` plus the read of each row's
+    first entry."""
     out = (torch.log_softmax if log else torch.softmax)(x, -1)
     floor = float("-inf") if log else 0.0
     found = (_SCANS or _scans())["nan or floor"](out, floor)

@@ -115,12 +115,30 @@ NAN_FOUND, FLOOR_FOUND = 1, 2
 
 
 @njit(cache=True, nogil=True)
-def _not_above(address, count, like, floor):
-    values = carray(_pointer(address, like), (count,))
+def _any_not_above(values, floor):
     found = False
-    for i in range(count):   # one vectorised OR: NaN is not above the floor either
+    for i in range(values.shape[0]):   # one vectorised OR: NaN is not above the floor either
         found = found | (not values[i] > floor)
     return found
+
+
+@njit(cache=True, nogil=True)
+def _not_above(address, count, like, floor):
+    return _any_not_above(carray(_pointer(address, like), (count,)), floor)
+
+
+#: Entries per chunk of :func:`_not_above_parallel`, and the count from which it runs.
+_CHUNK = 1 << 16
+PARALLEL_NUMEL = 1 << 18
+
+
+@parallel_njit(cache=True, nogil=True)
+def _not_above_parallel(address, count, like, floor):
+    values = carray(_pointer(address, like), (count,))
+    found = 0
+    for c in prange((count + _CHUNK - 1) // _CHUNK):
+        found += _any_not_above(values[c * _CHUNK:min(count, (c + 1) * _CHUNK)], floor)
+    return found > 0
 
 
 @njit(cache=True, nogil=True)
@@ -141,11 +159,17 @@ _FLOORS = {(dtype, floor): type(like)(floor) for dtype, like in _LIKE.items() fo
 def nan_or_floor(t: torch.Tensor, floor: float) -> int:
     """One pass over ``t`` (CPU, float32 or float64, C-contiguous, not empty; ``floor`` 0 or
     ``-inf``): :data:`NAN_FOUND` when an entry is NaN, or'ed with :data:`FLOOR_FOUND` when one
-    equals ``floor``. The lanes' check of a small aten output that records a gradient: a NaN
+    equals ``floor``. The lanes' check of an aten output that records a gradient: a NaN
     marks a row aten leaves all NaN where the reference differs, a floor entry (a zero
     probability, a ``-inf`` log-probability) one that must pass no gradient; one call, while
-    the output is in cache."""
+    the output is in cache, on every thread from :data:`PARALLEL_NUMEL` entries."""
     dtype = t.dtype
-    args = (t.data_ptr(), t.numel(), _LIKE[dtype], _FLOORS[dtype, floor])
+    count = t.numel()
+    args = (t.data_ptr(), count, _LIKE[dtype], _FLOORS[dtype, floor])
     # the common output (every entry above the floor) in one OR, half the time of two
-    return _call(_nan_or_floor, *args) if _call(_not_above, *args) else 0
+    if count < PARALLEL_NUMEL:
+        suspect = _call(_not_above, *args)
+    else:
+        sync_threads()
+        suspect = _call(runnable(_not_above_parallel), *args)
+    return _call(_nan_or_floor, *args) if suspect else 0
