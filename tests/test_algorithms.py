@@ -39,6 +39,12 @@ def test_conventions(algorithm):
     with_nan = torch.tensor([[0.5, float("nan"), 1.0], [0.1, 0.2, 0.3]])
     out = algorithm(with_nan)
     assert torch.isnan(out[0]).all() and torch.isfinite(out[1]).all()
+    # a NaN row's masked entries (and -inf scores) stay exactly 0, as in sk.softmax
+    for row in ([float("nan"), 1.0, 2.0, 3.0], [float("nan"), float("inf"), 2.0, 3.0]):
+        x_nan = torch.tensor([row, [0.0, 1.0, 2.0, float("-inf")]])
+        visible = torch.tensor([[True, True, False, True], [True, False, True, True]])
+        torch.testing.assert_close(algorithm(x_nan, mask=visible), sk.softmax(x_nan, mask=visible), equal_nan=True)
+        assert algorithm(x_nan, mask=visible)[0, 2] == 0 and algorithm(x_nan, mask=visible)[1, 3] == 0
 
 
 def test_two_pass_never_overflows_its_sum():

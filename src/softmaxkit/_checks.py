@@ -75,7 +75,10 @@ def check_floating(x: object, name: str = "x") -> None:
 
 
 def check_dim(x: torch.Tensor, dim: object, name: str = "dim") -> int:
-    """Return ``dim`` as a non-negative axis index of ``x`` (a scalar counts as 1-d)."""
+    """Return ``dim`` as a non-negative axis index of ``x`` (a scalar counts as 1-d); a NumPy
+    integer counts as an int, as torch takes it."""
+    if isinstance(dim, np.integer) and not isinstance(dim, np.bool_):
+        dim = int(dim)
     if isinstance(dim, bool) or not isinstance(dim, int):
         raise TypeError(f"{name} must be an int, got {type(dim).__name__}")
     ndim = max(x.dim(), 1)

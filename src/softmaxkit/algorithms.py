@@ -124,7 +124,7 @@ class OnlineSoftmaxState:
         p = torch.where(usable, e, torch.zeros_like(e)) / nonzero_or_one(d)
         at_inf = rows.visible & (rows.x == float("inf")) & (m == float("inf"))
         p = torch.where(m == float("inf"), at_inf.to(p.dtype) / nonzero_or_one(d), p)
-        return rows.restore(p)
+        return rows.restore(rows.zero_invisible(p))   # (a NaN row's d is NaN: masked entries stay 0)
 
 
 def _rows_or_result(x, dim, mask):
@@ -147,7 +147,7 @@ def three_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None
     if done is not None:
         return done
     z = rows.x
-    return rows.restore(_three_pass_rows(z, rows.visible & ~torch.isinf(z)))
+    return rows.restore(rows.zero_invisible(_three_pass_rows(z, rows.visible & ~torch.isinf(z))))
 
 
 def _three_pass_rows(z, finite):
@@ -198,7 +198,7 @@ def two_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None =
     p = scaled / nonzero_or_one(total)
     if bool(big.any()):
         p = torch.where(big, _three_pass_rows(z, rows.visible & ~torch.isinf(z)), p)
-    return rows.restore(p)
+    return rows.restore(rows.zero_invisible(p))
 
 
 def online_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,

@@ -348,7 +348,10 @@ def register_normalizer(name: str, family: str, *, h: Callable | None = None, dh
 
     * ``"softmax_of"``: ``softmax(g(x))``; give ``g`` and its derivative ``dg``;
     * ``"sum_normalized"``: ``h(x) / (sum h(x) + eps)``; give ``h``, ``dh`` and ``eps``
-      (``h`` must be non-negative);
+      (``h`` must be non-negative). ``eps`` defaults to 0, which suits an ``h`` positive
+      everywhere (``torch.exp``); where ``h`` can be 0 over a whole row (a ReLU-like ``h``),
+      give ``eps > 0``, or such a row is ``0 / 0 = NaN``, as the formula says (the built-in
+      ``relu_l1``, ``softpick`` and ``softplus_l1`` require ``eps > 0``);
     * ``"elementwise"``: ``h(x)``; give ``h`` and ``dh``;
     * ``"threshold"``: ``alpha-entmax(g(x))``; give ``alpha`` (``g`` defaults to the identity).
 

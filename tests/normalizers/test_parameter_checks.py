@@ -132,3 +132,19 @@ def test_nan_clipped_softmax_and_attention_scale_are_value_errors():
             sk.attention(q, q, q, scale=bad)
     with pytest.raises(TypeError, match="scale"):
         sk.attention(q, q, q, scale="big")
+
+
+def test_a_numpy_integer_dim_counts_as_an_int_and_a_bool_does_not():
+    import numpy as np
+
+    x = torch.randn(5, 3, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    for fn in (sk.softmax, sk.log_softmax, sk.logsumexp, sk.sparsemax, sk.entmax15):
+        for dim in (0, -1, 1):
+            torch.testing.assert_close(fn(x, dim=np.int64(dim)), fn(x, dim=dim))
+    for spec in sk.normalizers():
+        params = {"k": 2} if spec.name == "sparse_softmax" else {}
+        torch.testing.assert_close(sk.normalize(x, spec.name, dim=np.int32(0), **params),
+                                   sk.normalize(x, spec.name, dim=0, **params))
+    for bad in (True, np.bool_(True), 0.0):
+        with pytest.raises(TypeError, match="dim must be an int"):
+            sk.softmax(x, dim=bad)

@@ -151,3 +151,6 @@ def test_run_matches_predict_and_skips_exited_rows():
     assert seen == reached[: len(seen)] and reached[0] == 50 and reached[1] < 50
     with pytest.raises(TypeError, match="stages"):
         cascade.run(x, stages[:2])
+    logits_only = [lambda h, s=s: s(h)[1] for s in stages]   # a stage that forgets the next state
+    with pytest.raises(TypeError, match=r"stages\[0\] must return a pair \(next_state, logits\), got Tensor"):
+        cascade.run(x, logits_only)

@@ -34,7 +34,8 @@ def sparse_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = N
     a simpler and faster alternative softmax transformation", arXiv 2112.12433.
 
     Args:
-        k: the number of entries kept, ``1 <= k <= x.shape[dim]`` (required). Attention
+        k: the number of entries kept, ``1 <= k <= x.shape[dim]`` (required; any ``k >= 1`` on
+            an empty axis, which gives an empty result). Attention
             layers that cannot pass it (Hugging Face models without a softmaxkit
             Normalizer) keep :data:`FALLBACK_K`, or every key of a shorter row.
     """
@@ -42,7 +43,7 @@ def sparse_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = N
         raise ValueError("sparse_softmax needs k, the number of entries kept (1 <= k <= row length)")
     rows = prepare_rows(x, dim, mask)
     length = rows.x.shape[-1]
-    k = check_int_in_range(k, "k", 1, max(length, 1))
+    k = check_int_in_range(k, "k", 1, length or None)   # (an empty axis: an empty result for any k >= 1)
     if length == 0:
         return rows.restore(rows.x.clone())
     filled = rows.x.detach().masked_fill(~rows.visible, float("-inf"))

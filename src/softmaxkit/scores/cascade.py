@@ -185,7 +185,11 @@ class EarlyExitCascade:
         running = torch.arange(n)
         state = x
         for k, stage in enumerate(stages):
-            state, logits = stage(state)
+            result = stage(state)
+            if not isinstance(result, tuple) or len(result) != 2:
+                raise TypeError(f"stages[{k}] must return a pair (next_state, logits), got "
+                                f"{type(result).__name__}" + (f" of {len(result)}" if isinstance(result, tuple) else ""))
+            state, logits = result
             check_logits_2d(logits, f"the logits of stages[{k}]")
             if logits.shape[0] != len(running):
                 raise ValueError(
