@@ -187,8 +187,8 @@ class EarlyExitCascade:
         for k, stage in enumerate(stages):
             result = stage(state)
             if not isinstance(result, tuple) or len(result) != 2:
-                raise TypeError(f"stages[{k}] must return a pair (next_state, logits), got "
-                                f"{type(result).__name__}" + (f" of {len(result)}" if isinstance(result, tuple) else ""))
+                got = type(result).__name__ + (f" of {len(result)}" if isinstance(result, tuple) else "")
+                raise TypeError(f"stages[{k}] must return a pair (next_state, logits), got {got}")
             state, logits = result
             check_logits_2d(logits, f"the logits of stages[{k}]")
             if logits.shape[0] != len(running):
