@@ -138,11 +138,15 @@ def test_per_head_parameters_and_their_gradients(name):
     check(name, torch.float32, params=params)
 
 
-def test_multimax_per_head_parameters():
+@pytest.mark.parametrize("seed", [0, 1, 3, 5])
+def test_multimax_per_head_parameters(seed):
+    """The backward recomputes each score as the forward did (the same q k^T tiles): rounded
+    otherwise (q times a transposed view of k, which OpenBLAS's AVX-512 kernels sum in another
+    order under the interpreter), MultiMax's steep modulator made dv 5-14x the dense error."""
     g = torch.Generator().manual_seed(3)
     r = torch.randn(4, 1, 2, 1, 1, generator=g, dtype=torch.float64) * 0.5
     t = torch.randn(4, 1, 2, 1, 1, generator=g, dtype=torch.float64) * 0.2 + 0.3  # no t == 0 (see multimax._term)
-    check("multimax", torch.float32, params={"r": r, "t": t})
+    check("multimax", torch.float32, params={"r": r, "t": t}, seed=seed)
 
 
 def test_softplus_l1_rows_of_negative_scores():

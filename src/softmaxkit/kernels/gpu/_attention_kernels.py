@@ -426,8 +426,8 @@ def _bwd_kv(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DK, DV_OUT,
     offs_d = tl.arange(0, BLOCK_D)
     offs_dv = tl.arange(0, BLOCK_DV)
     col_ok = offs_n < Lk
-    k = tl.load(K + (kvh * Lk + offs_n[:, None]) * D + offs_d[None, :],
-                mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+    kt = tl.load(K + (kvh * Lk + offs_n[None, :]) * D + offs_d[:, None],
+                 mask=col_ok[None, :] & (offs_d[:, None] < D), other=0.0)
     v = tl.load(V + (kvh * Lk + offs_n[:, None]) * DV + offs_dv[None, :],
                 mask=col_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
     par = PAR + bh * NP
@@ -457,10 +457,12 @@ def _bwd_kv(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DK, DV_OUT,
             delta = tl.load(DELTA + bh * Lq + offs_m, mask=row_ok, other=0.0)[None, :]
             n = _row_count(CNT, bh, offs_m, Lq, Lk, HAS_CNT, CAUSAL)[None, :]
             vis_t = tl.trans(vis)
-            # q k^T, as the forward and the dq kernel compute it, then transposed: k q^T sums
-            # each score in another order, and a piece with a steep g (MultiMax's quadratic
-            # term at large scores) turns that rounding into weights that differ from the forward's
-            x = tl.trans(_scores(q, tl.trans(k), scale, add, vis, MASK_KIND, DOT_PREC, UPCAST))
+            # q k^T with k^T loaded as the forward loads it, then transposed: k q^T (or q times
+            # a transposed view of k, which a BLAS may sum in another order: Triton's interpreter
+            # on OpenBLAS's AVX-512 kernels) rounds scores differently, and a piece with a steep
+            # g (MultiMax's quadratic term at large scores) turns that into weights that differ
+            # from the forward's
+            x = tl.trans(_scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST))
             dp = _dot(v, tl.trans(do), DOT_PREC, UPCAST).to(tl.float32)
             p, gz, dx = _tile_grads(x, vis_t, offs_n[:, None], n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
                                     FAMILY, ALPHA_KIND)
@@ -531,11 +533,11 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
             if SKIP:
                 live = tl.max(tl.max(vis.to(tl.int32), 1), 0) > 0
             if live:
-                k = tl.load(K + (kvh * Lk + offs_n[:, None]) * D + offs_d[None, :],
-                            mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+                kt = tl.load(K + (kvh * Lk + offs_n[None, :]) * D + offs_d[:, None],
+                             mask=col_ok[None, :] & (offs_d[:, None] < D), other=0.0)
                 vt = tl.load(V + (kvh * Lk + offs_n[None, :]) * DV + offs_dv[:, None],
                              mask=col_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
-                x = _scores(q, tl.trans(k), scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
+                x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
                 dp = _dot(do, vt, DOT_PREC, UPCAST).to(tl.float32)
                 if FAMILY == 1:
                     w = tl.where(vis, FN(x, n, par), 0.0)
@@ -565,14 +567,15 @@ def _bwd_q(Q, K, V, DO, STATS, DELTA, PAR, CNT, MASK, QDOC, KDOC, DQ, DPAR,
         if SKIP:
             live = tl.max(tl.max(vis.to(tl.int32), 1), 0) > 0
         if live:
-            k = tl.load(K + (kvh * Lk + offs_n[:, None]) * D + offs_d[None, :],
-                        mask=col_ok[:, None] & (offs_d[None, :] < D), other=0.0)
+            kt = tl.load(K + (kvh * Lk + offs_n[None, :]) * D + offs_d[:, None],
+                         mask=col_ok[None, :] & (offs_d[:, None] < D), other=0.0)
             vt = tl.load(V + (kvh * Lk + offs_n[None, :]) * DV + offs_dv[:, None],
                          mask=col_ok[None, :] & (offs_dv[:, None] < DV), other=0.0)
-            x = _scores(q, tl.trans(k), scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)
+            x = _scores(q, kt, scale, add, vis, MASK_KIND, DOT_PREC, UPCAST)   # as the forward's
             dp = _dot(do, vt, DOT_PREC, UPCAST).to(tl.float32)
             p, gz, dx = _tile_grads(x, vis, offs_n[None, :], n, par, s0, s1, s2, s3, dp, delta, u, FN, DFN,
                                     FAMILY, ALPHA_KIND)
+            k = tl.trans(kt)
             if P_LOWP:
                 dq += _dot(dx.to(k.dtype), k, DOT_PREC, UPCAST)
             else:
