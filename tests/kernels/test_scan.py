@@ -92,12 +92,35 @@ def test_shape_classes():
 
 
 def test_every_crossover_table_names_known_cells_and_the_host_uses_its_own():
-    for table in dispatch.WINS_BY_ISA.values():
+    for (isa, vendor), table in dispatch.WINS_BY_CPU.items():
+        assert isa in ("avx512", "avx2") and vendor in ("intel", "amd") and table
         for op, dtype, pass_, cls, threads in table:
             assert op in ("softmax", "log_softmax", "logsumexp") and dtype in ("float32", "float64")
             assert pass_ in ("fwd", "fwd+bwd") and cls in dispatch.SHAPE_CLASSES
             assert type(threads) is int and threads >= 1
-    assert dispatch.NUMBA_WINS == dispatch.WINS_BY_ISA.get(dispatch.VECTOR_ISA, frozenset())
+    assert dispatch.NUMBA_WINS == dispatch.wins_for_cpu(dispatch.VECTOR_ISA, dispatch.CPU_VENDOR)
+
+
+def test_a_cpu_takes_its_own_table_else_its_instruction_sets_else_none():
+    for key, table in dispatch.WINS_BY_CPU.items():
+        assert dispatch.wins_for_cpu(*key) is table
+    assert dispatch.wins_for_cpu("avx2", "intel") is dispatch.WINS_BY_CPU[("avx2", "amd")]
+    assert dispatch.wins_for_cpu("other", "intel") == frozenset()
+
+
+@pytest.mark.parametrize("name, vendor", [("znver4", "amd"), ("znver2", "amd"), ("emeraldrapids", "intel"),
+                                          ("skylake-avx512", "intel"), ("haswell", "intel")])
+def test_the_vendor_comes_from_the_cpu_name_llvm_tunes_for(monkeypatch, name, vendor):
+    import llvmlite.binding as ll
+    from numba import config
+
+    from softmaxkit.kernels.cpu import _intrinsics
+    monkeypatch.setattr(config, "CPU_NAME", None, raising=False)
+    monkeypatch.setattr(ll, "get_host_cpu_name", lambda: name)
+    assert _intrinsics._host_cpu_vendor() == vendor
+    monkeypatch.setattr(config, "CPU_NAME", name, raising=False)
+    monkeypatch.setattr(ll, "get_host_cpu_name", lambda: "unused")
+    assert _intrinsics._host_cpu_vendor() == vendor
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])

@@ -257,7 +257,7 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1,
     A cell is a win when, over the shapes of its class, the median of kernel time / torch
     time is <= ``dispatch.WIN_MEDIAN`` and none is above ``dispatch.WIN_WORST``.
     Returns the table (a row per run and shape) and the set of winning keys (the value of
-    :data:`softmaxkit.kernels.dispatch.NUMBA_WINS` for this machine's vector instruction set).
+    :data:`softmaxkit.kernels.dispatch.NUMBA_WINS` for this machine's instruction set and vendor).
     """
     shapes = CROSSOVER_SHAPES if shapes is None else shapes
     table = Table("numba kernel against aten, per shape", [
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> None:
                                  shapes=QUICK_SHAPES if args.quick else None, runs=args.runs,
                                  passes=tuple(args.passes))
         print(table.to_markdown())
-        print(f"\n# vector instruction set: {dispatch.VECTOR_ISA} (the WINS_BY_ISA entry this is for)")
+        print(f"\n# CPU: {(dispatch.VECTOR_ISA, dispatch.CPU_VENDOR)!r} (the WINS_BY_CPU entry this is for)")
         print("NUMBA_WINS = frozenset({")
         for key in sorted(wins):
             print(f"    {key!r},")

@@ -52,7 +52,7 @@ from torch.autograd import forward_ad
 
 from .._checks import backward_in_torch_ops, has_no_data, is_functorch_wrapped
 from . import memory
-from .cpu._intrinsics import VECTOR_ISA
+from .cpu._intrinsics import CPU_VENDOR, VECTOR_ISA
 from .temperature import times_inverse_temperature
 
 BACKENDS = ("reference", "numba", "triton", "auto")
@@ -192,18 +192,21 @@ ONE_ROW_MIN = 1 << 12
 
 
 #: Cells (op, dtype, pass, shape class, threads) where the numba kernel measurably beat
-#: aten, per vector instruction set numba compiles for (:data:`VECTOR_ISA`); everywhere
-#: else ``auto`` calls aten. A cell is a win when, over the shapes of the class in the
-#: dispatch benchmark's grid, the median of kernel time / torch time is <= :data:`WIN_MEDIAN`
-#: and none is above :data:`WIN_WORST` (medians of interleaved runs in shuffled order; the
-#: AVX-512 table was made under an earlier rule, 0.9 and 1.15).
+#: aten, per vector instruction set numba compiles for and whose cores run it
+#: (:data:`VECTOR_ISA`, :data:`CPU_VENDOR`: the same AVX-512 code wins different cells on
+#: Intel's cores and on AMD's Zen 4); everywhere else ``auto`` calls aten. A cell is a win
+#: when, over the shapes of the class in the dispatch benchmark's grid, the median of kernel
+#: time / torch time is <= :data:`WIN_MEDIAN` and none is above :data:`WIN_WORST` (medians of
+#: interleaved runs in shuffled order; the Intel AVX-512 table was made under an earlier
+#: rule, 0.9 and 1.15).
 #: ``pass`` is ``"fwd"`` when no gradient is recorded, ``"fwd+bwd"`` when ``x`` requires
 #: grad under grad mode. Thread counts not listed (not measured) use aten, and so does
-#: every cell on an instruction set with no table (``"other"``). Each table is printed by
+#: every cell on an instruction set with no table (``"other"``); a vendor with no table of
+#: its instruction set uses the other vendor's (:func:`wins_for_cpu`). Each table is printed by
 #:   ``python -m softmaxkit.bench.dispatch --crossovers --threads 1 2 [--runs 2]``
 #: on a machine of its kind.
 #:
-#: AVX-512: measured 2026-12-01 on the shared 2-core development machine (Intel Xeon,
+#: AVX-512, Intel: measured 2026-12-01 on the shared 2-core development machine (Intel Xeon,
 #: Emerald Rapids; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads. Since the kernels run
 #: on 512-bit vectors (:func:`softmaxkit.kernels.cpu._intrinsics.wide_vectors`) and take the
 #: three-pass algorithm on rows of one block, they beat aten on large float64 inputs
@@ -216,7 +219,7 @@ ONE_ROW_MIN = 1 << 12
 #: pages): the kernel then took 1.27-1.41x torch's time on 16-25 MiB inputs and 1.38x on
 #: short rows, so they stay with aten; the float64 and large log-sum-exp wins held
 #: (0.26-0.99).
-_WINS_AVX512 = frozenset({
+_WINS_AVX512_INTEL = frozenset({
     ('log_softmax', 'float64', 'fwd', 'large', 1),
     ('log_softmax', 'float64', 'fwd', 'large', 2),
     ('log_softmax', 'float64', 'fwd', 'short rows', 1),
@@ -243,7 +246,106 @@ _WINS_AVX512 = frozenset({
     ('softmax', 'float64', 'fwd+bwd', 'large', 1),
 })
 
-#: AVX2: measured 2026-12-03 on the shared 2-core development machine of that day (AMD
+#: AVX-512, AMD: measured 2026-12-03 on the shared 2-core development machine of that day
+#: (AMD EPYC, Zen 4: ``znver4``; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, the
+#: whole grid twice with ``--runs 2`` (four runs pooled, each shape's ratio the median of its
+#: runs), each side as ``auto`` runs it (as for the AVX2 table below). The Intel table
+#: chose aten for most of these cells, which made ``auto`` 1.1-3.5x slower than the kernel
+#: here (65 of 144 dispatch cells within target). The kernels win every cell without a
+#: gradient except float32 softmax on short rows (1.02) and float32 log-softmax on short
+#: rows on one thread (0.99): single rows 0.63-0.76 (log-sum-exp 0.25-0.46), small inputs
+#: 0.72-0.84, short float64 rows 0.64-0.80, large inputs 0.89-0.92 (softmax float32: the
+#: attention shapes 0.87-0.89, the vocabulary rows 0.97-1.08). With a gradient they win
+#: short float64 rows (0.77-0.86), small inputs (0.89-0.95) and log-sum-exp everywhere
+#: but single rows; they lose single rows (the autograd Function, 1.07-2.1) and are within
+#: 5% of aten elsewhere. Log-softmax with a gradient on float32 "large" inputs is kept by
+#: hand as in the AVX2 table: outputs of 32 MiB and more take the kernel on both sides of
+#: the measurement, and the two smaller shapes measured 0.84-0.94.
+_WINS_AVX512_AMD = frozenset({
+    ('log_softmax', 'float32', 'fwd', 'large', 1),
+    ('log_softmax', 'float32', 'fwd', 'large', 2),
+    ('log_softmax', 'float32', 'fwd', 'one long row', 1),
+    ('log_softmax', 'float32', 'fwd', 'one long row', 2),
+    ('log_softmax', 'float32', 'fwd', 'one row', 1),
+    ('log_softmax', 'float32', 'fwd', 'one row', 2),
+    ('log_softmax', 'float32', 'fwd', 'short rows', 2),
+    ('log_softmax', 'float32', 'fwd', 'small', 1),
+    ('log_softmax', 'float32', 'fwd', 'small', 2),
+    ('log_softmax', 'float32', 'fwd+bwd', 'large', 1),
+    ('log_softmax', 'float32', 'fwd+bwd', 'large', 2),
+    ('log_softmax', 'float32', 'fwd+bwd', 'small', 1),
+    ('log_softmax', 'float32', 'fwd+bwd', 'small', 2),
+    ('log_softmax', 'float64', 'fwd', 'large', 1),
+    ('log_softmax', 'float64', 'fwd', 'large', 2),
+    ('log_softmax', 'float64', 'fwd', 'one long row', 1),
+    ('log_softmax', 'float64', 'fwd', 'one long row', 2),
+    ('log_softmax', 'float64', 'fwd', 'one row', 1),
+    ('log_softmax', 'float64', 'fwd', 'one row', 2),
+    ('log_softmax', 'float64', 'fwd', 'short rows', 1),
+    ('log_softmax', 'float64', 'fwd', 'short rows', 2),
+    ('log_softmax', 'float64', 'fwd', 'small', 1),
+    ('log_softmax', 'float64', 'fwd', 'small', 2),
+    ('log_softmax', 'float64', 'fwd+bwd', 'short rows', 1),
+    ('log_softmax', 'float64', 'fwd+bwd', 'short rows', 2),
+    ('log_softmax', 'float64', 'fwd+bwd', 'small', 1),
+    ('logsumexp', 'float32', 'fwd', 'large', 1),
+    ('logsumexp', 'float32', 'fwd', 'large', 2),
+    ('logsumexp', 'float32', 'fwd', 'one long row', 1),
+    ('logsumexp', 'float32', 'fwd', 'one long row', 2),
+    ('logsumexp', 'float32', 'fwd', 'one row', 1),
+    ('logsumexp', 'float32', 'fwd', 'one row', 2),
+    ('logsumexp', 'float32', 'fwd', 'short rows', 1),
+    ('logsumexp', 'float32', 'fwd', 'short rows', 2),
+    ('logsumexp', 'float32', 'fwd', 'small', 1),
+    ('logsumexp', 'float32', 'fwd', 'small', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'large', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'large', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'small', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'small', 2),
+    ('logsumexp', 'float64', 'fwd', 'large', 1),
+    ('logsumexp', 'float64', 'fwd', 'large', 2),
+    ('logsumexp', 'float64', 'fwd', 'one long row', 1),
+    ('logsumexp', 'float64', 'fwd', 'one long row', 2),
+    ('logsumexp', 'float64', 'fwd', 'one row', 1),
+    ('logsumexp', 'float64', 'fwd', 'one row', 2),
+    ('logsumexp', 'float64', 'fwd', 'short rows', 1),
+    ('logsumexp', 'float64', 'fwd', 'short rows', 2),
+    ('logsumexp', 'float64', 'fwd', 'small', 1),
+    ('logsumexp', 'float64', 'fwd', 'small', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'large', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'large', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'small', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'small', 2),
+    ('softmax', 'float32', 'fwd', 'large', 1),
+    ('softmax', 'float32', 'fwd', 'large', 2),
+    ('softmax', 'float32', 'fwd', 'one long row', 1),
+    ('softmax', 'float32', 'fwd', 'one long row', 2),
+    ('softmax', 'float32', 'fwd', 'one row', 1),
+    ('softmax', 'float32', 'fwd', 'one row', 2),
+    ('softmax', 'float32', 'fwd', 'small', 1),
+    ('softmax', 'float32', 'fwd', 'small', 2),
+    ('softmax', 'float32', 'fwd+bwd', 'small', 1),
+    ('softmax', 'float64', 'fwd', 'large', 1),
+    ('softmax', 'float64', 'fwd', 'large', 2),
+    ('softmax', 'float64', 'fwd', 'one long row', 1),
+    ('softmax', 'float64', 'fwd', 'one long row', 2),
+    ('softmax', 'float64', 'fwd', 'one row', 1),
+    ('softmax', 'float64', 'fwd', 'one row', 2),
+    ('softmax', 'float64', 'fwd', 'short rows', 1),
+    ('softmax', 'float64', 'fwd', 'short rows', 2),
+    ('softmax', 'float64', 'fwd', 'small', 1),
+    ('softmax', 'float64', 'fwd', 'small', 2),
+    ('softmax', 'float64', 'fwd+bwd', 'large', 2),
+    ('softmax', 'float64', 'fwd+bwd', 'short rows', 1),
+    ('softmax', 'float64', 'fwd+bwd', 'short rows', 2),
+    ('softmax', 'float64', 'fwd+bwd', 'small', 1),
+})
+
+#: AVX2, AMD: measured 2026-12-03 on the shared 2-core development machine of that day (AMD
 #: EPYC, AVX2 and FMA, no AVX-512; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, two
 #: runs pooled as ``--runs 2`` pools them (each shape's ratio the median of its runs), each
 #: side as ``auto`` runs it: the kernel's forward through ``functions.forward_only`` (which
@@ -273,7 +375,7 @@ _WINS_AVX512 = frozenset({
 #: with a gradient on short rows. Log-softmax with a gradient on float32 "large" inputs is
 #: kept: outputs of 32 MiB and more take the kernel on both sides of the measurement (1.0),
 #: the three smaller shapes measured 0.72-0.84.
-_WINS_AVX2 = frozenset({
+_WINS_AVX2_AMD = frozenset({
     ('log_softmax', 'float32', 'fwd', 'large', 1),
     ('log_softmax', 'float32', 'fwd', 'large', 2),
     ('log_softmax', 'float32', 'fwd', 'one long row', 1),
@@ -337,8 +439,22 @@ _WINS_AVX2 = frozenset({
     ('softmax', 'float64', 'fwd', 'one row', 1),
     ('softmax', 'float64', 'fwd', 'one row', 2),
 })
-WINS_BY_ISA = {"avx512": _WINS_AVX512, "avx2": _WINS_AVX2}
-NUMBA_WINS = WINS_BY_ISA.get(VECTOR_ISA, frozenset())
+#: The measured tables by (vector instruction set, vendor).
+WINS_BY_CPU = {("avx512", "intel"): _WINS_AVX512_INTEL, ("avx512", "amd"): _WINS_AVX512_AMD,
+               ("avx2", "amd"): _WINS_AVX2_AMD}
+
+
+def wins_for_cpu(isa: str, vendor: str) -> frozenset:
+    """The crossover table for a CPU with vector instruction set ``isa`` made by ``vendor``:
+    its own where measured, else one measured with the same instruction set on the other
+    vendor's cores (the closest guess), else none (``auto`` then always calls aten)."""
+    own = WINS_BY_CPU.get((isa, vendor))
+    if own is not None:
+        return own
+    return next((table for (i, _), table in WINS_BY_CPU.items() if i == isa), frozenset())
+
+
+NUMBA_WINS = wins_for_cpu(VECTOR_ISA, CPU_VENDOR)
 #: The rule that makes a crossover cell a win (see :data:`NUMBA_WINS`).
 WIN_MEDIAN = 0.95
 WIN_WORST = 1.10
@@ -1166,7 +1282,8 @@ __all__ = [
     "KERNEL_MIN_NUMEL",
     "BACKENDS",
     "NUMBA_WINS",
-    "WINS_BY_ISA",
+    "WINS_BY_CPU",
+    "wins_for_cpu",
     "OPS",
     "SHAPE_CLASSES",
     "current_backend",

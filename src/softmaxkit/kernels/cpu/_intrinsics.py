@@ -120,6 +120,24 @@ def _host_vector_isa() -> str:
     return "avx2" if {"+avx2", "+fma"} <= features else "other"
 
 
+_AMD_CPU_NAMES = ("znver", "bdver", "btver", "amdfam", "athlon", "barcelona")
+
+
+def _host_cpu_vendor() -> str:
+    import llvmlite.binding as ll
+    from numba import config
+    name = getattr(config, "CPU_NAME", None)   # NUMBA_CPU_NAME, when set
+    if not name or name == "host":
+        name = ll.get_host_cpu_name()
+    return "amd" if name.startswith(_AMD_CPU_NAMES) else "intel"
+
+
+#: Whose cores numba compiles the kernels for, from the CPU name LLVM tunes for
+#: (``znver4``, ``emeraldrapids``...): ``"amd"`` or ``"intel"`` (any name not AMD's). With
+#: the same instruction set the two differ in what wins (AMD's Zen 4 runs a 512-bit
+#: instruction as two 256-bit halves), so the measured crossovers are per (instruction set,
+#: vendor): :data:`softmaxkit.kernels.dispatch.WINS_BY_CPU`.
+CPU_VENDOR = _host_cpu_vendor()
 #: The widest vector instruction set numba compiles the kernels for: ``"avx512"``,
 #: ``"avx2"`` (with FMA) or ``"other"``. Which kernel beats aten depends on it
 #: (:data:`softmaxkit.kernels.dispatch.NUMBA_WINS`).
