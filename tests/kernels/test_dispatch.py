@@ -230,6 +230,43 @@ def test_long_float32_rows_take_the_kernel_and_keep_every_row_exact(op, threads)
         torch.set_num_threads(before)
 
 
+@pytest.mark.parametrize("rows", [1, 6])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_the_kernel_lane_gradient_of_a_row_with_an_infinite_score(monkeypatch, rows, op, dtype):
+    """Where auto takes the kernel with a gradient (its forward, then a backward that reads
+    only the output), a row whose maximum is +inf has the limit as its output (equal weights
+    on the +inf entries) and a zero gradient. Nothing in the output tells that row from an
+    ordinary one, so the kernel's forward reports it and the call takes the full path (the
+    backward from the output gave y (g - <y, g>) there). A row with nothing visible stays on
+    the kernel's path (its output, all 0 or all -inf, passes no gradient)."""
+    monkeypatch.setattr(dispatch, "_wins", lambda *args: True)
+    monkeypatch.setattr(dispatch, "_ONE_ROW_WINS", True)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(rows, 5000, generator=g, dtype=dtype) * 3
+    x[0, [3, 40]] = float("inf")
+    gy = torch.randn(x.shape, generator=g, dtype=dtype)
+    fn = getattr(sk, op)
+
+    def value_and_grad(x, backend):
+        xi = x.clone().requires_grad_()
+        with sk.use_backend(backend):
+            y = fn(xi)
+        return y, torch.autograd.grad(y, xi, gy[: len(x)])[0]
+
+    (y, grad), (want_y, want_grad) = value_and_grad(x, "auto"), value_and_grad(x, "reference")
+    torch.testing.assert_close(y, want_y)
+    torch.testing.assert_close(grad, want_grad)
+    assert (grad[0] == 0).all()
+    if rows > 1:
+        x[0] = float("-inf")
+        (y, grad), (want_y, want_grad) = value_and_grad(x, "auto"), value_and_grad(x, "reference")
+        assert y.grad_fn.name().startswith("_KernelSoftmax")
+        torch.testing.assert_close(y, want_y)
+        torch.testing.assert_close(grad, want_grad)
+        assert (grad[0] == 0).all()
+
+
 @pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp", "sparsemax", "entmax15"])
 @pytest.mark.parametrize("backend", ["numba", "auto"])
 def test_batched_gradients_through_the_kernels(op, backend):

@@ -1111,12 +1111,13 @@ class _KernelSoftmax(torch.autograd.Function):
     log-probability ``-inf``) passes no gradient. For a log-softmax that is the reference's
     gradient only because the forward leaves to the reference every row where a finite
     score's output overflows to ``-inf`` (finfo.max beside finfo.min), which aten's forward
-    returns silently; every other row the forward leaves (NaN, ``+inf``, nothing visible)
-    goes to the reference too."""
+    returns silently. A row whose maximum is ``+inf`` goes to the reference too: its output
+    is the limit (equal weights on the ``+inf`` entries), whose gradient is zero, and nothing
+    in the output tells it from an ordinary row."""
 
     @staticmethod
     def forward(ctx, x, mode):
-        out = _forward_only(x, mode)
+        out = _forward_only(x, mode, gradient=True)
         if out is None:
             raise _RowsLeft
         ctx.save_for_backward(out)
@@ -1159,13 +1160,13 @@ PROBS, LOG_PROBS, LSE = 0, 1, 2   # the kernels' modes (softmax.PROBS, LOG_PROBS
 _KERNEL_MODES = {"softmax": PROBS, "log_softmax": LOG_PROBS, "logsumexp": LSE}
 
 
-def _forward_only(x, mode):
-    """:func:`softmaxkit.kernels.cpu.functions.forward_only` at scale 1 for a lane input that
-    records no gradient (the lane has checked what :func:`_kernel_forward` checks)."""
+def _forward_only(x, mode, gradient=False):
+    """:func:`softmaxkit.kernels.cpu.functions.forward_only` at scale 1 for a lane input (the
+    lane has checked what :func:`_kernel_forward` checks)."""
     global _FORWARD_ONLY
     if _FORWARD_ONLY is None:
         from .cpu.functions import forward_only as _FORWARD_ONLY
-    return _FORWARD_ONLY(x, mode)
+    return _FORWARD_ONLY(x, mode, gradient=gradient)
 
 
 _FORWARD_ONLY = None

@@ -131,11 +131,14 @@ _ONE = {np.float32: np.float32(1.0), np.float64: np.float64(1.0)}
 _SHORT_ROW_CODE, _LONG_ROW_CODE = _algorithm_code(None, 1), _algorithm_code(None, _k.BLOCK + 1)
 
 
-def forward_only(x: torch.Tensor, mode: int, scale: float = 1.0, algorithm: str | None = None):
+def forward_only(x: torch.Tensor, mode: int, scale: float = 1.0, algorithm: str | None = None,
+                 gradient: bool = False):
     """The forward kernel's result for ``x`` in the fewest Python steps, with no autograd
     record: the probabilities (``mode`` PROBS), log-probabilities (LOG_PROBS) or the row
     log-sum-exps (LSE, shape ``x.shape[:-1]``) along the last axis. None when a row was left
-    to the reference (the caller then takes the full path, which recomputes it).
+    to the reference (the caller then takes the full path, which recomputes it); with
+    ``gradient`` (the caller's backward reads only the output) also when a row took its
+    ``+inf`` limit, whose gradient is zero.
 
     ``x`` is a C-contiguous CPU float32 / float64 tensor with at least one row of at least
     one entry, not seen through a ``torch.func`` transform. The kernel reads and writes the
@@ -160,7 +163,7 @@ def forward_only(x: torch.Tensor, mode: int, scale: float = 1.0, algorithm: str 
         left = _call_at(_k.normalize_rows_at, _k.normalize_rows_at_serial, rows, dtype, args)
     except Exception:
         return None   # the full path reruns the kernel and reports the error
-    return None if left else result
+    return None if left > 1 or (gradient and left) else result
 
 
 def _call_at(parallel, serial, rows: int, dtype, args):

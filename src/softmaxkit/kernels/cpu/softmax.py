@@ -64,6 +64,10 @@ _FAST = {"reassoc", "nsz", "contract", "arcp"}
 #: residual of up to half an ulp of it in the exponent (exp of +-1e30 for finfo.min / 3).
 _FAST_NO_FMA = {"reassoc", "nsz", "arcp"}
 _SPECIAL_ZERO_GRAD = np.uint8(1)
+#: A row whose maximum is ``+inf``: its output is the limit (equal weights on the ``+inf``
+#: entries) and its gradient zero, as for ``_SPECIAL_ZERO_GRAD``; told apart because nothing
+#: in the output shows it (a row with nothing visible shows it: all 0, or all ``-inf``).
+_SPECIAL_LIMIT = np.uint8(3)
 #: A row left to the reference (the package's FLAG_TODO).
 _SPECIAL_TODO = np.uint8(2)
 #: ``special`` value of a row not (yet) computed. The caller fills ``special`` with it;
@@ -331,7 +335,7 @@ def _careful_row(x, out, scale, mode):
                 out[i] = w if x[i] * scale == -neg_inf else cast_like(0.0, scale)
             elif mode == LOG_PROBS:
                 out[i] = np.log(w) if x[i] * scale == -neg_inf else neg_inf
-        return -neg_inf, _SPECIAL_ZERO_GRAD
+        return -neg_inf, _SPECIAL_LIMIT
     if m == neg_inf:
         for i in range(x.shape[0]):
             if x[i] != -np.inf:
@@ -434,10 +438,15 @@ def _arrays_at(x_address, out_address, lse_address, rows, n, scale, mode):
 
 @njit(cache=True)
 def _rows_left(special):
+    """Twice the number of rows left to the reference (``FLAG_TODO``), plus 1 where a row
+    took its ``+inf`` limit (``_SPECIAL_LIMIT``), whose zero gradient a backward from the
+    output alone cannot tell."""
     left = 0
+    limit = 0
     for r in range(special.shape[0]):
         left += special[r] == FLAG_TODO
-    return left
+        limit |= special[r] == _SPECIAL_LIMIT
+    return 2 * left + limit
 
 
 @parallel_njit(cache=True, error_model="numpy")
@@ -445,7 +454,8 @@ def normalize_rows_at(x_address, out_address, lse_address, rows, n, scale, algor
     """:func:`normalize_rows` on C-contiguous tensors given by their addresses (``out`` the
     output for PROBS / LOG_PROBS, ``lse`` the ``(rows,)`` result for LSE; pass any valid
     address for the one the mode does not use). Returns the number of rows left to the
-    reference. Called with addresses, the kernel costs about 0.5 us of Python instead of the
+    reference, times 2, plus 1 where a row took its ``+inf`` limit (:func:`_rows_left`).
+    Called with addresses, the kernel costs about 0.5 us of Python instead of the
     ~10 us of converting and unboxing four arrays: the lanes' forward on small inputs."""
     x, out, lse, special = _arrays_at(x_address, out_address, lse_address, rows, n, scale, mode)
     for r in prange(rows):
