@@ -126,10 +126,10 @@ _AMD_CPU_NAMES = ("znver", "bdver", "btver", "amdfam", "athlon", "barcelona")
 def _host_cpu_vendor() -> str:
     import llvmlite.binding as ll
     from numba import config
-    name = getattr(config, "CPU_NAME", None)   # NUMBA_CPU_NAME, when set
-    if not name or name == "host":
-        name = ll.get_host_cpu_name()
-    return "amd" if name.startswith(_AMD_CPU_NAMES) else "intel"
+    cpu = getattr(config, "CPU_NAME", None)   # NUMBA_CPU_NAME, when set
+    if not cpu or cpu == "host":
+        cpu = ll.get_host_cpu_name()
+    return "amd" if cpu.startswith(_AMD_CPU_NAMES) else "intel"
 
 
 #: Whose cores numba compiles the kernels for, from the CPU name LLVM tunes for
