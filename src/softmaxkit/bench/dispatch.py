@@ -57,6 +57,8 @@ THP_SHAPE = (4096, 32768)
 #: 64 MiB inputs and 2% on 4 MiB ones (2026-12-03, 2 shared cores): more than the 5% the
 #: grid judges; with 0.2 s and 11 rounds, within 1-5%.
 ROUND_BUDGET = 0.2
+#: The same for ``--quick`` (a smoke run: the shapes are tiny and the figures not judged).
+QUICK_ROUND_BUDGET = 0.01
 MAX_ROUNDS = 400
 THP_SHAPE_QUICK = (256, 32768)
 
@@ -98,16 +100,18 @@ def _kernel_callable(op, x, pass_):
     return _callable(_in_backend("numba", _sk(op)), x, pass_)
 
 
-def interleaved_medians(fns, repeats: int) -> list[float]:
+def interleaved_medians(fns, repeats: int, budget: float | None = None) -> list[float]:
     """Median seconds of each callable, timed round-robin (one warm-up call each first).
     Fast callables get more rounds: at least ``repeats``, and as many as fit in about
-    :data:`ROUND_BUDGET` seconds per callable (at most :data:`MAX_ROUNDS`)."""
+    ``budget`` seconds per callable (:data:`ROUND_BUDGET` when None; at most
+    :data:`MAX_ROUNDS`)."""
     start = time.perf_counter()
     for fn in fns:
         fn()
     k = len(fns)
     per_round = (time.perf_counter() - start) / k
-    repeats = max(repeats, min(MAX_ROUNDS, int(ROUND_BUDGET / max(per_round, 1e-9))))
+    budget = ROUND_BUDGET if budget is None else budget
+    repeats = max(repeats, min(MAX_ROUNDS, int(budget / max(per_round, 1e-9))))
     times: list[list[float]] = [[] for _ in fns]
     order = random.Random(0)
     for _ in range(repeats):
@@ -125,7 +129,7 @@ def _inputs(shape, dtype, pass_):
     return x.requires_grad_() if pass_ == "fwd+bwd" else x
 
 
-def grid_table(shapes, repeats: int) -> Table:
+def grid_table(shapes, repeats: int, budget: float | None = None) -> Table:
     """The grid; call it outside any ``use_backend`` block (``auto`` is timed as the default)."""
     table = Table("sk (auto backend) against torch and the numba kernel", [
         "shape", "kind", "op", "dtype", "pass", "torch ms", "kernel ms", "auto ms", "auto picks",
@@ -141,7 +145,7 @@ def grid_table(shapes, repeats: int) -> Table:
                     fns = [_callable(_TORCH[op], x, pass_),
                            _kernel_callable(op, x, pass_),
                            _callable(_sk(op), x, pass_)]
-                    t_torch, t_kernel, t_auto = interleaved_medians(fns, repeats)
+                    t_torch, t_kernel, t_auto = interleaved_medians(fns, repeats, budget)
                     table.add("x".join(map(str, shape)), kind, op, str(dtype).replace("torch.", ""), pass_,
                               t_torch * 1e3, t_kernel * 1e3, t_auto * 1e3, picked, t_torch / t_auto,
                               t_auto / min(t_torch, t_kernel))
@@ -301,7 +305,7 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1,
 def run(quick: bool = False) -> list[Table]:
     """The dispatch grid and the page-fault table (quick: tiny shapes, seconds)."""
     shapes = QUICK_SHAPES if quick else FULL_SHAPES
-    grid = grid_table(shapes, repeats=2 if quick else 11)
+    grid = grid_table(shapes, repeats=2 if quick else 11, budget=QUICK_ROUND_BUDGET if quick else None)
     thp = page_fault_table(THP_SHAPE_QUICK if quick else THP_SHAPE, repeats=2 if quick else 7)
     return [grid, thp]
 
