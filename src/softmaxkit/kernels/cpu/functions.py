@@ -160,10 +160,11 @@ def forward_only(x: torch.Tensor, mode: int, scale: float = 1.0, algorithm: str 
             (_SHORT_ROW_CODE if n <= _k.BLOCK else _LONG_ROW_CODE) if algorithm is None
             else _algorithm_code(algorithm, n), mode)
     try:
-        left = _call_at(_k.normalize_rows_at, _k.normalize_rows_at_serial, rows, dtype, args)
+        status = _call_at(_k.normalize_rows_at, _k.normalize_rows_at_serial, rows, dtype, args)
     except Exception:
         return None   # the full path reruns the kernel and reports the error
-    return None if left > 1 or (gradient and left) else result
+    rows_left, took_limit = status >> 1, status & 1   # (softmax._rows_status)
+    return None if rows_left or (gradient and took_limit) else result
 
 
 def _call_at(parallel, serial, rows: int, dtype, args):

@@ -437,7 +437,7 @@ def _arrays_at(x_address, out_address, lse_address, rows, n, scale, mode):
 
 
 @njit(cache=True)
-def _rows_left(special):
+def _rows_status(special):
     """Twice the number of rows left to the reference (``FLAG_TODO``), plus 1 where a row
     took its ``+inf`` limit (``_SPECIAL_LIMIT``), whose zero gradient a backward from the
     output alone cannot tell."""
@@ -454,13 +454,13 @@ def normalize_rows_at(x_address, out_address, lse_address, rows, n, scale, algor
     """:func:`normalize_rows` on C-contiguous tensors given by their addresses (``out`` the
     output for PROBS / LOG_PROBS, ``lse`` the ``(rows,)`` result for LSE; pass any valid
     address for the one the mode does not use). Returns the number of rows left to the
-    reference, times 2, plus 1 where a row took its ``+inf`` limit (:func:`_rows_left`).
+    reference, times 2, plus 1 where a row took its ``+inf`` limit (:func:`_rows_status`).
     Called with addresses, the kernel costs about 0.5 us of Python instead of the
     ~10 us of converting and unboxing four arrays: the lanes' forward on small inputs."""
     x, out, lse, special = _arrays_at(x_address, out_address, lse_address, rows, n, scale, mode)
     for r in prange(rows):
         _normalize_row(x, out, lse, special, scale, algorithm, mode, r)
-    return _rows_left(special)
+    return _rows_status(special)
 
 #: :func:`normalize_rows_at` without the parallel launch, for a single row.
 normalize_rows_at_serial = serial_twin(normalize_rows_at)
