@@ -164,6 +164,18 @@ def test_nan_and_plus_inf_windows_take_the_reference():
     torch.testing.assert_close(grad, expected, equal_nan=True)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_windows_of_only_nan_or_nan_and_minus_inf_give_nan(dtype):
+    """The kernel's running maximum ignored a NaN, so a window holding nothing but NaN and
+    -inf looked like a window of only -inf and gave -inf."""
+    nan, inf = float("nan"), float("-inf")
+    x = torch.tensor([[[[nan, inf, 1.0, 2.0], [inf, inf, 3.0, nan]]]], dtype=dtype)
+    out = soft_pool2d(x, 2)
+    assert torch.isnan(out).all()
+    assert torch.isnan(soft_pool2d(torch.tensor([[[nan]]], dtype=dtype), 1)).all()
+    assert soft_pool2d(torch.full((1, 2, 2), inf, dtype=dtype), 2).item() == inf
+
+
 def test_second_order_gradients_empty_batches_and_transforms():
     x = torch.randn(1, 2, 6, 7, generator=torch.Generator().manual_seed(2), dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradgradcheck(lambda t: soft_pool2d(t, (3, 2), (2, 1)), (x,))

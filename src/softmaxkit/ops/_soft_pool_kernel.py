@@ -49,7 +49,7 @@ def soft_pool_forward(x, out, shift, total, kh, kw, sh, sw, odd_planes):
                 for b in range(kw):
                     for j in range(cols):
                         v = line[j * sw + b]
-                        m[j] = v if v > m[j] else m[j]   # (a NaN shows in the sum below)
+                        m[j] = v if v > m[j] or v != v else m[j]   # (a NaN sticks: NaN > v is False)
             for a in range(kh):
                 line = x[p, i * sh + a]
                 for b in range(kw):
@@ -61,10 +61,10 @@ def soft_pool_forward(x, out, shift, total, kh, kw, sh, sw, odd_planes):
                         weighted[j] += e * (v - m[j]) if e > zero else zero
             o = out[p, i]
             for j in range(cols):
-                if m[j] == ninf:
-                    o[j] = ninf
-                elif m[j] == -ninf or t[j] != t[j]:   # a +inf, or a NaN, in the window
+                if m[j] == -ninf or m[j] != m[j]:   # a +inf, or a NaN, in the window
                     odd_planes[p] = 1
+                elif m[j] == ninf:
+                    o[j] = ninf
                 else:
                     o[j] = m[j] + weighted[j] / t[j]
 
