@@ -197,3 +197,21 @@ def test_huge_logit_rows_do_not_cancel(name, alpha, dtype):
         torch.testing.assert_close(loss, want)
         torch.testing.assert_close(g, g_want)
         assert 0 < float(loss[0].detach()) < 2   # log(5) for softmax
+
+
+@pytest.mark.parametrize("alpha", [1 + 1e-9, 1 + 1e-7, 1 + 1e-5, 1.01])
+def test_float32_entmax_loss_near_alpha_one_is_the_float64_loss(alpha):
+    """Omega(p) = (sum p^alpha - 1) / (alpha (alpha - 1)) cancelled in float32 as alpha neared 1:
+    the loss went negative (down to -120) where it is non-negative and near cross-entropy."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(64, 9, generator=g) * 3
+    for target in (torch.randint(0, 9, (64,), generator=g), torch.softmax(torch.randn(64, 9, generator=g), -1)):
+        low = fenchel_young_loss(z, target, "entmax", alpha=alpha, reduction="none")
+        exact = fenchel_young_loss(z.double(), target.double() if target.is_floating_point() else target,
+                                   "entmax", alpha=alpha, reduction="none")
+        assert (low >= 0).all()
+        torch.testing.assert_close(low.double(), exact, rtol=1e-5, atol=1e-5)
+        if alpha - 1 <= 1e-5:   # the softmax loss (alpha = 1): cross-entropy, or KL(y || p)
+            at_one = fenchel_young_loss(z.double(), target.double() if target.is_floating_point() else target,
+                                        "softmax", reduction="none")
+            torch.testing.assert_close(exact, at_one, rtol=1e-3, atol=1e-3)

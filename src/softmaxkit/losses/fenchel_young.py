@@ -39,10 +39,16 @@ def fenchel_young_normalizers() -> list[str]:
 
 def tsallis_regularizer(p: torch.Tensor, alpha: float) -> torch.Tensor:
     r"""Negative Tsallis alpha-entropy of each row (last axis) of ``p``:
-    :math:`(\sum_j p_j^\alpha - 1) / (\alpha(\alpha-1))`, and :math:`\sum_j p_j \log p_j` at alpha = 1."""
+    :math:`(\sum_j p_j^\alpha - 1) / (\alpha(\alpha-1))`, and :math:`\sum_j p_j \log p_j` at alpha = 1.
+    Each row of ``p`` must sum to 1 (it is computed as
+    :math:`\sum_j p_j\,\mathrm{expm1}((\alpha-1)\log p_j) / (\alpha(\alpha-1))`, which tends to the
+    alpha = 1 value continuously)."""
     if alpha == 1.0:
         return torch.xlogy(p, p).sum(-1)
-    return ((p ** alpha).sum(-1) - 1) / (alpha * (alpha - 1))
+    # written as sum_j p_j (p_j^(alpha-1) - 1) (p sums to 1) with expm1: sum_j p_j^alpha - 1
+    # cancelled catastrophically in float32 near alpha = 1 (a loss of -120 at alpha = 1 + 1e-9)
+    logs = torch.log(torch.where(p > 0, p, torch.ones((), dtype=p.dtype, device=p.device)))
+    return (p * torch.expm1((alpha - 1) * logs)).sum(-1) / (alpha * (alpha - 1))
 
 
 def _resolve_alpha(normalizer, alpha) -> tuple[float, dict]:
