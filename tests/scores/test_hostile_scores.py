@@ -44,6 +44,18 @@ def test_energy_below_temperature_one_does_not_overflow():
     assert energy(torch.full((2, 3), float("-inf")), temperature=0.5).eq(float("-inf")).all()
 
 
+@pytest.mark.parametrize("temperature", [1e-46, 1e-40])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_energy_at_a_temperature_below_the_dtypes_smallest_normal(temperature, dtype):
+    """(z - m) / T with T rounded to 0 in float32 gave 0 / 0 = NaN at the maximum: the limit is max z."""
+    x = torch.tensor([[1.0, 2.0, 3.0], [-5.0, 4.0, 4.0]], dtype=dtype, requires_grad=True)
+    out = energy(x, temperature=temperature)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, torch.tensor([3.0, 4.0], dtype=dtype))
+    grad, = torch.autograd.grad(out.sum(), x)
+    torch.testing.assert_close(grad.float(), torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.5, 0.5]]))
+
+
 def test_hard_gumbel_softmax_of_one_entry():
     assert sampling.gumbel_softmax(torch.tensor(0.3), hard=True).item() == 1.0
     assert sampling.gumbel_softmax(torch.tensor(float("-inf")), hard=True).item() == 0.0

@@ -75,6 +75,8 @@ def energy(logits: torch.Tensor, temperature: float = 1.0, dim: int = -1,
         return (temperature * F.logsumexp(z / temperature, dim=dim, mask=mask)).to(logits.dtype)
     # T log sum e^{z/T} = m + T log sum e^{(z - m)/T} with m the largest visible logit: z / T
     # itself overflows for |z| > T finfo.max (3e38 over T = 0.5 gave inf)
+    if temperature < torch.finfo(z.dtype).tiny:   # T rounds to 0 (or loses digits) in z's dtype: 0 / 0 gave NaN
+        z = z.double()
     visible = z if mask is None else z.masked_fill(~mask, float("-inf"))
     m = visible.detach().amax(dim, keepdim=True)
     m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
