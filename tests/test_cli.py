@@ -163,6 +163,18 @@ def test_report_checks_its_arguments_before_creating_out(argv, monkeypatch, tmp_
     assert exit_.value.code == 2 and not out.exists()
 
 
+@pytest.mark.parametrize("command", [["arena", "fakeok"], ["report", "--arena", "fakeok"]])
+@pytest.mark.parametrize("seed", ["-1", "x", "1.5"])
+def test_a_seed_that_is_not_a_nonnegative_integer_is_a_usage_error(command, seed, monkeypatch, tmp_path, capsys):
+    """Audit 2026-12-03: --seed -1 ran the task, which died in numpy's SeedSequence with a traceback."""
+    fakes.install(monkeypatch)
+    _no_run(monkeypatch)
+    out = ["--out", str(tmp_path / "never")] if command[0] == "report" else []
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, *out, "--seed", seed])
+    assert exit_.value.code == 2 and "--seed" in capsys.readouterr().err
+
+
 def test_report_refuses_an_empty_out(monkeypatch, tmp_path, capsys):
     """An empty --out (an unset shell variable) wrote index.html and results.json into the cwd."""
     fakes.install(monkeypatch)

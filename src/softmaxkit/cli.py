@@ -20,6 +20,17 @@ import time
 from ._plugins import FAILED, Outcome
 
 
+def _seed(text: str) -> int:
+    """A ``--seed``: an integer >= 0 (numpy's generators refuse negative seeds)."""
+    try:
+        seed = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if seed < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {seed}")
+    return seed
+
+
 def _parser() -> argparse.ArgumentParser:
     from .arena import TASKS
     from .bench import SUITES
@@ -54,7 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     arena.add_argument("tasks", nargs="*", default=[], metavar="TASK",
                        help="tasks to run: " + ", ".join(TASKS) + " (default: all)")
     arena.add_argument("--quick", action="store_true", help="fewer sizes and training steps")
-    arena.add_argument("--seed", type=int, default=0, help="random seed (default: 0)")
+    arena.add_argument("--seed", type=_seed, default=0, help="random seed (default: 0)")
 
     report = sub.add_parser(
         "report", help="run bench and arena, write DIR/index.html and DIR/results.json",
@@ -63,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("--quick", action="store_true", help="the quick versions (a few minutes on 2 cores)")
     report.add_argument("--out", default="softmaxkit-report", metavar="DIR",
                         help="output directory (default: softmaxkit-report)")
-    report.add_argument("--seed", type=int, default=0, help="random seed for the arena (default: 0)")
+    report.add_argument("--seed", type=_seed, default=0, help="random seed for the arena (default: 0)")
     report.add_argument("--bench", nargs="*", default=["all"], metavar="SUITE",
                         help="bench suites to include (default: all; give none to skip the benchmark)")
     report.add_argument("--arena", nargs="*", default=["all"], metavar="TASK",

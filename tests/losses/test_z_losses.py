@@ -65,6 +65,8 @@ def test_bad_input():
         spherical_z_loss(z, torch.arange(6), a=0.0)
     with pytest.raises(ValueError, match="target"):
         spherical_z_loss(z, torch.arange(6) + 9)
+    with pytest.raises(TypeError, match="target"):   # (a NotImplementedError from aten's lt before)
+        spherical_z_loss(z, torch.zeros(6, dtype=torch.complex64))
     with pytest.raises(ValueError, match="weight"):
         logit_z_penalty(z, weight=-1.0)
     with pytest.raises(ValueError, match="reduction"):

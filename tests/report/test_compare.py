@@ -100,6 +100,22 @@ def test_bad_paths_are_refused_with_the_argument_named(tmp_path):
         main(["compare", str(tmp_path / "nowhere"), str(tmp_path)])
 
 
+@pytest.mark.parametrize("outcomes", [5, ["x"], [{"kind": "bench", "tables": []}], [{"kind": "bench", "name": "a",
+                                      "tables": 3}], [{"kind": "bench", "name": "a", "tables": [{"rows": []}]}],
+                                      [{"kind": "bench", "name": "a", "tables": [{"title": "t", "rows": [1]}]}]])
+def test_malformed_results_are_refused_up_front(outcomes, tmp_path, run_dir, capsys):
+    """Audit 2026-12-03: a results.json of the wrong shape crashed compare with a TypeError,
+    and report --compare only after running its job."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"outcomes": outcomes}))
+    with pytest.raises(ValueError, match="not a softmaxkit results.json"):
+        load_results(bad)
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", str(bad), str(run_dir)])
+    assert exit_.value.code == 2 and "Traceback" not in capsys.readouterr().err
+    load_results(run_dir)   # a real run's results pass
+
+
 def test_version_1_results_load_and_are_judged_only_where_they_can_be(run_dir):
     new = load_results(run_dir)
     old = copy.deepcopy(new)

@@ -98,6 +98,22 @@ def test_argument_checks_name_the_argument():
         assert auroc(np.array([2.0, 3.0]), [0.0]) == 1.0
 
 
+@pytest.mark.parametrize("num_classes", [2.0, "2", 0, -1, True])
+def test_mahalanobis_num_classes_is_checked(num_classes):
+    """Audit 2026-12-03: 2.0 failed in bincount, -1 spoke of labels in [0, -2]."""
+    features, labels = torch.randn(4, 2), torch.tensor([0, 1, 0, 1])
+    with pytest.raises((TypeError, ValueError), match="num_classes"):
+        sk.scores.Mahalanobis().fit(features, labels, num_classes=num_classes)
+    assert sk.scores.Mahalanobis().fit(features, labels, num_classes=np.int64(2)).means_.shape == (2, 2)
+
+
+@pytest.mark.parametrize("epsilon", [float("inf"), float("nan")])
+def test_odin_epsilon_must_be_finite(epsilon):
+    """Audit 2026-12-03: epsilon = inf gave all-NaN scores."""
+    with pytest.raises(ValueError, match="epsilon"):
+        sk.scores.odin(torch.nn.Linear(3, 2).eval(), torch.randn(4, 3), epsilon=epsilon)
+
+
 @pytest.mark.parametrize("kwargs", [{}, {"top_k": 2}, {"top_p": 0.9999}])
 def test_sample_at_a_huge_temperature_keeps_the_small_weight(kwargs):
     """(z - top) overflowed between finfo.max and finfo.min before the division by T = 1e38:

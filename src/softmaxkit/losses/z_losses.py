@@ -53,7 +53,8 @@ def spherical_z_loss(logits: torch.Tensor, target: torch.Tensor, a: float = 1.0,
         raise ValueError("logits must have a class axis, got a 0-d tensor")
     o = logits.to(compute_dtype(logits.dtype)).movedim(dim, -1)
     classes = o.shape[-1]
-    if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.dtype == torch.bool:
+    if not isinstance(target, torch.Tensor) or target.is_floating_point() or target.is_complex() \
+            or target.dtype == torch.bool:
         raise TypeError("target must be an integer tensor of class indices")
     if target.shape != o.shape[:-1]:
         raise ValueError(f"target must have the shape of logits without the class axis {tuple(o.shape[:-1])}, "

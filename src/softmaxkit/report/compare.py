@@ -122,8 +122,38 @@ def load_results(path: str | Path) -> dict:
     version = results.get("schema_version", 1)
     if not isinstance(version, int) or version > SCHEMA_VERSION:
         raise ValueError(f"{str(path)!r} has schema_version {version!r}; this softmaxkit reads 1 to {SCHEMA_VERSION}")
+    problem = _structure_problem(results)
+    if problem:
+        raise ValueError(f"{str(path)!r} is not a softmaxkit results.json: {problem}")
     results.setdefault("label", str(path))
     return results
+
+
+def _structure_problem(results: dict) -> str | None:
+    """What in ``results`` does not have the shape :func:`compare` reads, or None."""
+    outcomes = results["outcomes"]
+    if not isinstance(outcomes, list):
+        return f"'outcomes' must be a list, got {type(outcomes).__name__}"
+    for i, outcome in enumerate(outcomes):
+        if not isinstance(outcome, dict):
+            return f"outcome {i} must be an object, got {type(outcome).__name__}"
+        for key in ("kind", "name"):
+            if not isinstance(outcome.get(key), str):
+                return f"outcome {i} has no string {key!r}"
+        tables = outcome.get("tables", [])
+        if not isinstance(tables, list):
+            return f"outcome {i} ('tables') must hold a list"
+        for j, table in enumerate(tables):
+            if not isinstance(table, dict) or not isinstance(table.get("title"), str):
+                return f"table {j} of outcome {i} must be an object with a string 'title'"
+            rows = table.get("rows", [])
+            if not isinstance(table.get("columns", []), list) or not isinstance(rows, list) \
+                    or not all(isinstance(row, list) for row in rows):
+                return f"table {j} of outcome {i} must hold 'columns' and 'rows' as lists"
+            noise = table.get("noise")
+            if noise is not None and (not isinstance(noise, list) or not all(isinstance(r, list) for r in noise)):
+                return f"table {j} of outcome {i} must hold 'noise' as a list of rows"
+    return None
 
 
 _HIGHER = re.compile(r"speed-?up|accuracy|auroc|aupr|\bap\b|ap@|ndcg|savings|soft-nms - ", re.IGNORECASE)

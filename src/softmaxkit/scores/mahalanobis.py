@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import check_at_least, check_floating
+from .._checks import check_at_least, check_floating, check_int_in_range
 from ._inputs import check_labels
 
 
@@ -55,6 +55,8 @@ class Mahalanobis:
         f = _check_features(features)
         if num_classes is None:
             num_classes = int(labels.max()) + 1 if isinstance(labels, torch.Tensor) and labels.numel() else 1
+        else:
+            num_classes = check_int_in_range(num_classes, "num_classes", 1)
         y = check_labels(labels, f.shape[0], num_classes).to(f.device)
         counts = torch.bincount(y, minlength=num_classes)
         if bool((counts == 0).any()):

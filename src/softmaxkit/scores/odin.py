@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from .._checks import check_floating, check_nonnegative, check_positive
+from .._checks import check_finite, check_floating, check_nonnegative, check_positive
 from .._rows import compute_dtype
 
 
@@ -46,7 +46,7 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
         model: the classifier, in eval mode.
         x: floating input batch.
         temperature: ``T > 0``, finite (paper: 1000).
-        epsilon: perturbation size ``>= 0`` (paper: 0.0014 on CIFAR).
+        epsilon: perturbation size, finite and ``>= 0`` (paper: 0.0014 on CIFAR).
 
     Returns:
         Tensor of shape (N,), in ``x``'s dtype.
@@ -63,6 +63,7 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
         raise ValueError(f"x must be a non-empty batch with the batch axis first, got shape {tuple(x.shape)}")
     check_positive(temperature, "temperature", allow_tensor=False, finite=True)
     check_nonnegative(epsilon, "epsilon")
+    check_finite(epsilon, "epsilon")
 
     x_in = x.detach().clone().requires_grad_(True)
     with torch.enable_grad():
