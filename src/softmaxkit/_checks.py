@@ -192,7 +192,8 @@ def check_known_params(given: Mapping[str, object], accepted: Iterable[str], own
 
 
 def check_count(n: object, name: str = "n") -> None:
-    """A row count override: ``None``, a number >= 1, or a tensor >= 1 everywhere (no NaN)."""
+    """A row count override: ``None``, a finite number >= 1, or a tensor >= 1 and finite
+    everywhere (a length of ``inf`` has no ``log n`` to scale by, only a limit)."""
     if n is None:
         return
     if isinstance(n, torch.Tensor):
@@ -200,13 +201,15 @@ def check_count(n: object, name: str = "n") -> None:
             raise TypeError(f"{name} must be a real tensor, got dtype {n.dtype}")
         if n.is_floating_point() and bool(torch.isnan(n).any()):
             raise ValueError(f"{name} must not contain NaN")
-        if not bool((n >= 1).all()):
-            raise ValueError(f"{name} must be >= 1 everywhere")
+        if not bool(((n >= 1) & (n < math.inf)).all()):
+            raise ValueError(f"{name} must be finite and >= 1 everywhere")
         return
     if isinstance(n, bool) or not isinstance(n, Real):
         raise TypeError(f"{name} must be a number >= 1 (a row length, possibly fractional), a tensor or None, "
                         f"got {type(n).__name__}")
     check_at_least(n, 1, name, allow_tensor=False)
+    if not math.isfinite(n):
+        raise ValueError(f"{name} must be finite (a row length), got {n}")
 
 
 def check_sequence_inputs(x: torch.Tensor, context: torch.Tensor, dim: int) -> None:

@@ -52,7 +52,20 @@ def ssmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     """
     check_finite(s, "s")
     check_count(n)
+    _check_scale(x, dim, s, n)
     return from_form(FORM, x, dim, mask, {"s": s, "n": n})
+
+
+def _check_scale(x: Any, dim: Any, s: Any, n: Any) -> None:
+    """``ValueError`` where a number ``s`` times ``log n`` (``n`` a number, else the row's
+    length, which bounds it) overflows: ``x * inf`` would give every positive score of the
+    row the same weight, not the limit (the row's argmax)."""
+    if isinstance(s, torch.Tensor) or isinstance(n, torch.Tensor) or not isinstance(x, torch.Tensor) \
+            or type(dim) is not int or not -x.dim() <= dim < max(x.dim(), 1):
+        return   # (tensors: their product is formed per row; bad x / dim: from_form says why)
+    length = float(n) if n is not None else (x.shape[dim] if x.dim() else 1)
+    if math.isinf(abs(float(s)) * math.log(max(length, 1.0))):
+        raise ValueError(f"s * log(n) must be finite, got s={s} with n up to {length:g}")
 
 
 #: ``triton.language``, bound by the factory below: a global, as Triton's interpreter requires.
