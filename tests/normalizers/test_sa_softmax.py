@@ -1,5 +1,6 @@
 """sa_softmax: the examples its spec carries, its pieces, and the definition written naively."""
 
+import pytest
 import torch
 
 import softmaxkit as sk
@@ -35,3 +36,36 @@ def test_finfo_min_fill_has_a_finite_gradient():
     assert torch.isfinite(g).all()
     torch.testing.assert_close(g.double(), g64, rtol=1e-5, atol=1e-6)
     assert torch.equal(g[1, ::2], torch.zeros(25))
+
+
+def _sa_jacobian_product(x, g):
+    """g^T J in float64 by the formula J = diag(p) + diag(x) (diag(p) - p p^T), x one row."""
+    p = torch.softmax(x, -1)
+    return g * p + p * (g * x - (p * g * x).sum())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_gradient_at_scores_near_finfo_max_is_finite(dtype):
+    """Audit 2026-12-03: the backward of x p sent g x into the softmax's backward, which
+    overflowed (inf - inf = NaN) on a row of finfo.min mask fills and beside a finfo.max score."""
+    big = torch.finfo(dtype).max
+    g = torch.tensor([1.0, -1.0, 2.0, 0.0, 0.0], dtype=dtype)
+    for row in (torch.full((5,), -big, dtype=dtype), torch.full((5,), big, dtype=dtype)):
+        x = row.clone().requires_grad_()
+        grad, = torch.autograd.grad(sk.sa_softmax(x), x, g)
+        expected = g.double() * 0.2 + 0.2 * row.double() * (g.double() - 0.4)   # p = 1/5, <p, g> = 0.4
+        assert torch.isfinite(grad).all()
+        torch.testing.assert_close(grad.double(), expected, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0)
+    x = torch.tensor([big, 0.0, 1.0, 2.0, 3.0], dtype=dtype, requires_grad=True)
+    grad, = torch.autograd.grad(sk.sa_softmax(x), x, torch.tensor([2.0, -1.0, 1.0, 1.0, 2.0], dtype=dtype))
+    assert grad.tolist() == [2.0, 0.0, 0.0, 0.0, 0.0]
+    x = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)   # ordinary rows: unchanged
+    upstream = torch.randn(4, 7, dtype=torch.float64)
+    grad, = torch.autograd.grad(sk.sa_softmax(x), x, upstream)
+    for r in range(4):
+        torch.testing.assert_close(grad[r], _sa_jacobian_product(x[r].detach(), upstream[r]))
+
+
+def test_normalized_at_a_plus_inf_score_is_its_limit():
+    """Audit 2026-12-03: (inf - low) / (inf - low + eps) gave NaN; the limit is 1 (as at 1e300)."""
+    assert sk.sa_softmax(torch.tensor([float("inf"), 1.0, 2.0]), normalized=True).tolist() == [1.0, 0.0, 0.0]

@@ -8,11 +8,13 @@ and, when normalized, of the row's range): it streams through its own rule.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 
 import torch
 
-from .._checks import check_bool, check_positive
+from .._checks import can_branch_on, check_bool, check_positive
 from .._rows import prepare_rows
 from ..forms import SoftmaxOf, StreamRule, identity, safe_div, shifted_exp
 from ..forms import one as forms_one
@@ -37,17 +39,58 @@ def sa_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     check_bool(normalized, "normalized")
     check_positive(eps, "eps", allow_tensor=False, finite=True)
     rows = prepare_rows(x, dim, mask)
+    scale = _gradient_scale(rows) if not normalized else None
+    if scale is not None:
+        rows = dataclasses.replace(rows, x=_ScaleGradient.apply(rows.x, scale))
     xs = rows.safe_x
     p = softmax_rows(torch.where(rows.visible, rows.x, xs), rows.visible)
     if not normalized:
         # where p = 0 (e.g. a finfo.min fill next to ordinary scores) the output is 0 whatever
         # x is: multiplying by x there would put x * dL/dy (overflowing) times p = 0, NaN, into
         # the softmax backward of the whole row
-        return finish(rows, torch.where(p > 0, xs, torch.zeros_like(xs)) * p)
+        y = torch.where(p > 0, xs, torch.zeros_like(xs)) * p
+        return finish(rows, y if scale is None else _ScaleGradient.apply(y, 1 / scale))
     low = rows.masked_min().clamp_max(0.0)
     high = rows.masked_max().clamp_min(0.0)
     # halves (exact): high - low and x - low overflow past finfo.max / 2 (3e38 and -3e38 gave inf / inf)
-    return finish(rows, (xs * 0.5 - low * 0.5) / (high * 0.5 - low * 0.5 + eps * 0.5) * p)
+    ratio = (xs * 0.5 - low * 0.5) / (high * 0.5 - low * 0.5 + eps * 0.5)
+    # a +inf score: its ratio's limit is 1 (inf / inf gave NaN), the others' 0
+    ratio = torch.where(xs == float("inf"), torch.ones_like(ratio), ratio)
+    return finish(rows, ratio * p)
+
+
+class _ScaleGradient(torch.autograd.Function):
+    """The identity, whose backward multiplies the gradient by ``scale`` (a power of two per row)."""
+
+    @staticmethod
+    def forward(ctx, t, scale):
+        ctx.save_for_backward(scale)
+        return t.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        (scale,) = ctx.saved_tensors
+        return grad * scale, None
+
+
+def _gradient_scale(rows) -> torch.Tensor | None:
+    """Per row, a power of two ``s`` that the backward of plain SA-Softmax divides the incoming
+    gradient by (and multiplies the result by), or None where no row needs one or no gradient is
+    recorded. The backward of ``x p`` sends ``g x`` into the softmax's backward, which overflows
+    when ``|x|`` is near finfo.max (a row of finfo.min mask fills: ``inf - inf = NaN``) although
+    the gradient itself, ``p (g + g x - <p, g x>)``, is finite. ``s`` is ``2^-B`` times the row's
+    largest visible ``|x|``, with ``B`` a quarter of the dtype's exponent range, so that ``g / s``
+    neither overflows nor leaves the normal range for any ``|g|`` within ``2^+-B``."""
+    if not (torch.is_grad_enabled() and rows.x.requires_grad):
+        return None
+    maxexp = math.frexp(torch.finfo(rows.x.dtype).max)[1]   # 128, 1024
+    quarter = maxexp // 4
+    top = rows.x.detach().abs().masked_fill(~rows.visible | torch.isinf(rows.x.detach()), 0.0)
+    top = top.amax(-1, keepdim=True) if top.shape[-1] else top.new_zeros(top.shape[:-1] + (1,))
+    if not can_branch_on(top) or not bool((top > 2.0 ** quarter).any()):
+        return None
+    _, exponent = torch.frexp(top)
+    return torch.ldexp(torch.ones_like(top), (exponent - quarter).clamp(0, maxexp - 1).to(top.dtype))
 
 
 class SASoftmaxRule(StreamRule):
