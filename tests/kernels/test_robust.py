@@ -431,3 +431,23 @@ def test_two_pass_float32_keeps_its_precision_at_large_scores(center):
         p = sk.softmax(x)
     big = truth > 1e-4
     assert ((p.double() - truth).abs() / truth)[big].max() < 3e-7
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp", "sparsemax", "entmax15", "entmax"])
+def test_a_kernel_output_can_be_modified_in_place_as_torchs_own(op):
+    """Audit 2026-12-03: the kernels' autograd Functions returned a reshape of their output, a
+    view made inside a custom Function, so ``p.mul_(2)`` raised at once (where the reference
+    and torch's ops allow it). Now the in-place op works, without a gradient as with one; with
+    one, the backward then refuses the modified output, as torch.softmax's does."""
+    x = torch.randn(3, 40, 300)
+    with dispatch.use_backend("numba"):
+        out = getattr(sk, op)(x)
+        expected = out * 2
+        torch.testing.assert_close(out.mul_(2), expected)
+        leaf = x.clone().requires_grad_()
+        out = getattr(sk, op)(leaf)
+        out.mul_(2)   # (raised "a view ... created inside a custom Function")
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.softmax(x.clone().requires_grad_(), -1).mul_(2).sum().backward()

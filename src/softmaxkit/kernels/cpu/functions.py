@@ -194,7 +194,7 @@ class _SoftmaxFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, scale, algorithm, mode):
         out, _, special, todo = _run_forward(x, scale, algorithm, mode)
-        y = out.reshape(x.shape)
+        y = out.reshape(x.shape).detach()   # (not a view made inside the Function: a user's in-place op then works)
         ctx.save_for_backward(y, special)
         ctx.scale, ctx.mode = scale, mode
         todo = todo.reshape(x.shape[:-1])
@@ -214,7 +214,7 @@ class _LogSumExpFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, algorithm):
         _, lse, _, todo = _run_forward(x, 1.0, algorithm, _k.LSE)
-        lse = lse.reshape(x.shape[:-1])
+        lse = lse.reshape(x.shape[:-1]).detach()   # (not a view made inside the Function, as above)
         todo = todo.reshape(x.shape[:-1])
         ctx.save_for_backward(x, lse, todo)
         ctx.algorithm = algorithm

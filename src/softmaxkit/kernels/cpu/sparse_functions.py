@@ -61,7 +61,7 @@ class _EntmaxFunction(torch.autograd.Function):
         if bool(todo.any()):
             out[todo] = 0
             special[todo] = 1
-        y = out.reshape(x.shape)
+        y = out.reshape(x.shape).detach()   # (not a view made inside the Function: a user's in-place op then works)
         ctx.save_for_backward(y, alpha, special, alpha_tensor)
         ctx.has_alpha_tensor = alpha_tensor is not None
         ctx.alpha_value = alpha_value
