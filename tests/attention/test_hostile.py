@@ -63,9 +63,10 @@ def test_streaming_tile_of_finfo_min_fills_then_ordinary_scores(name):
 
 @pytest.mark.parametrize("method", ["auto", "dense", "fused", "streaming"])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("heads,d", [((0, 1), 4), ((2, 2), 0)])
+@pytest.mark.parametrize("heads,d", [((0, 1), 4), ((0, 0), 4), ((2, 2), 0)])
 def test_no_query_heads_and_head_dim_zero(heads, d, causal, method):
-    """H = 0 (with one key/value head) gives an empty output and zero gradients for k and v;
+    """H = 0 (with one key/value head, or none: a ValueError about multiples of 0 before, audit
+    2026-12-03) gives an empty output and zero gradients for k and v;
     D = 0 makes every score 0 (the mean of the visible values). The streaming path failed on
     both (a per-row column sliced from q, and k left unrepeated for 0 groups)."""
     h, hk = heads
@@ -77,6 +78,24 @@ def test_no_query_heads_and_head_dim_zero(heads, d, causal, method):
     got = _out_and_grads(q, k, v, "ssmax", method, is_causal=causal)
     assert got[0].shape == (1, h, 5, 3)
     _same(got, want, 1e-12)
+
+
+def test_query_heads_without_key_value_heads_are_refused():
+    with pytest.raises(ValueError, match="at least one key/value head"):
+        sk.attention(torch.randn(1, 2, 5, 4), torch.randn(1, 0, 6, 4), torch.randn(1, 0, 6, 4))
+
+
+@pytest.mark.parametrize("name,good,bad", [("softmax", {"temperature": 1}, {"temperature": True}),
+                                           ("ssmax", {"s": 1}, {"s": True}),
+                                           ("multimax", {"r": (0, 0, 0, 1)}, {"r": (0, 0, 0, True)}),
+                                           ("softmax_sink", {"sink": 0}, {"sink": False})])
+def test_a_bool_parameter_is_refused_after_an_accepted_equal_number(name, good, bad):
+    """Audit 2026-12-03: the cache of accepted parameter sets keyed True as 1 (equal, and of one
+    hash), so after one call with 1 a call with True was never checked."""
+    q = torch.randn(1, 1, 4, 8)
+    sk.attention(q, q, q, name, **good)
+    with pytest.raises(TypeError, match="bool"):
+        sk.attention(q, q, q, name, **bad)
 
 
 def test_sparse_softmax_breaks_ties_by_lowest_index():

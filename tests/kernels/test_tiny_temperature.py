@@ -7,6 +7,7 @@ mass was shared by the 3 as well (float64: half on each 4). The reference now co
 such rows as ``(x - max) / T`` and the kernels leave them to it.
 """
 
+import math
 import warnings
 
 import pytest
@@ -136,3 +137,19 @@ def test_log_softmax_of_a_finfo_min_fill_over_a_temperature_below_one(backend, t
     torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=1e-5)
     assert got[1, 7] == 0
     torch.testing.assert_close(got[0, 100:], upstream[0, 100:] / 0.5)
+
+
+@pytest.mark.parametrize("backend", ["reference", "numba", "auto"])
+def test_a_temperature_whose_reciprocal_underflows_keeps_an_infinite_score(backend):
+    """Audit 2026-12-03: x * (1 / T) with 1 / T = 1e-300 rounded to 0 in float32 made a +inf
+    score inf * 0 = NaN (the whole row NaN); x / T is +inf there, and the row its limit."""
+    inf = float("inf")
+    x = torch.tensor([[inf, inf, 0.0], [-3e38, 3e38, 1.0], [1.0, 2.0, 3.0]])
+    with sk.use_backend(backend):
+        for temperature in (1e300, 1e39):
+            out = sk.softmax(x, temperature=temperature)
+            assert out[0].tolist() == [0.5, 0.5, 0.0]
+            expected = torch.softmax(x[1:].double() / temperature, -1).float()
+            torch.testing.assert_close(out[1:], expected)
+            torch.testing.assert_close(sk.log_softmax(x, temperature=temperature)[0, :2],
+                                       torch.full((2,), -math.log(2)))

@@ -34,6 +34,33 @@ def test_triton_softmax_matches_reference():
     torch.testing.assert_close(out, expected)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.5, 3.0, 1e-30, 3e-39, 1e30, 8e37])
+def test_triton_softmax_equals_the_reference_on_hostile_rows_forward_and_backward(temperature):
+    """Audit 2026-12-03: the kernel scaled x before subtracting the maximum, so 3e38 over
+    T = 0.5 read as +inf (two entries sharing the weight); its backward gave a row whose
+    maximum is +inf the gradient y (g - <y, g>) where the reference's is 0; and an infinite
+    incoming gradient at a probability 0 made the row NaN."""
+    import softmaxkit as sk
+    from softmaxkit.kernels.gpu import softmax as gpu
+
+    inf = float("inf")
+    x = torch.tensor([[3e38, 2.9e38, 0.0, 1.0], [inf, inf, 0.0, 1.0], [-inf, -inf, -inf, -inf],
+                      [1.0, 2.0, -inf, 0.5], [-3e38, 3e38, 1.0, 0.0], [1e-45, 3e-45, 0.0, -1e-45]])
+    x = torch.cat([x, torch.randn(3, 4, generator=torch.Generator().manual_seed(2)) * 10])
+    upstream = torch.randn(x.shape, generator=torch.Generator().manual_seed(3))
+    upstream[3, 2] = inf   # at a probability 0
+    leaf = x.clone().to(DEVICE).requires_grad_()
+    out = gpu.softmax(leaf, temperature=temperature)
+    grad, = torch.autograd.grad(out, leaf, upstream.to(DEVICE))
+    with sk.use_backend("reference"):
+        ref_leaf = x.clone().requires_grad_()
+        expected = sk.softmax(ref_leaf, temperature=temperature)
+        expected_grad, = torch.autograd.grad(expected, ref_leaf, upstream)
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(grad.cpu(), expected_grad, atol=1e-5, rtol=1e-4)
+    assert grad[1].eq(0).all()
+
+
 def test_triton_softmax_strided_rows_nan_and_bad_temperature():
     """A strided view (every other column, every other row, a transpose) is read as such: the
     kernel steps rows at one stride with unit columns, and before the fix read the wrong
@@ -53,7 +80,7 @@ def test_triton_softmax_strided_rows_nan_and_bad_temperature():
     out = gpu.softmax(mixed)
     assert out[0].isnan().all()
     torch.testing.assert_close(out[1], torch.tensor([0.5, 0.0, 0.5]).to(DEVICE))
-    for bad in (0.0, -1.0, float("nan")):
+    for bad in (0.0, -1.0, float("nan"), 1e-40, 1e300):   # (1 / T beyond a normal float32: the reference's)
         with pytest.raises(ValueError, match="temperature"):
             gpu.softmax(x, temperature=bad)
     with pytest.raises(TypeError, match="x must be"):

@@ -57,12 +57,22 @@ _VALIDATED: dict = {}
 def _validation_key(spec: NormalizerSpec, checked: dict, length: int, dtype: torch.dtype, device) -> tuple | None:
     if any(isinstance(val, torch.Tensor) for val in checked.values()):
         return None
-    key = (id(spec), tuple(sorted(checked.items())), length, dtype, torch.device(device).type)
+    # each value with its type: True == 1 and hash(True) == hash(1), so a bool found the entry
+    # of an accepted int and was never checked
+    typed = tuple(sorted((name, _typed(val)) for name, val in checked.items()))
+    key = (id(spec), typed, length, dtype, torch.device(device).type)
     try:
         hash(key)
     except TypeError:   # a parameter given as a list or another unhashable value
         return None
     return key
+
+
+def _typed(value):
+    """``value`` with its type (and the types of a sequence's items) for a cache key."""
+    if isinstance(value, (tuple, list)):
+        return type(value), tuple(_typed(item) for item in value)
+    return type(value), value
 
 
 def _blocks(block_size) -> tuple[int, int]:

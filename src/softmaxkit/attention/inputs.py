@@ -186,14 +186,16 @@ def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
         raise ValueError(f"q and k must have the same batch size, got {b} and {bk}")
     if dk != d:
         raise ValueError(f"q and k must have the same head dimension, got {d} and {dk}")
-    if hk == 0 or h % hk:
+    if hk == 0 and h:
+        raise ValueError(f"{h} query heads need at least one key/value head, got k and v with 0 heads")
+    if hk and h % hk:
         raise ValueError(f"the number of query heads ({h}) must be a multiple of the key/value heads ({hk})")
     is_causal = check_bool(is_causal, "is_causal")
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d else 1.0
     else:
         check_finite(scale, "scale", allow_tensor=False)
-    groups = h // hk
+    groups = h // hk if hk else 1   # (no heads on either side: nothing to repeat)
     dtype = compute_dtype(q.dtype)
     q_, k_, v_ = q.to(dtype), k.to(dtype), v.to(dtype)
     if groups != 1:  # (groups = 0 when H = 0: no head, and k, v get zero gradients)

@@ -600,9 +600,15 @@ def _plain_params(op, params) -> bool:
     return type(t) in (float, int) and t == 1.0
 
 
+from .gpu import TEMPERATURE_RANGE as _TRITON_TEMPERATURES  # noqa: E402  (no triton import)
+
+
 def _float_temperature(params) -> bool:
+    """A temperature the Triton softmax takes (a number whose reciprocal is a normal float32)."""
     t = params.get("temperature", 1.0)
-    return _plain_float(t) and t > 0 and not math.isnan(t)
+    if not _plain_float(t):
+        return False
+    return _TRITON_TEMPERATURES[0] <= t <= _TRITON_TEMPERATURES[1]
 
 
 def _numba_params(op, x, params) -> bool:

@@ -38,11 +38,17 @@ class _TimesInfinite(torch.autograd.Function):
 def times_inverse_temperature(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
     """``x / T`` as ``x * scale`` (``scale = 1 / T``, a number or a tensor broadcastable to
     ``x``); where ``scale`` overflows ``x``'s dtype, as a huge finite ``scale`` gives it
-    (see :class:`_TimesInfinite`)."""
+    (see :class:`_TimesInfinite`), and where it is below the dtype's normal range, as the
+    float64 product rounded once."""
+    finfo = torch.finfo(x.dtype)
     if isinstance(scale, torch.Tensor):
-        infinite = can_branch_on(x) and not bool(torch.isfinite(scale.to(x.dtype)).all())
+        beyond = can_branch_on(x) and not bool(torch.isfinite(scale.to(x.dtype)).all())
+        below = can_branch_on(x) and bool(((scale != 0) & (scale.abs() < finfo.tiny)).any())
     else:
-        infinite = abs(scale) > torch.finfo(x.dtype).max
-    if not infinite:
+        beyond = abs(scale) > finfo.max
+        below = 0 < abs(scale) < finfo.tiny
+    if not (beyond or below):
         return x * scale
+    # (below: a scale that x's dtype rounds to 0 or to a few digits, 1 / T for T above
+    # 1 / finfo.tiny: inf * 0 = NaN, where the float64 product keeps an infinite score infinite)
     return _TimesInfinite.apply(x, scale) if x.requires_grad else _times_wide(x, scale)
