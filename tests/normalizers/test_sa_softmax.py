@@ -68,4 +68,8 @@ def test_gradient_at_scores_near_finfo_max_is_finite(dtype):
 
 def test_normalized_at_a_plus_inf_score_is_its_limit():
     """Audit 2026-12-03: (inf - low) / (inf - low + eps) gave NaN; the limit is 1 (as at 1e300)."""
-    assert sk.sa_softmax(torch.tensor([float("inf"), 1.0, 2.0]), normalized=True).tolist() == [1.0, 0.0, 0.0]
+    x = torch.tensor([[float("inf"), 1.0, 2.0], [float("inf"), float("inf"), -1.0]], requires_grad=True)
+    out = sk.sa_softmax(x, normalized=True)
+    assert out.tolist() == [[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]]
+    grad, = torch.autograd.grad(out, x, torch.ones_like(out))
+    assert grad.eq(0).all()   # a constant limit (softmax's own gradient at a +inf row is 0)

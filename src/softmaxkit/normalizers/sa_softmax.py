@@ -52,10 +52,15 @@ def sa_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
         return finish(rows, y if scale is None else _ScaleGradient.apply(y, 1 / scale))
     low = rows.masked_min().clamp_max(0.0)
     high = rows.masked_max().clamp_min(0.0)
+    # a row holding +inf: the ratio's limit is 1 at the +inf scores, 0 elsewhere, a constant
+    # (inf / inf gave NaN, in the output and the gradient)
+    infinite = xs == float("inf")
+    limit = infinite.any(-1, keepdim=True)
+    zero = torch.zeros((), dtype=xs.dtype, device=xs.device)
+    xs, high = torch.where(limit, zero, xs), torch.where(limit, zero, high)
     # halves (exact): high - low and x - low overflow past finfo.max / 2 (3e38 and -3e38 gave inf / inf)
     ratio = (xs * 0.5 - low * 0.5) / (high * 0.5 - low * 0.5 + eps * 0.5)
-    # a +inf score: its ratio's limit is 1 (inf / inf gave NaN), the others' 0
-    ratio = torch.where(xs == float("inf"), torch.ones_like(ratio), ratio)
+    ratio = torch.where(limit, infinite.to(ratio.dtype), ratio)
     return finish(rows, ratio * p)
 
 
