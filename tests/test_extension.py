@@ -138,14 +138,43 @@ def test_hugging_face_names_include_a_registered_normalizer():
     (dict(name="user_x", family="softmax_off", g=tilt, dg=dtilt), "family must be one of"),
     (dict(name="user_x", family="softmax_of", g=tilt), "needs dg"),
     (dict(name="user_x", family="elementwise", h=cube, dh=dcube, alpha=1.5), "does not take alpha"),
-    (dict(name="user_x", family="threshold", alpha=0.5), "alpha must be >= 1"),
+    (dict(name="user_x", family="threshold", alpha=0.5), "alpha must be a finite number >= 1"),
+    (dict(name="user_x", family="threshold", alpha=float("inf")), "alpha must be a finite number >= 1"),
     (dict(name="user x", family="elementwise", h=cube, dh=dcube), "identifier"),
+    # audit 2026-12-03: softmaxkit_linear_mala, the HF name of linear attention, replaced it
+    (dict(name="linear_mala", family="softmax_of", g=tilt, dg=dtilt), "must not start with 'linear_'"),
 ])
 def test_bad_registrations_are_refused(kwargs, match):
     name = kwargs.pop("name")
     with pytest.raises(ValueError, match=match):
         sk.register_normalizer(name, **kwargs)
     assert name == "softmax" or name not in sk.registry.names()
+
+
+@pytest.mark.parametrize("flag", ["sums_to_one", "can_be_sparse", "shift_invariant"])
+def test_registration_flags_must_be_bools(flag):
+    """Audit 2026-12-03: sums_to_one="no" was stored, and `softmaxkit list` printed "yes"."""
+    with pytest.raises(TypeError, match=flag):
+        sk.register_normalizer("user_x", family="softmax_of", g=tilt, dg=dtilt, **{flag: "no"})
+    assert "user_x" not in sk.registry.names()
+
+
+@pytest.mark.parametrize("alpha,streams", [(1.0, False), (1.5, True), (2.0, True), (3.0, False)])
+def test_a_threshold_normalizer_says_it_streams_only_where_it_does(alpha, streams):
+    """Audit 2026-12-03: a fixed alpha outside (1, 2] was listed as streaming ("threshold
+    search") while attention's streaming path refused it."""
+    spec = sk.register_normalizer("user_thr", family="threshold", alpha=alpha)
+    try:
+        assert spec.streamable == streams
+        assert spec.streaming == ("threshold search" if streams else "dense")
+        q = torch.randn(1, 1, 4, 8)
+        if streams:
+            sk.attention(q, q, q, "user_thr", method="streaming")
+        else:
+            with pytest.raises(ValueError, match="stream"):
+                sk.attention(q, q, q, "user_thr", method="streaming")
+    finally:
+        sk.unregister_normalizer("user_thr")
 
 
 def test_unregister_unknown_name():

@@ -129,7 +129,7 @@ def swap(model, normalizer: str, learnable: bool = True, **params):
 # --- softmax-free / linear attention: softmaxkit_linear_<method> for the causal methods ---
 
 #: ``attn_implementation`` prefix of the linear-attention methods.
-LINEAR_PREFIX = PREFIX + "linear_"
+LINEAR_PREFIX = PREFIX + registry.RESERVED_PREFIX   # (register_normalizer refuses such names)
 #: Performer's random projection in layer ``i`` is drawn from seed ``PERFORMER_SEED + i``.
 PERFORMER_SEED = 0
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._checks import check_known_params, check_number
+from ._checks import check_bool, check_known_params, check_number
 from .forms import (
     FAMILIES,
     Elementwise,
@@ -182,8 +182,13 @@ class NormalizerSpec:
 
     @property
     def streamable(self) -> bool:
-        """Attention can accumulate it over key blocks with O(1) state per query (DESIGN.md)."""
-        return self.form is not None or self.stream is not None
+        """Attention can accumulate it over key blocks with O(1) state per query (DESIGN.md), at
+        its default parameters (a threshold form streams for ``1 < alpha <= 2`` only)."""
+        if self.stream is not None:
+            return True
+        if isinstance(self.form, Threshold):
+            return self.stream_rule({}) is not None
+        return self.form is not None
 
     @property
     def passes(self) -> int | None:
@@ -335,6 +340,11 @@ _FORMULAS = {"softmax_of": "softmax(g(x))", "sum_normalized": "h(x) / (sum h(x) 
              "elementwise": "h(x)", "threshold": "alpha-entmax(g(x))"}
 
 
+#: Names a user's normalizer may not start with: ``softmaxkit_linear_<method>`` are the Hugging
+#: Face names of the linear-attention methods (:mod:`softmaxkit.hf`).
+RESERVED_PREFIX = "linear_"
+
+
 def register_normalizer(name: str, family: str, *, h: Callable | None = None, dh: Callable | None = None,
                         g: Callable | None = None, dg: Callable | None = None, alpha: float | None = None,
                         eps: float | None = None, formula: str | None = None, reference: str = "user-defined",
@@ -375,6 +385,12 @@ def register_normalizer(name: str, family: str, *, h: Callable | None = None, dh
         raise ValueError(f"name must be a Python identifier (it becomes softmaxkit_<name>), got {name!r}")
     if name in _REGISTRY:
         raise ValueError(f"normalizer {name!r} is already registered; unregister_normalizer({name!r}) first")
+    if name.startswith(RESERVED_PREFIX):
+        raise ValueError(f"name must not start with {RESERVED_PREFIX!r}: softmaxkit_{RESERVED_PREFIX}<method> names "
+                         f"the Hugging Face linear-attention methods, got {name!r}")
+    sums_to_one = None if sums_to_one is None else check_bool(sums_to_one, "sums_to_one")
+    can_be_sparse = check_bool(can_be_sparse, "can_be_sparse")
+    shift_invariant = check_bool(shift_invariant, "shift_invariant")
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {', '.join(map(repr, FAMILIES))}, got {family!r}")
     pieces: dict[str, dict[str, Any]] = {
@@ -398,8 +414,8 @@ def register_normalizer(name: str, family: str, *, h: Callable | None = None, dh
         form = Elementwise(h=h, dh=dh)  # type: ignore[arg-type]
     else:
         check_number(alpha, "alpha", allow_tensor=False)
-        if not alpha >= 1:  # type: ignore[operator]
-            raise ValueError(f"alpha must be >= 1, got {alpha}")
+        if not 1 <= alpha < math.inf:  # type: ignore[operator]
+            raise ValueError(f"alpha must be a finite number >= 1, got {alpha}")
         fixed_alpha = float(alpha)  # type: ignore[arg-type]
         if g is None:
             form = Threshold(alpha=lambda params: fixed_alpha)
