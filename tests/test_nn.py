@@ -106,3 +106,52 @@ def test_a_normalizer_module_pickles(name):
     loaded = torch.load(buffer, weights_only=False)
     x = torch.randn(2, 6)
     assert torch.equal(loaded(x), module(x)) and loaded.spec is module.spec
+
+
+def test_module_arguments_are_checked_not_coerced():
+    """Audit 2026-12-03: is_causal="no" became True, sparse_softmax's k=2.5 became 2 (the
+    function refuses it), and an out-of-range dim raised a bare IndexError."""
+    with pytest.raises(TypeError, match="is_causal"):
+        sk.nn.Attention(8, 2, is_causal="no")
+    with pytest.raises(TypeError, match="is_causal"):
+        sk.nn.LinearAttention(8, 2, is_causal="no")
+    for k in (2.5, "3"):
+        with pytest.raises(TypeError, match="k must be an int"):
+            sk.nn.Normalizer("sparse_softmax", k=k)
+    with pytest.raises(ValueError, match="dim=3 is out of range"):
+        sk.nn.Normalizer("softmax", dim=3)(torch.randn(2, 5))
+    assert sk.nn.Normalizer("sparse_softmax", k=30)(torch.randn(2, 5)).count_nonzero(-1).tolist() == [5, 5]
+
+
+@pytest.mark.parametrize("alpha", [1.0, 2.0])
+def test_a_fixed_entmax_alpha_takes_any_value_the_function_does(alpha):
+    """Audit 2026-12-03: learnable=False still stored alpha through the learnable bounds (1, 2)."""
+    layer = sk.nn.Normalizer("entmax", alpha=alpha, learnable=False)
+    x = torch.randn(3, 6)
+    torch.testing.assert_close(layer(x), sk.entmax(x, alpha=alpha))
+    assert "alpha" in dict(layer.named_buffers())
+
+
+def test_fixed_tensor_parameters_are_module_state():
+    """Audit 2026-12-03: a per-head fixed temperature lived in a plain dict: absent from the
+    state dict and left behind by .double() / .to()."""
+    temperature = torch.tensor([0.5, 2.0]).reshape(2, 1, 1)
+    layer = sk.nn.Normalizer("softmax", param_shape=(2, 1, 1), temperature=temperature)
+    assert "temperature" in layer.state_dict()
+    assert layer.double().temperature.dtype == torch.float64
+    other = sk.nn.Normalizer("softmax", param_shape=(2, 1, 1), temperature=torch.ones(2, 1, 1))
+    other.load_state_dict(layer.state_dict())
+    x = torch.randn(3, 2, 4, 5, dtype=torch.float64)
+    torch.testing.assert_close(other.double()(x), sk.softmax(x, temperature=temperature.double()))
+
+
+def test_an_explicit_performer_projection_is_a_saved_buffer():
+    projection = torch.randn(8, 8)
+    layer = sk.nn.LinearAttention(16, heads=2, method="performer", projection=projection)
+    torch.testing.assert_close(layer.state_dict()["projection"], projection)
+    x = torch.randn(1, 5, 16)
+    before = layer(x)
+    layer.redraw_features(seed=3)
+    assert not torch.allclose(layer(x), before)
+    with pytest.raises(ValueError, match="projection must be"):
+        sk.nn.LinearAttention(16, heads=2, method="performer", projection=torch.randn(8, 5))

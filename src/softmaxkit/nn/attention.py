@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_head_shape, check_sequence_inputs
+from .._checks import check_bool, check_head_shape, check_sequence_inputs
 from ..attention import attention
 from .normalizer import Normalizer
 
@@ -48,7 +48,7 @@ class Attention(nn.Module):
         super().__init__()
         heads, kv_heads, head_dim = check_head_shape(dim, heads, kv_heads, head_dim)
         self.dim, self.heads, self.kv_heads, self.head_dim = dim, heads, kv_heads, head_dim
-        self.is_causal = bool(is_causal)
+        self.is_causal = check_bool(is_causal, "is_causal")
         self.q_proj = nn.Linear(dim, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)

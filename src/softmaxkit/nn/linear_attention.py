@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .._checks import check_head_shape, check_sequence_inputs
+from .._checks import check_bool, check_head_shape, check_sequence_inputs
 from ..linear.api import LinearAttentionState, get, linear_attention
 from ..linear.performer import draw_projection
 
@@ -51,7 +51,7 @@ class LinearAttention(nn.Module):
         if is_causal and not self.spec.causal:
             raise ValueError(f"method {method!r} has no causal form (is_causal=True)")
         self.method, self.dim, self.heads, self.kv_heads, self.head_dim = method, dim, heads, kv_heads, head_dim
-        self.is_causal = bool(is_causal)
+        self.is_causal = check_bool(is_causal, "is_causal")
         self.q_proj = nn.Linear(dim, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
@@ -66,6 +66,14 @@ class LinearAttention(nn.Module):
             self.params.pop("projection", None)
             self._seed = seed
             self.register_buffer("projection", self._draw(seed, generator))
+        elif "projection" in self.spec.params:   # a projection given: a buffer too (saved, moved with the module)
+            given = self.params.pop("projection")
+            if not isinstance(given, torch.Tensor) or not given.is_floating_point() or given.dim() != 2 \
+                    or given.shape[1] != head_dim:
+                raise ValueError(f"projection must be a floating tensor (features, head_dim={head_dim}), got "
+                                 f"{tuple(given.shape) if isinstance(given, torch.Tensor) else type(given).__name__}")
+            self.params["nb_features"] = given.shape[0]
+            self.register_buffer("projection", given.detach().clone())
         else:   # (a seed is accepted and unused: one constructor call serves every method)
             self.projection = None
 

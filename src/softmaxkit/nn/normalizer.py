@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .. import registry
-from .._checks import check_bool, check_finite, check_int_in_range, check_known_params
+from .._checks import check_bool, check_dim, check_finite, check_int_in_range, check_known_params
 from ..registry import Learnable, Param
 
 __all__ = ["Normalizer"]
@@ -92,13 +92,18 @@ class Normalizer(nn.Module):
             value = params.pop(param.name, param.learnable.init)
             initial = _initial(param, param.learnable, value, self.param_shape)
             check_finite(initial, param.name)
-            tensor = param.learnable.to_raw(initial, param.name)
-            attribute = f"{param.name}_raw" if param.learnable.constrained else param.name
             if learnable:
+                tensor = param.learnable.to_raw(initial, param.name)
+                attribute = f"{param.name}_raw" if param.learnable.constrained else param.name
                 self.register_parameter(attribute, nn.Parameter(tensor))
-            else:
-                self.register_buffer(attribute, tensor)
+            else:   # the value itself: a buffer is not optimised, so any value the function takes
+                attribute = param.name
+                self.register_buffer(attribute, initial)
             self._learned[param.name] = attribute
+        # fixed tensors are module state too (state_dict, .to(), .double()); the rest stay as given
+        self._fixed_tensors = [name for name, value in params.items() if isinstance(value, torch.Tensor)]
+        for name in self._fixed_tensors:
+            self.register_buffer(name, params.pop(name).detach().clone())
         self.fixed = params
         self._check_fixed_params()
 
@@ -130,7 +135,8 @@ class Normalizer(nn.Module):
         for name, attribute in self._learned.items():
             learn = self.spec.param(name).learnable
             assert learn is not None
-            out[name] = learn.from_raw(getattr(self, attribute))
+            value = getattr(self, attribute)
+            out[name] = value if attribute == name else learn.from_raw(value)   # (name_raw: a constrained parameter)
         return out
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, dim: int | None = None,
@@ -142,7 +148,12 @@ class Normalizer(nn.Module):
         at most the row length, 8 when unset) is adapted here.
         """
         dim = self.dim if dim is None else dim
-        params = {**self.fixed, **self.learned_values(), **extra}
+        params = {**self.fixed, **{name: getattr(self, name) for name in self._fixed_tensors},
+                  **self.learned_values(), **extra}
+        if not isinstance(x, torch.Tensor):
+            return registry.normalize(x, self.name, dim=dim, mask=mask, **params)   # (its TypeError names x)
+        if x.dim():
+            dim = check_dim(x, dim)   # (x.shape[dim] raised a bare IndexError)
         params = self.spec.params_for_length(params, x.shape[dim] if x.dim() else 1)
         return registry.normalize(x, self.name, dim=dim, mask=mask, **params)
 

@@ -152,7 +152,8 @@ SPEC = builtin(
     sa_softmax, form=None, numba=_numba_pieces,
     formula="x * softmax(x)  (normalized: rescaled x * softmax(x))",
     reference="Self-Adjust Softmax, Zheng et al. 2025, arXiv 2502.18277",
-    sums_to_one=False, can_be_sparse=False, shift_invariant=False, can_be_negative=True,
+    # (exact zeros: at x = 0, and normalized at a row's negative minimum)
+    sums_to_one=False, can_be_sparse=True, shift_invariant=False, can_be_negative=True,
     stream=lambda params: SASoftmaxRule(bool(params["normalized"])), stream_passes=1,
     examples=(
         Example(x=(0.0, 1.0986122886681098), expected=(0.0, 0.8239592165010823)),

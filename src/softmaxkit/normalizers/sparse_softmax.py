@@ -55,11 +55,19 @@ def sparse_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = N
     return finish(rows, softmax_rows(z, keep))
 
 
+def _k_for_length(k: int | None, length: int) -> int:
+    """``k`` (:data:`FALLBACK_K` when unset) for rows of ``length`` entries: at most the row
+    length, as the layers that adapt it need; an int >= 1 (a float or a string is refused, not
+    truncated)."""
+    k = FALLBACK_K if k is None else check_int_in_range(k, "k", 1)
+    return min(k, max(length, 1))
+
+
 SPEC = builtin(
     sparse_softmax, form=None, formula="softmax over the k largest entries, 0 elsewhere",
     reference="Sun et al. 2021, Sparse-softmax, arXiv 2112.12433",
     sums_to_one=True, can_be_sparse=True, shift_invariant=True,
-    for_length={"k": lambda k, length: min(FALLBACK_K if k is None else int(k), max(length, 1))},
+    for_length={"k": _k_for_length},
     examples=(
         Example(x=(0.0, 1.0986122886681098, -5.0), expected=(0.25, 0.75, 0.0), params={"k": 2}),
         Example(x=(1.0, 2.0, 3.0), expected=(0.0, 0.0, 1.0), params={"k": 1}),
