@@ -287,3 +287,15 @@ def test_batched_gradients_through_the_kernels(op, backend):
     with sk.use_backend(backend):
         jac = torch.autograd.functional.jacobian(fn, x[:2].detach(), vectorize=True)
     assert torch.isfinite(jac).all()
+
+
+def test_long_float32_rows_along_another_axis_skip_aten():
+    """A float32 row of 2^18 entries or more takes the kernel on the last axis (aten sums a
+    row in one running float32 sum); along another axis, which the kernels do not cover, it
+    went to aten all the same, and now takes the reference."""
+    x = torch.randn(dispatch.LONG_FLOAT32_ROW, 2)
+    assert dispatch.plan("softmax", x, 0, None) == "reference"
+    assert dispatch.plan("softmax", x.double(), 0, None) == "aten"
+    assert dispatch.plan("softmax", torch.randn(1000, 2), 0, None) == "aten"
+    exact = torch.softmax(x.double(), 0)
+    assert ((sk.softmax(x, dim=0).double() - exact).abs() / exact).max() < 2e-6

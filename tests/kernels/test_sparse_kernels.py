@@ -254,3 +254,42 @@ def test_kernels_leave_torch_thread_count_alone():
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("alpha", [1.01, 1.05, 1.07, 1.2, 1.5, 1.9])
+def test_float32_alpha_gradient_is_as_accurate_as_the_references(alpha):
+    """Audit 2026-12-03: below alpha = 2 the kernel's alpha gradient divided a difference of
+    nearly equal sums of the float32 p by (alpha - 1)^2: 1e-4 relative error at alpha = 1.05,
+    where the reference (the expm1 form, now the kernel's too) has 2e-6."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 50, generator=gen) * 2
+    upstream = torch.randn(16, 50, generator=gen)
+    exact_alpha = torch.full((16, 1), alpha, dtype=torch.float64, requires_grad=True)
+    with sk.use_backend("reference"):
+        exact, = torch.autograd.grad(sk.entmax(x.double(), alpha=exact_alpha), exact_alpha, upstream.double())
+    errors = {}
+    for backend in ("numba", "reference"):
+        a = torch.full((16, 1), alpha, requires_grad=True)
+        with sk.use_backend(backend):
+            got, = torch.autograd.grad(sk.entmax(x, alpha=a), a, upstream)
+        errors[backend] = ((got.double() - exact).abs() / exact.abs().clamp_min(1e-3)).max().item()
+    assert errors["numba"] <= 3 * errors["reference"] + 1e-7, errors
+
+
+@pytest.mark.parametrize("backend", ["reference", "numba"])
+def test_alpha_gradient_ignores_an_infinite_incoming_gradient_at_probability_zero(backend):
+    """Audit 2026-12-03: the reference's alpha gradient was inf * 0 = NaN there (the kernel's 0):
+    an entry at p = 0 is constant in alpha."""
+    x = torch.tensor([[3.0, 1.0, -2.0, 0.5]] * 2, dtype=torch.float64)
+    alpha = torch.full((2, 1), 1.5, dtype=torch.float64, requires_grad=True)
+    leaf = x.clone().requires_grad_()
+    with sk.use_backend(backend):
+        out = sk.entmax(leaf, alpha=alpha)
+    assert out[0, 2] == 0
+    upstream = torch.tensor([[0.3, -0.2, float("inf"), 0.1]] * 2, dtype=torch.float64)
+    grad_x, grad_alpha = torch.autograd.grad(out, (leaf, alpha), upstream)
+    assert torch.isfinite(grad_alpha).all() and torch.isfinite(grad_x).all()
+    finite = upstream.masked_fill(torch.isinf(upstream), 0.0)
+    with sk.use_backend(backend):
+        expected, = torch.autograd.grad(sk.entmax(x, alpha=alpha), alpha, finite)
+    torch.testing.assert_close(grad_alpha, expected)

@@ -543,7 +543,7 @@ def plan(op: str, x, dim=-1, mask=None, **params) -> str:
             if nd and -nd <= dim < nd and x.layout is torch.strided and not x.is_nested:
                 if _numba_wins(op, x) and _numba_covers(x, dim, None, backend):
                     return "numba"
-                return "aten"
+                return "aten" if _aten_covers(op, x, dim, None, params) else "reference"
         if (NUMBA_WINS and type(x) is torch.Tensor and x.is_cpu and mask is None and x.dtype in _NUMBA_DTYPES
                 and x.dim() and _numba_wins(op, x) and _numba_covers(x, dim, mask, backend)
                 and _numba_params(op, x, params)):
@@ -604,7 +604,8 @@ from .gpu import TEMPERATURE_RANGE as _TRITON_TEMPERATURES  # noqa: E402  (no tr
 
 
 def _float_temperature(params) -> bool:
-    """A temperature the Triton softmax takes (a number whose reciprocal is a normal float32)."""
+    """A temperature the Triton softmax and aten take (a number whose reciprocal is a normal
+    float32; beyond, the reference rounds ``x / T`` once)."""
     t = params.get("temperature", 1.0)
     if not _plain_float(t):
         return False
@@ -713,6 +714,8 @@ def _aten_covers(op, x, dim, mask, params) -> bool:
     nd = x.dim()
     if nd == 0 or type(dim) is not int or not -nd <= dim < nd or x.is_nested:
         return False
+    if x.dtype == torch.float32 and x.shape[dim] >= LONG_FLOAT32_ROW:
+        return False   # aten's one running float32 sum per row (see LONG_FLOAT32_ROW): 10x the reference's error
     if op == "logsumexp":
         if type(params.get("keepdim", False)) is not bool:
             return False

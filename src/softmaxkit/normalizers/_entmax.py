@@ -346,7 +346,9 @@ class _EntmaxFunction(torch.autograd.Function):
         grad_u = None
         if ctx.needs_input_grad[2]:
             dp_du = _EntmaxFunction._dp_du(wp, wu, g, g_sum, on, log_p)
-            grad_u = (wgrad * dp_du).sum(-1, keepdim=True).sum_to_size(u.shape).to(u.dtype)
+            # an entry at p = 0 is constant in alpha: its incoming gradient (inf, NaN) passes nothing
+            terms = torch.where(on, wgrad * dp_du, torch.zeros_like(dp_du))
+            grad_u = terms.sum(-1, keepdim=True).sum_to_size(u.shape).to(u.dtype)
         return grad_z, None, grad_u, None
 
     @staticmethod
