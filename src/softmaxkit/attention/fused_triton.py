@@ -381,7 +381,8 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
     bwd = (16, 16, 1, 1) if interp else (64, 64, 4 if max(d, v.shape[-1]) <= 64 else 8, 1)
     eps = merged.get("eps", 0.0) if isinstance(form, SumNormalized) else 0.0
     c = _Config(
-        b=b, h=h, hk=hk, lq=lq, lk=lk, d=d, dv=v.shape[-1], groups=h // hk if hk else 1, scale=float(scale), eps=float(eps or 0.0),
+        b=b, h=h, hk=hk, lq=lq, lk=lk, d=d, dv=v.shape[-1], groups=h // hk if hk else 1, scale=float(scale),
+        eps=float(eps or 0.0),
         pieces=pieces, family=family, u=u, alpha_kind=alpha_kind, causal=bool(is_causal),
         mask_kind=0 if mask is None else 1 if mask.dtype == torch.bool else 2,
         sm=tuple(mask.stride()) if mask is not None else (0, 0, 0, 0),
