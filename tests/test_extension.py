@@ -177,6 +177,24 @@ def test_a_threshold_normalizer_says_it_streams_only_where_it_does(alpha, stream
         sk.unregister_normalizer("user_thr")
 
 
+def test_pieces_must_be_hashable_callables():
+    """Audit 2026-12-03: a callable dataclass instance failed deep inside with "unhashable type"."""
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Scaled:
+        c: float
+
+        def __call__(self, x):
+            return self.c * x
+
+    with pytest.raises(TypeError, match="g must be hashable"):
+        sk.register_normalizer("user_x", family="softmax_of", g=Scaled(2.0), dg=dtilt)
+    with pytest.raises(TypeError, match="dg must be callable"):
+        sk.register_normalizer("user_x", family="softmax_of", g=tilt, dg=3)
+    assert "user_x" not in sk.registry.names()
+
+
 def test_unregister_unknown_name():
     with pytest.raises(ValueError, match="unknown normalizer"):
         sk.unregister_normalizer("never_registered")

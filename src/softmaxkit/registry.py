@@ -401,6 +401,16 @@ def register_normalizer(name: str, family: str, *, h: Callable | None = None, dh
     missing = [k for k, v in needs.items() if v is None]
     if missing:
         raise ValueError(f"family {family!r} needs {', '.join(missing)}")
+    for piece_name, piece in needs.items():
+        if piece_name == "alpha":
+            continue
+        if not callable(piece):
+            raise TypeError(f"{piece_name} must be callable, got {type(piece).__name__}")
+        try:
+            hash(piece)
+        except TypeError:   # (pieces are looked up by identity in caches: a dataclass instance is unhashable)
+            raise TypeError(f"{piece_name} must be hashable (a function, or an object with __hash__), "
+                            f"got an unhashable {type(piece).__name__}") from None
     unused = [k for k, v in {"h": h, "dh": dh, "g": g, "dg": dg, "alpha": alpha, "eps": eps}.items()
               if v is not None and k not in needs and not (family == "sum_normalized" and k == "eps")]
     if unused:
