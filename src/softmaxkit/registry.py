@@ -402,7 +402,7 @@ def register_normalizer(name: str, family: str, *, h: Callable | None = None, dh
     if missing:
         raise ValueError(f"family {family!r} needs {', '.join(missing)}")
     for piece_name, piece in needs.items():
-        if piece_name == "alpha":
+        if piece_name not in ("g", "dg", "h", "dh"):   # (alpha: a number, checked below)
             continue
         if not callable(piece):
             raise TypeError(f"{piece_name} must be callable, got {type(piece).__name__}")
