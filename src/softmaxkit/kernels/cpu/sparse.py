@@ -570,8 +570,9 @@ def _alpha_weight(p, g, u):
 
 
 @parallel_njit(cache=True, error_model="numpy")
-def entmax_backward_rows(p, dy, alpha, dx, dalpha):
-    """Closed-form gradients of alpha-entmax with respect to the scores and to alpha.
+def entmax_backward_rows(p, dy, alpha, dx, dalpha, want_alpha=True):
+    """Closed-form gradients of alpha-entmax with respect to the scores and to alpha
+    (``dalpha`` written only with ``want_alpha``; its sums cost a third of the pass).
 
     Only the support (``p > 0``, found chunk by chunk after a vectorised max) is visited
     entry by entry; the rest of ``dx`` is set to 0 in one vectorised pass.
@@ -590,6 +591,7 @@ def entmax_backward_rows(p, dy, alpha, dx, dalpha):
         vals = np.empty(count, np.float64)
         idx = np.empty(count, np.int64)
         count = _gather_above(pr, zero, zero, vals, idx)
+        gs = np.empty(count, np.float64)
         sum_g = 0.0
         sum_g_dy = 0.0
         sum_h = 0.0   # alpha < 2: dalpha = sum h dy - mean sum h (see _alpha_weight)
@@ -601,8 +603,11 @@ def entmax_backward_rows(p, dy, alpha, dx, dalpha):
             pi = vals[j]
             d = np.float64(gr[idx[j]])
             g = _g(pi, u)
+            gs[j] = g
             sum_g += g
             sum_g_dy += g * d
+            if not want_alpha:
+                continue
             if u < 1.0:
                 h = _alpha_weight(pi, g, u)
                 sum_h += h
@@ -615,7 +620,7 @@ def entmax_backward_rows(p, dy, alpha, dx, dalpha):
         mean = sum_g_dy / sum_g if sum_g > 0 else 0.0
         for j in range(count):
             i = idx[j]
-            dxr[i] = _g(vals[j], u) * (np.float64(gr[i]) - mean)
+            dxr[i] = gs[j] * (np.float64(gr[i]) - mean)
         if u > 1.0 and count > 1:
             # past alpha = 2, g = p^{2-alpha} grows without bound as p -> 0: the smallest p may
             # hold nearly all of sum g, and its dy - mean cancels; it takes the leave-one-out form
@@ -625,9 +630,11 @@ def entmax_backward_rows(p, dy, alpha, dx, dalpha):
             dk = np.float64(gr[idx[k]])
             spread = 0.0
             for j in range(count):
-                spread += 0.0 if j == k else _g(vals[j], u) * (dk - np.float64(gr[idx[j]]))
-            dxr[idx[k]] = _g(vals[k], u) * spread / sum_g
-        if u < 1.0:
+                spread += 0.0 if j == k else gs[j] * (dk - np.float64(gr[idx[j]]))
+            dxr[idx[k]] = gs[k] * spread / sum_g
+        if not want_alpha:
+            dalpha[r] = 0.0
+        elif u < 1.0:
             dalpha[r] = sum_h_dy - mean * sum_h
         else:
             dalpha[r] = (sum_p_dy - mean) / (u * u) - (sum_plogp_dy - mean * sum_plogp) / u

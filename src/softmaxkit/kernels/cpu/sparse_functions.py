@@ -81,14 +81,15 @@ class _EntmaxFunction(torch.autograd.Function):
         g2 = grad.reshape(out.shape).contiguous()
         dx = memory.empty_like(out)
         dalpha = torch.empty(out.shape[0], dtype=torch.float64)
+        want_alpha = bool(ctx.has_alpha_tensor and ctx.needs_input_grad[1])
         keep_torch_threads(_k.entmax_backward_rows, out.numpy(), g2.numpy(), alpha.numpy(), dx.numpy(),
-                           dalpha.numpy())
+                           dalpha.numpy(), want_alpha)
         keep = special == 0
         if not bool(keep.all()):   # rows recomputed by the reference: their gradient comes from it
             dx[~keep] = 0
             dalpha[~keep] = 0
         grad_alpha = None
-        if ctx.has_alpha_tensor and ctx.needs_input_grad[1]:
+        if want_alpha:
             grad_alpha = dalpha.to(grad.dtype).reshape(grad.shape[:-1])
         return (dx if dx.shape == grad.shape else dx.reshape(grad.shape)), grad_alpha, None
 
