@@ -55,6 +55,37 @@ def test_gradcheck(name, alpha):
     assert torch.autograd.gradcheck(lambda x: fenchel_young_loss(x, y, name, alpha=alpha), (x,))
 
 
+SPARSE = [(name, alpha) for name, alpha in NORMALIZERS if name != "softmax"]
+
+
+@pytest.mark.parametrize("name,alpha", SPARSE)
+def test_gradgradcheck(name, alpha):
+    """Second derivatives: p_hat used to come from detached logits, so they were silently 0.
+    (Small logits: every row has at least two classes in the support, a Hessian that is not 0.)"""
+    x = (_logits((3, 5)).detach() / 4).requires_grad_()
+    y = torch.softmax(_logits((3, 5), seed=2).detach(), -1)
+    assert torch.autograd.gradgradcheck(lambda x: fenchel_young_loss(x, y, name, alpha=alpha), (x,))
+
+
+@pytest.mark.parametrize("name,alpha", SPARSE)
+def test_hessian_is_the_normalizer_jacobian(name, alpha):
+    """The Hessian in the logits is d p_hat / d theta (0 on a -inf logit): through create_graph=True,
+    and through torch.func.hessian."""
+    x = _logits((3, 5)).detach() / 4
+    x[0, 1] = float("-inf")
+    t = torch.tensor([0, 3, 1])
+    v = torch.randn(3, 5, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    xr = x.clone().requires_grad_()
+    jv, = torch.autograd.grad(sk.normalize(xr, name, **_params(alpha)), xr, v)
+    grad, = torch.autograd.grad(fenchel_young_loss(xr, t, name, alpha=alpha, reduction="sum"), xr, create_graph=True)
+    hv, = torch.autograd.grad(grad, xr, v)
+    torch.testing.assert_close(hv, jv)
+    hessian = torch.func.hessian(lambda x: fenchel_young_loss(x, t, name, alpha=alpha, reduction="sum"))(x)
+    jacobian = torch.autograd.functional.jacobian(lambda x: sk.normalize(x, name, **_params(alpha)), x)
+    torch.testing.assert_close(hessian, jacobian)
+    assert (hessian[0, 1] == 0).all() and (hessian[:, :, 0, 1] == 0).all()
+
+
 def test_matches_the_entmax_package():
     x = _logits()
     t = torch.arange(8) % 7

@@ -280,3 +280,49 @@ def test_a_repeated_backward_gives_the_first_gradients_bit_for_bit():
     second = torch.autograd.grad(loss, (h, w, b), torch.tensor(0.7))
     for a, c in zip(first, second):
         assert torch.equal(a, c)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_second_derivatives(reduction):
+    """create_graph=True used to drop the second-order term silently (a once_differentiable backward)."""
+    h, w, b, t = _problem(n=6, v=11, d=4, dtype=torch.float64, ignore_every=4)
+
+    def f(h, w, b):
+        return linear_cross_entropy(h, w, t, bias=b, label_smoothing=0.1, z_penalty=0.01,
+                                    reduction=reduction, chunk_size=4, vocab_block=5)
+
+    assert torch.autograd.gradgradcheck(f, (h, w, b))
+    v = torch.randn(h.shape, generator=torch.Generator().manual_seed(1), dtype=h.dtype)
+    got, = torch.autograd.grad(f(h, w, b).sum(), h, create_graph=True)
+    want, = torch.autograd.grad(_reference(h, w, b, t, 0.1, 0.01, reduction).sum(), h, create_graph=True)
+    hvp = torch.autograd.grad((got * v).sum(), (h, w, b))
+    for a, e in zip(hvp, torch.autograd.grad((want * v).sum(), (h, w, b))):
+        torch.testing.assert_close(a, e)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_torch_func_transforms(reduction):
+    """torch.func.grad, vmap (per-sample gradients), jvp and forward-mode AD give the plain path's results."""
+    h, w, b, t = _problem(n=6, v=11, d=4, dtype=torch.float64, ignore_every=4)
+    h, w, b = h.detach(), w.detach(), b.detach()
+
+    def f(h, w, b, t=t):
+        return linear_cross_entropy(h, w, t, bias=b, label_smoothing=0.1, z_penalty=0.01, reduction=reduction,
+                                    chunk_size=4, vocab_block=5).sum()
+
+    inputs = tuple(x.clone().requires_grad_() for x in (h, w, b))
+    want = torch.autograd.grad(f(*inputs), inputs)
+    for a, e in zip(torch.func.grad(f, argnums=(0, 1, 2))(h, w, b), want):
+        torch.testing.assert_close(a, e)
+    per_sample_grad = torch.func.vmap(torch.func.grad(f, argnums=1), in_dims=(0, None, None, 0))
+    per_sample = per_sample_grad(h[:, None], w, b, t[:, None])
+    for i in range(h.shape[0]):
+        wi = w.clone().requires_grad_()
+        torch.testing.assert_close(per_sample[i], torch.autograd.grad(f(h[i:i + 1], wi, b, t[i:i + 1]), wi)[0])
+    tangent = torch.randn(h.shape, generator=torch.Generator().manual_seed(1), dtype=h.dtype)
+    value, jvp = torch.func.jvp(lambda h: f(h, w, b), (h,), (tangent,))
+    torch.testing.assert_close(value, f(h, w, b))
+    torch.testing.assert_close(jvp, (want[0] * tangent).sum())
+    with torch.autograd.forward_ad.dual_level():
+        dual = f(torch.autograd.forward_ad.make_dual(h, tangent), w, b)
+        torch.testing.assert_close(torch.autograd.forward_ad.unpack_dual(dual).tangent, jvp)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from .._checks import check_dim, check_floating, check_number
+from .._checks import backward_in_torch_ops, check_dim, check_floating, check_number, is_functorch_wrapped
 from .._rows import compute_dtype
 from ..functional import logsumexp
 from ._reduce import check_reduction, reduce_loss
@@ -108,6 +108,44 @@ def _target_terms(z: torch.Tensor, target: torch.Tensor, alpha: float):
     return picked, torch.zeros_like(picked), masked.gather(-1, index).squeeze(-1)
 
 
+class _Conjugate(torch.autograd.Function):
+    r"""Per row (last axis), :math:`\Omega^*(\theta) = \langle \theta, \hat p \rangle - \Omega(\hat p)`
+    with :math:`\hat p = \mathrm{normalizer}(\theta)` (``-inf`` scores masked), and ``p_hat``.
+
+    Its gradient is ``p_hat``: the forward's, or, when a graph of the gradient is wanted
+    (``create_graph=True``, batched gradients, ``torch.func``), ``p_hat`` computed again with the
+    differentiable normalizer, whose Jacobian is then the Hessian of the loss.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(z, normalizer, params, alpha):
+        p = registry.normalize(z, normalizer, dim=-1, **params)
+        # -inf logits are masked: p = 0 there, and they must not enter <theta, p> as -inf * 0
+        safe_z = torch.where(z != float("-inf"), z, torch.zeros((), dtype=z.dtype, device=z.device))
+        return (safe_z * p).sum(-1) - tsallis_regularizer(p, alpha), p
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):   # separate from forward: torch.func transforms need it
+        z, ctx.normalizer, ctx.params, _ = inputs
+        ctx.mark_non_differentiable(output[1])
+        ctx.save_for_backward(z, output[1])
+        ctx.save_for_forward(z, output[1])
+
+    @staticmethod
+    def backward(ctx, grad, _grad_p):
+        z, p = ctx.saved_tensors
+        if backward_in_torch_ops(grad) or is_functorch_wrapped(z):
+            p = registry.normalize(z, ctx.normalizer, dim=-1, **ctx.params)
+        return grad.unsqueeze(-1) * p, None, None, None
+
+    @staticmethod
+    def jvp(ctx, dz, _dnormalizer, _dparams, _dalpha):
+        _, p = ctx.saved_tensors
+        return (p * dz).sum(-1), None
+
+
 def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: str = "softmax",
                        alpha: float | None = None, dim: int = -1, reduction: str = "mean") -> torch.Tensor:
     r"""The Fenchel-Young loss of ``normalizer`` (see the module docstring).
@@ -141,7 +179,8 @@ def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: s
     ``-inf``) has loss ``+inf``, as ``F.cross_entropy`` gives for softmax. The gradient
     stays finite: ``p_hat - y`` on the visible classes and 0 on the ``-inf`` logits, as for
     every masked entry in softmaxkit (``F.cross_entropy`` gives ``-y`` there). A NaN logit
-    gives NaN.
+    gives NaN. The Hessian in the logits (``create_graph=True``, ``torch.func.hessian``) is the
+    normalizer's Jacobian ``d p_hat / d theta``.
     """
     check_floating(logits, "logits")
     if not isinstance(target, torch.Tensor):
@@ -167,10 +206,7 @@ def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: s
         # a row of all -inf has Omega*(theta) = -inf; its loss is +inf through `impossible`
         conjugate = torch.where(visible.any(-1), conjugate, torch.zeros_like(conjugate))
     else:
-        p = registry.normalize(z.detach(), normalizer, dim=-1, **params)
-        # -inf logits are masked: p = 0 there, and they must not enter <theta, p> as -inf * 0
-        safe_z = torch.where(visible, z, torch.zeros((), dtype=z.dtype, device=z.device))
-        conjugate = (safe_z * p).sum(-1) - tsallis_regularizer(p, alpha)
+        conjugate, _ = _Conjugate.apply(z, normalizer, params, alpha)
     infinite = torch.where(impossible, torch.full((), float("inf"), dtype=z.dtype, device=z.device),
                            torch.zeros((), dtype=z.dtype, device=z.device))
     loss = conjugate - theta_y + omega_y + infinite

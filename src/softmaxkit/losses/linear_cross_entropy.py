@@ -25,9 +25,9 @@ import itertools
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.function import once_differentiable
+from torch.autograd import forward_ad
 
-from .._checks import check_floating, check_in_range, check_int_in_range
+from .._checks import backward_in_torch_ops, check_floating, check_in_range, check_int_in_range, is_functorch_wrapped
 from .._rows import compute_dtype
 from ..algorithms import OnlineSoftmaxState
 from ._reduce import check_reduction
@@ -182,6 +182,63 @@ def _zeros_if(needed: bool, like: torch.Tensor | None):
     return torch.zeros_like(like) if needed and like is not None else None
 
 
+def _plain_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """All the logits ``hidden @ weight.T + bias`` at once, in the compute dtype."""
+    cdt = compute_dtype(hidden.dtype)
+    logits = hidden.to(cdt) @ weight.to(cdt).T
+    return logits if bias is None else logits + bias.to(cdt)
+
+
+def _plain_loss(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
+                setup: _Setup) -> torch.Tensor:
+    """The loss in differentiable torch ops on the full logits (``O(N * V)`` memory), for
+    ``torch.func`` transforms and forward-mode AD, which the chunked Function does not support."""
+    logits = _plain_logits(hidden, weight, bias)
+    valid = target != setup.ignore_index
+    safe_target = torch.where(valid, target, torch.zeros_like(target))
+    lse = torch.logsumexp(logits, -1)
+    eps = setup.label_smoothing
+    per_token = (1 - eps) * (lse - logits.gather(-1, safe_target.unsqueeze(-1)).squeeze(-1))
+    if eps:
+        per_token = per_token + eps * (lse - logits.sum(-1) / setup.vocab)
+    if setup.z_penalty:
+        per_token = per_token + setup.z_penalty * lse * lse
+    per_token = torch.where(valid, per_token, torch.zeros_like(per_token))
+    if setup.reduction == "none":
+        loss = per_token
+    else:
+        count = valid.sum().clamp(min=1) if setup.reduction == "mean" else 1
+        loss = per_token.sum() / count
+    return loss.to(hidden.dtype)
+
+
+def _plain_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target: torch.Tensor,
+                 row_scale: torch.Tensor, setup: _Setup, needs) -> tuple:
+    """The gradients of ``sum_i row_scale_i loss_i`` for ``hidden``, ``weight``, ``bias`` (None
+    where not in ``needs``) in differentiable torch ops on the full logits: the backward when a
+    graph of the gradient is built (``create_graph=True``) or the incoming gradient is batched.
+
+    d loss_i / d z_ij = (1 + 2 c lse_i) p_ij - (1 - eps) [j = y_i] - eps / V.
+    """
+    logits = _plain_logits(hidden, weight, bias)
+    cdt = logits.dtype
+    lse = torch.logsumexp(logits, -1, keepdim=True)
+    eps = setup.label_smoothing
+    coef = 1 + 2 * setup.z_penalty * lse if setup.z_penalty else 1
+    hit = torch.arange(setup.vocab, device=logits.device) == target.unsqueeze(-1)
+    grad_z = coef * torch.exp(logits - lse) - (1 - eps) * hit.to(cdt) - eps / setup.vocab
+    counted = (row_scale != 0).unsqueeze(-1)   # an ignored row adds 0, even where its logits give NaN
+    grad_z = torch.where(counted, grad_z * row_scale.unsqueeze(-1), torch.zeros_like(grad_z))
+    grads = (grad_z @ weight.to(cdt) if needs[0] else None, grad_z.T @ hidden.to(cdt) if needs[1] else None,
+             grad_z.sum(0) if needs[2] else None)
+    return tuple(None if g is None else g.to(t.dtype) for g, t in zip(grads, (hidden, weight, bias)))
+
+
+def _transformed() -> bool:
+    """Whether a ``torch.func`` transform (grad, vmap, jvp...) or forward-mode AD is active."""
+    return torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, target, setup: _Setup):
@@ -231,12 +288,15 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return loss.to(hidden.dtype)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_loss):
         setup = ctx.setup
         if setup.reduction == "mean":
             grad_loss = grad_loss / max(ctx.count, 1)
         hidden, weight, bias = ctx.saved_tensors
+        if backward_in_torch_ops(grad_loss):   # create_graph=True or batched gradients: differentiable torch ops
+            target, row_scale, _ = ctx.saved
+            row_scale = row_scale * grad_loss.to(row_scale.dtype)
+            return _plain_grads(hidden, weight, bias, target, row_scale, setup, ctx.needs_input_grad[:3]) + (None, None)
         dtypes = (hidden.dtype, weight.dtype, bias.dtype if bias is not None else None)
         if ctx.grads is not None:
             # the gradients formed in forward, handed out once and scaled in place; a second
@@ -364,14 +424,17 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         With a reduced loss and a gradient needed, the gradients are computed during
         the forward pass (and only scaled, in place, by backward); call it under
         ``torch.no_grad()`` when only the value is wanted. A second backward through the
-        same loss (``retain_graph=True``) recomputes the logits. Second derivatives are not
-        supported.
+        same loss (``retain_graph=True``) recomputes the logits. Second derivatives (a
+        backward with ``create_graph=True``), batched gradients, ``torch.func`` transforms
+        (``grad``, ``vmap``, ``jvp``...) and forward-mode AD compute the same loss and
+        gradients in plain torch ops on the full logits: ``O(N * V)`` memory.
     """
     _check_inputs(hidden, weight, target, bias)
     target = target.long()      # every integer dtype (int8, uint8, ...) as int64 indices
     vocab = weight.shape[0]
     check_ignore_index(ignore_index)
-    _check_targets(target, vocab, ignore_index)
+    if not is_functorch_wrapped(target):   # (a target seen through vmap has no values to check)
+        _check_targets(target, vocab, ignore_index)
     label_smoothing = check_in_range(label_smoothing, "label_smoothing", 0.0, 1.0)
     z_penalty = check_in_range(z_penalty, "z_penalty", 0.0)
     reduction = check_reduction(reduction)
@@ -385,6 +448,6 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                    z_penalty=z_penalty, reduction=reduction, chunk_size=chunk_size,
                    vocab_block=vocab_block, fused=wants_grad and reduction != "none")
     batch_shape = target.shape
-    loss = _LinearCrossEntropy.apply(hidden.reshape(-1, hidden.shape[-1]), weight, bias,
-                                     target.reshape(-1), setup)
+    run = _plain_loss if _transformed() else _LinearCrossEntropy.apply
+    loss = run(hidden.reshape(-1, hidden.shape[-1]), weight, bias, target.reshape(-1), setup)
     return loss.reshape(batch_shape) if reduction == "none" else loss
