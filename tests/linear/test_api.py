@@ -182,3 +182,46 @@ def test_attention_weights_are_the_quadratic_forms(method):
     params = _params(method, 8)
     got = attention_weights(q, k, method, is_causal=True, **params)
     torch.testing.assert_close(got, weights(method, q, k, True, **params), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("method", KERNELISED)
+@pytest.mark.parametrize("causal", [False, True])
+def test_vmap_over_the_key_mask_equals_a_loop(method, causal):
+    """The zero output of a query that sees no key branched on the mask's values: ``vmap`` over
+    the mask raised (data-dependent control flow)."""
+    q, k, v = _qkv(b=2, h=2, hk=1, lq=6, lk=6, d=3, dv=2)
+    params = _params(method, 3)
+    masks = torch.rand(3, 2, 1, 1, 6, generator=torch.Generator().manual_seed(4)) > 0.4
+    masks[0, 1] = False   # a batch whose queries see no key
+
+    def attend(mask):
+        return sk.linear_attention(q, k, v, method, is_causal=causal, attn_mask=mask, chunk_size=4, **params)
+
+    torch.testing.assert_close(torch.func.vmap(attend)(masks), torch.stack([attend(m) for m in masks]),
+                               rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("method", KERNELISED + ["soft"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", [None, "keys", "queries"])
+def test_meta_tensors_give_the_output_shape(method, causal, mask):
+    """Shape inference on the meta device: the zero output of a query without keys, performer's
+    finite-projection check, cosformer's position check and SOFT's convergence test read values."""
+    if method == "soft" and (causal or mask == "queries"):
+        pytest.skip("SOFT is not causal and takes key-padding masks only")
+    q, k, v = (t.to("meta") for t in _qkv(b=2, h=4, hk=2, lq=5, lk=7, d=3, dv=2))
+    params = {"rank": 2} if method == "soft" else {n: p.to("meta") for n, p in _params(method, 3).items()}
+    shape = {None: None, "keys": (2, 1, 1, 7), "queries": (2, 4, 5, 7)}[mask]
+    attn_mask = None if shape is None else torch.ones(shape, dtype=torch.bool, device="meta")
+    out = sk.linear_attention(q, k, v, method, is_causal=causal, attn_mask=attn_mask, **params)
+    assert out.device.type == "meta" and out.shape == (2, 4, 5, 2) and out.dtype == torch.float64
+
+
+@pytest.mark.parametrize("method", KERNELISED)
+def test_decoding_on_meta_tensors_gives_the_output_shape(method):
+    q, k, v = (t.to("meta") for t in _qkv(b=2, h=4, hk=2, lq=5, lk=5, d=3, dv=2))
+    params = {"max_len": 8} if method == "cosformer" else {n: p.to("meta") for n, p in _params(method, 3).items()}
+    state = sk.linear.LinearAttentionState(method, **params)
+    state.step(q[:, :, :3], k[:, :, :3], v[:, :, :3], key_mask=torch.ones(2, 3, dtype=torch.bool, device="meta"))
+    out = state.step(q[:, :, 3:], k[:, :, 3:], v[:, :, 3:])
+    assert out.device.type == "meta" and out.shape == (2, 4, 2, 2)

@@ -102,3 +102,69 @@ def test_soft_error_against_exact_gaussian_attention_falls_with_rank():
               for r in (2, 8, 32)]
     assert errors[0] > errors[1] > errors[2]
     assert errors[2] < 0.05 < errors[0]
+
+
+@pytest.mark.parametrize("iters", [None, 60])
+def test_newton_pinv_under_torch_func_transforms_and_forward_ad(iters):
+    """NewtonPinv had no ``setup_context``, ``vmap`` or ``jvp``: every ``torch.func`` transform and
+    forward-mode AD raised. Now each gives the plain path's values and pinv's derivatives."""
+    g = torch.Generator().manual_seed(4)
+    a = torch.eye(4, 3, dtype=torch.float64) + 0.3 * torch.randn(3, 4, 3, generator=g, dtype=torch.float64)
+    w = torch.randn(3, 3, 4, generator=g, dtype=torch.float64)
+    da = torch.randn(3, 4, 3, generator=g, dtype=torch.float64)
+
+    def pinv(t):
+        return NewtonPinv.apply(t, iters)
+
+    plain = torch.stack([pinv(m) for m in a])
+    torch.testing.assert_close(torch.func.vmap(pinv)(a), plain, rtol=0, atol=1e-12)
+    out, tangent = torch.func.jvp(pinv, (a,), (da,))
+    torch.testing.assert_close(out, plain, rtol=0, atol=1e-12)
+    torch.testing.assert_close(tangent, torch.func.jvp(torch.linalg.pinv, (a,), (da,))[1], rtol=0, atol=1e-9)
+    with torch.autograd.forward_ad.dual_level():
+        dual_tangent = torch.autograd.forward_ad.unpack_dual(pinv(torch.autograd.forward_ad.make_dual(a, da))).tangent
+    torch.testing.assert_close(dual_tangent, tangent, rtol=0, atol=1e-12)
+    grad = torch.func.grad(lambda t: (pinv(t) * w).sum())(a)
+    leaf = a.clone().requires_grad_()
+    (want,) = torch.autograd.grad((pinv(leaf) * w).sum(), leaf)
+    torch.testing.assert_close(grad, want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_soft_under_torch_func_transforms_equals_the_plain_path(masked):
+    q, k, v = _spread(1, 2, 12, 3, 7), _spread(1, 2, 12, 3, 8), _spread(1, 2, 12, 2, 9)
+    mask = None
+    if masked:
+        mask = torch.rand(1, 1, 1, 12, generator=torch.Generator().manual_seed(5)) > 0.3
+
+    def soft(a, b, c):
+        return sk.linear_attention(a, b, c, "soft", rank=3, attn_mask=mask)
+
+    w = torch.randn(1, 2, 12, 2, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    grads = torch.func.grad(lambda *x: (soft(*x) * w).sum(), argnums=(0, 1, 2))(q, k, v)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    torch.testing.assert_close(grads, torch.autograd.grad((soft(*leaves) * w).sum(), leaves), rtol=0, atol=1e-10)
+    tangents = (q.flip(-2), k.flip(-1), v.flip(-2))
+    got = torch.func.jvp(soft, (q, k, v), tangents)
+    torch.testing.assert_close(got, torch.autograd.functional.jvp(soft, (q, k, v), tangents), rtol=0, atol=1e-10)
+    batch = torch.stack([q, q.flip(-2), 0.5 * q])
+    torch.testing.assert_close(torch.func.vmap(lambda a: soft(a, k, v))(batch),
+                               torch.stack([soft(a, k, v) for a in batch]), rtol=0, atol=1e-10)
+
+
+def test_soft_on_meta_tensors_gives_the_shape():
+    """The convergence test of ``newton_pinv`` read the meta tensor's (absent) values."""
+    q, k, v = (torch.empty(2, 2, 9, d, dtype=torch.float64, device="meta") for d in (4, 4, 3))
+    mask = torch.ones(2, 1, 1, 9, dtype=torch.bool, device="meta")
+    out = sk.linear_attention(q, k, v, "soft", rank=3, attn_mask=mask)
+    assert out.device.type == "meta" and out.shape == (2, 2, 9, 3)
+    assert newton_pinv(torch.empty(3, 4, 2, device="meta")).shape == (3, 2, 4)
+
+
+def test_newton_pinv_until_converged_under_vmap_equals_a_loop():
+    """``iters=None`` tests convergence on the values: ``vmap`` raised (data-dependent control flow)."""
+    g = torch.Generator().manual_seed(8)
+    a = torch.eye(3, dtype=torch.float64) + 0.3 * torch.randn(2, 4, 3, 3, generator=g, dtype=torch.float64)
+    want = torch.stack([torch.stack([newton_pinv(m) for m in row]) for row in a])
+    torch.testing.assert_close(torch.func.vmap(torch.func.vmap(newton_pinv))(a), want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(want, torch.linalg.pinv(a), rtol=0, atol=1e-12)

@@ -183,3 +183,50 @@ def test_an_empty_vector_size_gives_zeros():
     assert torch.equal(out, torch.zeros(2, 4))
     out.sum().backward()
     assert torch.equal(q.grad, torch.zeros(2, 3, 0))
+
+
+def test_forward_mode_ad_equals_the_dense_formula():
+    """``torch.func.jvp`` and ``forward_ad`` dual tensors: the ``out=`` buffer of the plain path has
+    no forward derivative (NotImplementedError for mm_out)."""
+    Q, D, q_mask, d_mask, q_sign = random_inputs(6, bq=2, lq=3, bd=5, ld=4, d=3)
+    g = torch.Generator().manual_seed(7)
+    tq, td = torch.randn(Q.shape, generator=g, dtype=Q.dtype), torch.randn(D.shape, generator=g, dtype=D.dtype)
+    for ours, ref in ((lambda q, d: maxsim(q, d, q_mask, d_mask, chunk_size=2),
+                       lambda q, d: dense_maxsim(q, d, q_mask, d_mask)),
+                      (lambda q, d: signed_maxsim(q, d, q_sign, q_mask, d_mask, chunk_size=2),
+                       lambda q, d: dense_maxsim(q, d, q_mask, d_mask, q_sign))):
+        out, tangent = torch.func.jvp(ours, (Q, D), (tq, td))
+        want, want_tangent = torch.func.jvp(ref, (Q, D), (tq, td))
+        torch.testing.assert_close(out, ours(Q, D), rtol=0, atol=0)
+        torch.testing.assert_close((out, tangent), (want, want_tangent), rtol=0, atol=1e-12)
+        want_q = torch.func.jvp(ref, (Q, D), (tq, torch.zeros_like(D)))[1]
+        with torch.autograd.forward_ad.dual_level():
+            dual = ours(torch.autograd.forward_ad.make_dual(Q, tq), D)
+            tangent_q = torch.autograd.forward_ad.unpack_dual(dual).tangent
+        torch.testing.assert_close(tangent_q, want_q, rtol=0, atol=1e-12)
+
+
+def test_vmap_equals_a_loop():
+    """``torch.func.vmap`` over each argument: ``matmul(out=...)`` and the in-place mask fill of the
+    plain path have no batching rule, and the +1/-1 check of ``q_sign`` branched on its values."""
+    Q, D, q_mask, d_mask, q_sign = random_inputs(8, bq=2, lq=3, bd=5, ld=4, d=3)
+    Qs, Ds = torch.stack([Q, -Q, 2 * Q]), torch.stack([D, D.flip(0), -D])
+    masks, signs = torch.stack([d_mask, ~d_mask, d_mask.flip(1)]), torch.stack([q_sign, -q_sign, q_sign.flip(1)])
+
+    def check(fn, batch):
+        torch.testing.assert_close(torch.func.vmap(fn)(batch), torch.stack([fn(b) for b in batch]),
+                                   rtol=0, atol=1e-12)
+
+    check(lambda q: maxsim(q, D, q_mask, d_mask, chunk_size=2), Qs)
+    check(lambda d: maxsim(Q, d, q_mask, d_mask, chunk_size=2), Ds)
+    check(lambda m: maxsim(Q, D, q_mask, m, chunk_size=2), masks)
+    check(lambda q: signed_maxsim(q, D, q_sign, q_mask, d_mask), Qs)
+    check(lambda s: signed_maxsim(Q, D, s, q_mask, d_mask), signs)
+
+
+def test_meta_tensors_give_the_shape():
+    """Shape inference on the meta device: the +1/-1 check of ``q_sign`` read its values."""
+    Q, D, q_mask, d_mask, q_sign = (t.to("meta") for t in random_inputs(9, bq=2, lq=3, bd=5, ld=4, d=3))
+    out = signed_maxsim(Q, D, q_sign, q_mask, d_mask, chunk_size=2)
+    assert out.device.type == "meta" and out.shape == (2, 5) and out.dtype == torch.float64
+    assert maxsim(Q, D, q_mask, d_mask).shape == (2, 5)

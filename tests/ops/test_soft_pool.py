@@ -220,3 +220,27 @@ def test_a_window_spanning_more_than_finfo_max_has_a_finite_gradient(dtype, big,
     x = torch.tensor([big, big, -big, 0.0], dtype=dtype).view(1, 1, 2, 2).requires_grad_()
     g, = torch.autograd.grad(soft_pool2d(x, 2).sum(), x, create_graph=create_graph)
     torch.testing.assert_close(g.detach(), torch.tensor([0.5, 0.5, 0.0, 0.0], dtype=dtype).view(1, 1, 2, 2))
+
+
+def test_batched_gradients_equal_a_loop():
+    """``is_grads_batched`` (vectorised ``jacobian``): the kernel's backward read the batched
+    gradient's data (no batching rule for ``detach``); it now takes the torch-op backward."""
+    x = torch.randn(2, 2, 5, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64, requires_grad=True)
+    out = soft_pool2d(x, (2, 3), (1, 2))
+    grads = torch.randn(3, *out.shape, generator=torch.Generator().manual_seed(6), dtype=torch.float64)
+    (batched,) = torch.autograd.grad(out, x, grads, is_grads_batched=True, retain_graph=True)
+    torch.testing.assert_close(batched, torch.stack([torch.autograd.grad(out, x, g, retain_graph=True)[0]
+                                                     for g in grads]), rtol=0, atol=1e-12)
+    jacobian = torch.autograd.functional.jacobian(lambda t: soft_pool2d(t, 2), x[:1, :1].detach(), vectorize=True)
+    assert jacobian.shape == (1, 1, 2, 3, 1, 1, 5, 6)
+
+
+def test_a_first_order_gradient_by_the_reference_has_no_graph():
+    """A window with a NaN takes the reference backward, which tested ``is_grad_enabled()`` inside
+    ``enable_grad()``: every first-order gradient was built with ``create_graph=True``."""
+    x = torch.randn(1, 1, 4, 4, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    x[0, 0, 0, 0] = float("nan")
+    x.requires_grad_()
+    (grad,) = torch.autograd.grad(soft_pool2d(x, 2).sum(), x)
+    assert not grad.requires_grad and grad.grad_fn is None
+    assert torch.isnan(grad[0, 0, :2, :2]).all() and torch.isfinite(grad[0, 0, 2:]).all()

@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from .._checks import can_branch_on
+
 
 @dataclass(frozen=True)
 class Features:
@@ -90,11 +92,12 @@ def ratio_combine(num, den, vsum, n, ctx):
 
 
 def zero_where_empty(out, n):
-    """``out`` with 0 on the queries that see no key (``n == 0``); no copy when there are none."""
+    """``out`` with 0 on the queries that see no key (``n == 0``); no copy when there are none
+    (known only where ``n`` has values to read: not on meta tensors nor under ``torch.func``)."""
     empty = n == 0
-    if bool(empty.any()):
-        return torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
-    return out
+    if can_branch_on(empty) and not bool(empty.any()):
+        return out
+    return torch.where(empty, torch.zeros((), dtype=out.dtype, device=out.device), out)
 
 
 def check_eps(value, name: str = "eps", allow_zero: bool = False) -> float:

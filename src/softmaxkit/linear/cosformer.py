@@ -21,6 +21,7 @@ import math
 
 import torch
 
+from .._checks import can_branch_on
 from ._spec import Features, LinearMethod, check_eps, ratio_combine
 
 
@@ -33,7 +34,7 @@ def _check(params, head_dim, dtype, device):
 
 def _features(x, positions, ctx, is_query, visible):
     m = ctx["M"]
-    if positions.numel() and float(positions.max()) > m - 1 + 1e-9:
+    if positions.numel() and can_branch_on(positions) and float(positions.max()) > m - 1 + 1e-9:
         raise ValueError(f"cosformer: position {int(positions.max())} is beyond max_len={m} "
                          f"(pass a larger max_len)")
     angle = (math.pi / 2) * positions.to(x.dtype) / m

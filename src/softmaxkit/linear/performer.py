@@ -32,6 +32,7 @@ import math
 
 import torch
 
+from .._checks import can_branch_on
 from ._spec import Features, LinearMethod, check_eps, ratio_combine
 
 
@@ -87,7 +88,7 @@ def _check(params, head_dim, dtype, device):
         if proj.dim() != 2 or proj.shape[1] != head_dim or proj.shape[0] < 1:
             raise ValueError(f"projection must have shape (nb_features >= 1, head_dim={head_dim}), "
                              f"got {tuple(proj.shape)}")
-        if not bool(torch.isfinite(proj).all()):
+        if can_branch_on(proj) and not bool(torch.isfinite(proj).all()):
             raise ValueError("projection must be finite (it holds NaN or inf)")
         proj = proj.to(dtype=dtype, device=device)
     return {"eps": check_eps(params["eps"], allow_zero=True), "projection": proj}

@@ -10,8 +10,9 @@ with one matrix product, so the largest temporary is
 from __future__ import annotations
 
 import torch
+from torch.autograd import forward_ad
 
-from .._checks import check_int_in_range
+from .._checks import can_branch_on, check_int_in_range, is_functorch_wrapped
 from .._rows import compute_dtype
 
 #: Default bound on the similarity block of one chunk, in bytes.
@@ -74,7 +75,7 @@ def signed_maxsim(Q: torch.Tensor, D: torch.Tensor, q_sign: torch.Tensor,
         raise ValueError(f"q_sign must have shape (Bq, Lq) = {tuple(Q.shape[:2])}, got {tuple(q_sign.shape)}")
     if q_sign.dtype == torch.bool or q_sign.is_complex():
         raise TypeError(f"q_sign must be a real tensor of +1/-1, got dtype {q_sign.dtype}")
-    if not bool(((q_sign == 1) | (q_sign == -1)).all()):
+    if can_branch_on(q_sign) and not bool(((q_sign == 1) | (q_sign == -1)).all()):
         raise ValueError("q_sign must contain only +1 and -1")
     weights = q_sign.to(device=Q.device, dtype=compute_dtype(Q.dtype))
     if q_mask is not None:
@@ -98,8 +99,9 @@ def _weighted_maxsim(Q, D, weights, d_mask, chunk_size):
     if bq * lq == 0 or bd == 0 or ld == 0 or dim == 0:  # all zeros, still attached to Q and D for autograd
         return torch.zeros(bq, bd, dtype=out_dtype, device=Q.device) + 0 * Q.sum() + 0 * D.sum()
     queries = Q.to(cdt).reshape(bq * lq, dim)
-    track_grad = torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad)
-    # Without autograd every chunk's similarity block is written into one buffer.
+    # Without autograd every chunk's similarity block is written into one buffer; otherwise (and under
+    # forward AD or a torch.func transform: no out= or in-place there) by differentiable ops.
+    track_grad = not _plain(Q, D, weights, d_mask)
     buffer = None if track_grad else torch.empty(bq * lq * min(chunk, bd) * ld, dtype=cdt, device=Q.device)
     scores = []
     for start in range(0, bd, chunk):
@@ -122,6 +124,17 @@ def _weighted_maxsim(Q, D, weights, d_mask, chunk_size):
             best = torch.where(visible.any(-1), best, torch.zeros((), dtype=cdt, device=best.device))
         scores.append(torch.einsum("qi,qic->qc", weights, best.view(bq, lq, c)))
     return torch.cat(scores, dim=1).to(out_dtype)
+
+
+def _plain(Q, D, weights, d_mask) -> bool:
+    """Whether no autograd graph, forward-mode AD level or ``torch.func`` transform (``vmap``,
+    ``grad``, ``jvp``) sees the inputs: only then may the similarity blocks be written with ``out=``
+    and in-place ops (they have no forward derivative and no batching rule)."""
+    if torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad):
+        return False
+    if forward_ad._current_level >= 0:
+        return False
+    return not any(t is not None and is_functorch_wrapped(t) for t in (Q, D, weights, d_mask))
 
 
 def _check(Q, D, q_mask, d_mask):

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad
 
-from .._checks import check_int_in_range, is_functorch_wrapped
+from .._checks import backward_in_torch_ops, check_int_in_range, is_functorch_wrapped
 from .._rows import compute_dtype
 from ..functional import softmax
 from ..kernels.dispatch import numba_available
@@ -107,11 +107,12 @@ class _SoftPool2d(torch.autograd.Function):
         from ._soft_pool_kernel import soft_pool_backward
 
         x, a, out, shift, total = ctx.saved_tensors
-        if ctx.by_reference or torch.is_grad_enabled():
+        if ctx.by_reference or backward_in_torch_ops(grad):   # (a batched grad has no data for the kernel)
+            create_graph = torch.is_grad_enabled()
             with torch.enable_grad():
-                leaf = x if torch.is_grad_enabled() else x.detach().requires_grad_()
+                leaf = x if create_graph else x.detach().requires_grad_()
                 pooled = reference(leaf, *ctx.window)
-                (dx,) = torch.autograd.grad(pooled, leaf, grad, create_graph=torch.is_grad_enabled())
+                (dx,) = torch.autograd.grad(pooled, leaf, grad, create_graph=create_graph)
             return dx, None, None, None, None
         height, width = a.shape[-2:]
         g = grad.to(a.dtype).contiguous().view(shift.shape)
