@@ -213,6 +213,24 @@ def test_vocab_parallel_cross_entropy_on_threads():
     assert (torch.cat([r[2] for r in results]) - w_ref.grad).abs().max() < 1e-12
 
 
+def test_vocab_parallel_cross_entropy_refuses_a_double_backward():
+    """create_graph=True: a clear error, not a gradient without a graph (a second derivative
+    of 0)."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    weight = torch.randn(10, 4, generator=g, dtype=torch.float64)
+    target = torch.randint(0, 10, (6,), generator=g)
+
+    def rank_fn(comm):
+        h = hidden.clone().requires_grad_()
+        w = weight[5 * comm.rank:5 * comm.rank + 5].clone().requires_grad_()
+        loss = vocab_parallel_linear_cross_entropy(h, w, target, group=comm)
+        torch.autograd.grad(loss, h, create_graph=True)
+
+    _, errors = run_ranks(2, rank_fn)
+    assert all(isinstance(e, RuntimeError) and "first derivatives only" in str(e) for e in errors), errors
+
+
 def test_a_failing_rank_does_not_hang_the_others():
     q, k, v, _ = _problem(length=12)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from .._checks import check_in_range, check_int_in_range
 from .._rows import compute_dtype
@@ -108,37 +107,47 @@ class _VocabParallelCE(torch.autograd.Function):
         return loss.to(hidden.dtype)
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_loss):
-        setup = ctx.setup
-        hidden, weight, local_target, row_scale, lse = ctx.saved_tensors
-        cdt = compute_dtype(hidden.dtype)
-        if setup.reduction == "mean":
-            grad_loss = grad_loss / max(ctx.count, 1)
-        h, w = hidden.to(cdt), weight.to(cdt)
-        rows = row_scale * grad_loss.to(cdt)
-        need_h, need_w = ctx.needs_input_grad[:2]
-        grad_h = torch.zeros_like(h) if need_h else None
-        grad_w = torch.zeros_like(w) if need_w else None
-        eps = setup.label_smoothing
-        coef = rows * (1 + 2 * setup.z_penalty * lse) if setup.z_penalty else rows
-        for s, e in _ranges(h.shape[0], setup.chunk_size):
-            for start, stop in _ranges(w.shape[0], setup.vocab_block):
-                # d loss_i / d z_ij = (1 + 2 c lse_i) p_ij - (1 - eps) [j = y_i] - eps / V, times the row scale
-                g = (h[s:e] @ w[start:stop].T).sub_(lse[s:e].unsqueeze(1)).exp_().mul_(coef[s:e].unsqueeze(1))
-                pos, inside = _in_shard(local_target[s:e], start, stop - start)
-                g.scatter_add_(1, pos, (-(1 - eps) * rows[s:e] * inside).unsqueeze(1))
-                if eps:
-                    g.sub_((eps / setup.vocab) * rows[s:e].unsqueeze(1))
-                if grad_h is not None:
-                    grad_h[s:e].addmm_(g, w[start:stop])
-                if grad_w is not None:
-                    grad_w[start:stop].addmm_(g.T, h[s:e])
-                del g
-        if grad_h is not None:
-            setup.comm.all_reduce_sum_(grad_h)
-        return (None if grad_h is None else grad_h.to(hidden.dtype),
-                None if grad_w is None else grad_w.to(weight.dtype), None, None)
+        if torch.is_grad_enabled():   # create_graph=True: the chunked gradient below has no graph
+            raise RuntimeError("vocab_parallel_linear_cross_entropy has first derivatives only: a backward with "
+                               "create_graph=True (a gradient penalty, a Hessian-vector product) is not supported; "
+                               "use softmaxkit.losses.linear_cross_entropy on gathered weights")
+        with torch.no_grad():
+            return _vocab_parallel_grads(ctx, grad_loss)
+
+
+def _vocab_parallel_grads(ctx, grad_loss):
+    """:class:`_VocabParallelCE`'s backward: the chunked gradients of ``hidden`` (summed over
+    ranks) and of this rank's weight shard."""
+    setup = ctx.setup
+    hidden, weight, local_target, row_scale, lse = ctx.saved_tensors
+    cdt = compute_dtype(hidden.dtype)
+    if setup.reduction == "mean":
+        grad_loss = grad_loss / max(ctx.count, 1)
+    h, w = hidden.to(cdt), weight.to(cdt)
+    rows = row_scale * grad_loss.to(cdt)
+    need_h, need_w = ctx.needs_input_grad[:2]
+    grad_h = torch.zeros_like(h) if need_h else None
+    grad_w = torch.zeros_like(w) if need_w else None
+    eps = setup.label_smoothing
+    coef = rows * (1 + 2 * setup.z_penalty * lse) if setup.z_penalty else rows
+    for s, e in _ranges(h.shape[0], setup.chunk_size):
+        for start, stop in _ranges(w.shape[0], setup.vocab_block):
+            # d loss_i / d z_ij = (1 + 2 c lse_i) p_ij - (1 - eps) [j = y_i] - eps / V, times the row scale
+            g = (h[s:e] @ w[start:stop].T).sub_(lse[s:e].unsqueeze(1)).exp_().mul_(coef[s:e].unsqueeze(1))
+            pos, inside = _in_shard(local_target[s:e], start, stop - start)
+            g.scatter_add_(1, pos, (-(1 - eps) * rows[s:e] * inside).unsqueeze(1))
+            if eps:
+                g.sub_((eps / setup.vocab) * rows[s:e].unsqueeze(1))
+            if grad_h is not None:
+                grad_h[s:e].addmm_(g, w[start:stop])
+            if grad_w is not None:
+                grad_w[start:stop].addmm_(g.T, h[s:e])
+            del g
+    if grad_h is not None:
+        setup.comm.all_reduce_sum_(grad_h)
+    return (None if grad_h is None else grad_h.to(hidden.dtype),
+            None if grad_w is None else grad_w.to(weight.dtype), None, None)
 
 
 def vocab_parallel_linear_cross_entropy(hidden: torch.Tensor, weight_shard: torch.Tensor, target: torch.Tensor, *,
