@@ -3,7 +3,9 @@
 Every public function checks its arguments with these helpers, so that bad input raises
 the same kind of error everywhere: ``TypeError`` for the wrong kind of value,
 ``ValueError`` for a value out of range, each naming the argument and what it accepts.
-Nothing is clipped or coerced silently.
+Nothing is clipped or coerced silently. The values of a tensor argument are checked only
+where they can be read (:func:`can_branch_on`): not while ``torch.compile`` traces, under a
+``torch.func`` transform, or on meta tensors.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ __all__ = [
     "check_floating", "check_dim", "check_positive", "check_at_least", "check_nonnegative",
     "check_int_in_range", "check_number", "check_finite", "check_bool", "check_known_params",
     "check_choice", "check_count", "check_head_shape", "check_in_range", "is_functorch_wrapped", "can_branch_on",
+    "transforms_active",
     "has_no_data", "backward_in_torch_ops",
 ]
 
@@ -27,10 +30,17 @@ __all__ = [
 is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", lambda t: False)
 
 
+#: Whether a ``torch.func`` transform is active, whichever tensors it wraps.
+transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
 def can_branch_on(t: torch.Tensor) -> bool:
     """Whether a branch on the values of ``t`` is allowed: not while ``torch.compile`` traces,
-    not under a ``torch.func`` transform, not on a tensor without data (meta, fake)."""
-    return not (torch.compiler.is_compiling() or is_functorch_wrapped(t) or has_no_data(t))
+    not under a ``torch.func`` transform (even when ``t`` itself is not wrapped: the branch
+    usually combines it with tensors that are, a ``vmap`` over the mask alone), not on a tensor
+    without data (meta, fake)."""
+    return not (torch.compiler.is_compiling() or transforms_active() or is_functorch_wrapped(t)
+                or has_no_data(t))
 
 
 def backward_in_torch_ops(grad: torch.Tensor | None) -> bool:
@@ -101,7 +111,7 @@ def check_number(value: object, name: str, *, allow_tensor: bool = True) -> None
     """A real number (not a bool) or, if allowed, a floating tensor; NaN is refused, inf allowed."""
     _check_kind(value, name, allow_tensor)
     if isinstance(value, torch.Tensor):
-        if bool(torch.isnan(value).any()):
+        if can_branch_on(value) and bool(torch.isnan(value).any()):
             raise ValueError(f"{name} must not contain NaN")
     elif math.isnan(value):  # type: ignore[arg-type]
         raise ValueError(f"{name} must not be NaN")
@@ -111,7 +121,7 @@ def check_finite(value: object, name: str, *, allow_tensor: bool = True) -> None
     """A finite number or a floating tensor without NaN or inf."""
     _check_kind(value, name, allow_tensor)
     if isinstance(value, torch.Tensor):
-        if not bool(torch.isfinite(value).all()):
+        if can_branch_on(value) and not bool(torch.isfinite(value).all()):
             raise ValueError(f"{name} must be finite (no NaN or inf)")
     elif not math.isfinite(value):  # type: ignore[arg-type]
         raise ValueError(f"{name} must be finite, got {value}")
@@ -125,6 +135,8 @@ def check_positive(value: object, name: str, *, allow_tensor: bool = True, finit
     check_number(value, name, allow_tensor=allow_tensor)
     what = "finite and > 0" if finite else "> 0"
     if isinstance(value, torch.Tensor):
+        if not can_branch_on(value):
+            return
         ok = value > 0
         if finite:
             ok &= torch.isfinite(value)
@@ -139,7 +151,7 @@ def check_at_least(value: object, minimum: float, name: str, *, allow_tensor: bo
     """Raise ``ValueError`` unless ``value`` >= ``minimum`` everywhere."""
     check_number(value, name, allow_tensor=allow_tensor)
     if isinstance(value, torch.Tensor):
-        if not bool((value >= minimum).all()):
+        if can_branch_on(value) and not bool((value >= minimum).all()):
             raise ValueError(f"{name} must be >= {minimum}, got a tensor with min {value.min().item()}")
     elif not value >= minimum:  # type: ignore[operator]
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
@@ -199,6 +211,8 @@ def check_count(n: object, name: str = "n") -> None:
     if isinstance(n, torch.Tensor):
         if n.dtype == torch.bool or n.is_complex():
             raise TypeError(f"{name} must be a real tensor, got dtype {n.dtype}")
+        if not can_branch_on(n):
+            return
         if n.is_floating_point() and bool(torch.isnan(n).any()):
             raise ValueError(f"{name} must not contain NaN")
         if not bool(((n >= 1) & (n < math.inf)).all()):

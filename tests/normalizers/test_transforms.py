@@ -1,0 +1,71 @@
+"""``torch.func.vmap`` over the mask alone, or over one parameter alone, with the scores a plain
+tensor: the transform is active although ``x`` is not wrapped, so no kernel may read the data and
+no check may branch on a batched value (the kernels ran on a batched mask and the value checks
+raised vmap's data-dependent control-flow error). Each batch element equals its own call."""
+
+import pytest
+import torch
+
+import softmaxkit as sk
+
+from ..conftest import params_for
+
+F64 = torch.float64
+NAMES = [spec.name for spec in sk.normalizers()]
+
+
+def _x_and_masks(rows=4, n=6):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, n, generator=g, dtype=F64) * 3
+    masks = torch.rand(3, rows, n, generator=g) > 0.3
+    masks[..., 0] = True
+    masks[1, 2] = False   # a row with nothing visible
+    return x, masks
+
+
+def _equal_to_a_loop(fn, batch):
+    torch.testing.assert_close(torch.func.vmap(fn)(batch), torch.stack([fn(b) for b in batch]), equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["auto", "numba"])
+@pytest.mark.parametrize("name", NAMES)
+def test_vmap_over_the_mask_alone(name, backend):
+    x, masks = _x_and_masks()
+    params = params_for(name, x.shape[-1])
+    with sk.use_backend(backend):
+        _equal_to_a_loop(lambda m: sk.normalize(x, name, mask=m, **params), masks)
+
+
+def _learnable_numbers(name, params):
+    spec = sk.registry.get(name)
+    merged = spec.with_defaults(params)
+    for param in spec.param_specs:
+        value = merged.get(param.name)
+        if param.learnable is not None and isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield param.name, value
+
+
+CASES = [(name, param, value) for name in NAMES for param, value in _learnable_numbers(name, params_for(name, 6))]
+
+
+@pytest.mark.parametrize("name, param, value", CASES)
+def test_vmap_over_one_parameter_alone(name, param, value):
+    x, _ = _x_and_masks()
+    params = params_for(name, x.shape[-1])
+    values = torch.tensor([value, value * 0.9 + 0.05, value * 1.1 + 0.01], dtype=F64)
+    _equal_to_a_loop(lambda v: sk.normalize(x, name, **{**params, param: v}), values)
+
+
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_softmax_family_under_vmap_over_the_mask_or_temperature(op):
+    x, masks = _x_and_masks(rows=64, n=512)   # large enough for the kernels and the aten lane
+    fn = getattr(sk, op)
+    _equal_to_a_loop(lambda m: fn(x, mask=m), masks)
+    if op != "logsumexp":
+        _equal_to_a_loop(lambda t: fn(x, temperature=t), torch.tensor([0.5, 1.0, 2.0], dtype=F64))
+
+
+def test_a_bad_parameter_is_still_refused_outside_transforms():
+    x, _ = _x_and_masks()
+    with pytest.raises(ValueError, match="temperature"):
+        sk.softmax(x, temperature=torch.tensor([[1.0], [-1.0], [2.0], [1.0]], dtype=F64))
