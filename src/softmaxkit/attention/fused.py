@@ -66,7 +66,7 @@ import torch
 from .. import forms
 from ..forms import Elementwise, SoftmaxOf, SumNormalized
 from ..kernels import memory
-from ..normalizers._entmax import centered
+from ..kernels.entmax_grad import centered
 from ..registry import NormalizerSpec
 from .inputs import AttentionInputs
 from .streaming import double_backward_error

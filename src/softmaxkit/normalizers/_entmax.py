@@ -31,11 +31,10 @@ import torch
 
 from .._checks import can_branch_on, check_at_least, check_finite
 from .._rows import Rows, nonzero_or_one
+from ..kernels.entmax_grad import centered, dp_dalpha, entmax_weights
 from .softmax import infinite_limit, softmax_rows
 
-#: |t| below which M(t) (see :func:`_m_times_p`) is summed as a power series.
-_SERIES_CUTOFF = 0.05
-_SERIES_TERMS = 16
+
 
 
 # ----------------------------------------------------------------------------------------
@@ -214,52 +213,6 @@ def _solve_on_candidates(solver, z, visible, reach):
 # backward
 # ----------------------------------------------------------------------------------------
 
-def _m_series(t: torch.Tensor) -> torch.Tensor:
-    r"""``M(t) = sum_{k>=1} (-1)^k k/(k+1) t^{k-1} = -1/2 + 2t/3 - 3t^2/4 + ...`` (Horner)."""
-    out = torch.zeros_like(t)
-    for k in range(_SERIES_TERMS, 0, -1):
-        out = out * t + (-1) ** k * k / (k + 1)
-    return out
-
-
-def _m_times_p(p, g, d, u, log_p):
-    r"""``p_i d_i^2 M(t_i)`` with ``t = u d`` and ``M(t) = (1/(1+t) - log1p(t)/t) / t``.
-
-    Uses ``g = p^{1-u} = p/(1+t)`` and ``log1p(t) = u log p`` (``1 + t = p^u``; ``t`` itself
-    rounds to -1 at a small ``p``): directly ``d^2 (g - p u log p / t) / t`` for
-    ``|t| >= 0.05``, the power series of ``M`` below that (where the direct form cancels).
-    """
-    t = u * d
-    small = t.abs() < _SERIES_CUTOFF
-    safe_t = torch.where(small, torch.ones_like(t), t)
-    direct = d * d * (g - p * (u * log_p) / safe_t) / safe_t
-    return torch.where(small, p * d * d * _m_series(torch.where(small, t, torch.zeros_like(t))), direct)
-
-
-def centered(g: torch.Tensor, v: torch.Tensor, g_sum: torch.Tensor, dominant: bool = True) -> torch.Tensor:
-    r"""``g (v - sum_j g_j v_j / sum_j g_j)`` along the last axis, the entmax Jacobian applied to ``v``.
-
-    Past alpha = 2 the weights ``g = p^{2-alpha}`` grow without bound as ``p -> 0``; where one
-    entry holds nearly all of ``sum g``, its ``v_k - mean`` is a difference of nearly equal
-    numbers, multiplied by the huge ``g_k`` (float32 at alpha = 5 lost 4.4 of 41). With
-    ``dominant`` (the caller's alpha may exceed 2) the entry of the largest ``g`` takes the
-    leave-one-out form ``g_k sum_{j != k} g_j (v_k - v_j) / sum g``, with no cancellation.
-    Off the support (``g = 0``) ``v`` is not read and the result is exactly 0: a NaN there (an
-    incoming gradient at a weight that is exactly 0) leaves the row finite, and a NaN on the
-    support makes only the support NaN, as the kernels and softmax's reference give it."""
-    on = g != 0
-    v = torch.where(on, v, torch.zeros_like(v))
-    out = torch.where(on, g * (v - (g * v).sum(-1, keepdim=True) / g_sum), torch.zeros_like(g))
-    if not dominant or g.shape[-1] < 2:
-        return out
-    k = g.argmax(-1, keepdim=True)
-    others = torch.ones_like(g, dtype=torch.bool).scatter(-1, k, False)
-    g_others = torch.where(others, g, torch.zeros_like(g))
-    g_k, v_k = g.gather(-1, k), v.gather(-1, k)
-    spread = (g_others * (v_k - v)).sum(-1, keepdim=True)
-    return out.scatter(-1, k, g_k * spread / g_sum)
-
-
 def _wide(t: torch.Tensor) -> torch.Tensor:
     """``t`` in float64 where the device has it (the backward's weights span many decades)."""
     return t if t.dtype == torch.float64 or t.device.type == "mps" else t.double()
@@ -320,32 +273,15 @@ class _EntmaxFunction(torch.autograd.Function):
         return _EntmaxFunction.apply(z, visible, u, method), 0
 
     @staticmethod
-    def _weights(p, u):
-        """``g = p^{2-alpha}`` on the support (0 elsewhere), its row sum (1 for an empty row),
-        the support and ``log p`` (0 off it)."""
-        on = p > 0
-        log_p = torch.log(torch.where(on, p, torch.ones_like(p)))
-        g = torch.where(on, torch.exp((1 - u) * log_p), torch.zeros_like(p))
-        g_sum = g.sum(-1, keepdim=True)
-        return g, torch.where(g_sum > 0, g_sum, torch.ones_like(g_sum)), on, log_p
-
-    @staticmethod
-    def _dp_du(p, u, g, g_sum, on, log_p):
-        safe_u = torch.where(u > 0, u, torch.ones_like(u))
-        d = torch.where(u > 0, torch.expm1(u * log_p) / safe_u, log_p)
-        h = torch.where(on, _m_times_p(p, g, d, u, log_p), torch.zeros_like(p))
-        return h - g * h.sum(-1, keepdim=True) / g_sum
-
-    @staticmethod
     def backward(ctx, grad_p):
         p, u = ctx.saved_tensors
         wp, wu = _wide(p), _wide(u)
-        g, g_sum, on, log_p = _EntmaxFunction._weights(wp, wu)
+        g, g_sum, on, log_p = entmax_weights(wp, wu)
         wgrad = _wide(grad_p)
         grad_z = centered(g, wgrad, g_sum, ctx.method == "bisect").to(p.dtype)
         grad_u = None
         if ctx.needs_input_grad[2]:
-            dp_du = _EntmaxFunction._dp_du(wp, wu, g, g_sum, on, log_p)
+            dp_du = dp_dalpha(wp, wu, g, g_sum, on, log_p)
             # an entry at p = 0 is constant in alpha: its incoming gradient (inf, NaN) passes nothing
             terms = torch.where(on, wgrad * dp_du, torch.zeros_like(dp_du))
             grad_u = terms.sum(-1, keepdim=True).sum_to_size(u.shape).to(u.dtype)
@@ -357,12 +293,12 @@ class _EntmaxFunction(torch.autograd.Function):
         so the tangent is the backward's formula applied to ``dz``, plus ``dp/du * du``."""
         p, u = ctx.saved_tensors
         wp, wu = _wide(p), _wide(u)
-        g, g_sum, on, log_p = _EntmaxFunction._weights(wp, wu)
+        g, g_sum, on, log_p = entmax_weights(wp, wu)
         out = torch.zeros_like(wp)
         if dz is not None:
             out = centered(g, _wide(dz), g_sum, ctx.method == "bisect")
         if du is not None:
-            out = out + _EntmaxFunction._dp_du(wp, wu, g, g_sum, on, log_p) * _wide(du)
+            out = out + dp_dalpha(wp, wu, g, g_sum, on, log_p) * _wide(du)
         return out.to(p.dtype)
 
 

@@ -14,6 +14,7 @@ import torch
 
 from ..._checks import backward_in_torch_ops
 from .. import memory
+from ..entmax_grad import centered, dp_dalpha, entmax_weights
 from . import FLAG_TODO, call_kernel, keep_torch_threads, sync_threads
 from . import sparse as _k
 
@@ -25,21 +26,18 @@ def _alpha_rows(alpha, rows: int) -> torch.Tensor:
 
 
 def _differentiable_backward(p, grad, alpha, special):
-    """Closed-form gradients (see :mod:`.sparse`) in PyTorch ops, for double backward."""
-    u = alpha - 1
-    on = p > 0
-    log_p = torch.log(torch.where(on, p, torch.ones_like(p)))
-    g = torch.where(on, torch.exp((1 - u) * log_p), torch.zeros_like(p))
-    sum_g = g.sum(-1, keepdim=True)
-    sum_g = torch.where(sum_g > 0, sum_g, torch.ones_like(sum_g))
-    g_dy_hat = (g * grad).sum(-1, keepdim=True) / sum_g
-    dx = g * grad - g * g_dy_hat
-    p_log_p = torch.where(on, p * log_p, torch.zeros_like(p))
-    dalpha = (((p * grad).sum(-1, keepdim=True) - g_dy_hat) / (u * u)
-              - ((p_log_p * grad).sum(-1, keepdim=True) - g_dy_hat * p_log_p.sum(-1, keepdim=True)) / u)
+    """The reference's closed-form gradients (:mod:`..entmax_grad`) in torch ops, for a graph of
+    the gradient (double backward); in float64 as the reference computes them. ``alpha`` is a
+    number or a tensor of shape ``p.shape[:-1] + (1,)``."""
+    wide = p.double()
+    u = (alpha - 1).double() if isinstance(alpha, torch.Tensor) else torch.tensor(alpha - 1, dtype=torch.float64)
+    g, g_sum, on, log_p = entmax_weights(wide, u)
+    dx = centered(g, grad.double(), g_sum, dominant=True)
+    terms = torch.where(on, grad.double() * dp_dalpha(wide, u, g, g_sum, on, log_p), torch.zeros_like(wide))
     keep = special == 0
-    dx = torch.where(keep, dx, torch.zeros_like(p))
-    return dx, torch.where(keep, dalpha, torch.zeros_like(dalpha)).squeeze(-1)
+    dx = torch.where(keep, dx, torch.zeros_like(dx)).to(p.dtype)
+    dalpha = torch.where(keep, terms.sum(-1, keepdim=True), torch.zeros_like(g_sum)).squeeze(-1)
+    return dx, dalpha
 
 
 class _EntmaxFunction(torch.autograd.Function):
@@ -75,7 +73,7 @@ class _EntmaxFunction(torch.autograd.Function):
         if backward_in_torch_ops(grad):   # create_graph=True or batched gradients: the same formulas, differentiable
             a = alpha_tensor.unsqueeze(-1) if ctx.has_alpha_tensor else ctx.alpha_value
             dx, dalpha = _differentiable_backward(y, grad, a, special.reshape(y.shape[:-1] + (1,)))
-            return dx, (dalpha if ctx.has_alpha_tensor else None), None
+            return dx, (dalpha.to(alpha_tensor.dtype) if ctx.has_alpha_tensor else None), None
         out = y.detach().reshape(-1, y.shape[-1])
         sync_threads()
         g2 = grad.reshape(out.shape).contiguous()
