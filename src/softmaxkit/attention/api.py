@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-
-from .. import registry
 from torch.autograd import forward_ad
 
+from .. import registry
 from .._checks import can_branch_on, check_choice, is_functorch_wrapped
 from ..forms import COUNT
 from ..registry import NormalizerSpec

@@ -231,7 +231,7 @@ def _plain_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     grad_z = torch.where(counted, grad_z * row_scale.unsqueeze(-1), torch.zeros_like(grad_z))
     grads = (grad_z @ weight.to(cdt) if needs[0] else None, grad_z.T @ hidden.to(cdt) if needs[1] else None,
              grad_z.sum(0) if needs[2] else None)
-    return tuple(None if g is None else g.to(t.dtype) for g, t in zip(grads, (hidden, weight, bias)))
+    return tuple(None if g is None or t is None else g.to(t.dtype) for g, t in zip(grads, (hidden, weight, bias)))
 
 
 def _transformed() -> bool:

@@ -34,9 +34,6 @@ from .._rows import Rows, nonzero_or_one
 from ..kernels.entmax_grad import centered, dp_dalpha, entmax_weights
 from .softmax import infinite_limit, softmax_rows
 
-
-
-
 # ----------------------------------------------------------------------------------------
 # forward solvers, on rows whose normalised axis is last. ``z`` is already shifted so that
 # the visible row maximum is 0, and is 0 at invisible entries.
