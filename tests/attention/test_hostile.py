@@ -8,6 +8,8 @@ import torch
 import softmaxkit as sk
 from softmaxkit.attention.api import auto_method
 
+from ..conftest import params_for
+
 F64 = torch.float64
 
 
@@ -656,3 +658,26 @@ def test_inputs_recording_a_gradient_raise_no_warning(method):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sk.attention(q, k, v, "sigmoid", is_causal=True, method=method).sum().backward()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize("name, method", [(name, "streaming") for name in STREAMS] + [("as_entmax", "fused")])
+def test_a_row_of_finfo_min_fills_has_the_dense_gradient(name, method, dtype):
+    """An additive mask row of ``finfo.min`` (every score of the row rounds to the fill): the
+    dense reference takes the row's maximum out first, so its weights and gradients are those
+    of the tiny score differences. ASEntmax's streaming piece clamped the overflowing
+    ``scale * x`` and passed no gradient (q and k got 0)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, n, 4, generator=g, dtype=F64).to(dtype).requires_grad_() for n in (3, 6, 6))
+    mask = torch.zeros(1, 1, 3, 6, dtype=dtype)
+    mask[..., 1, :] = torch.finfo(dtype).min
+    params = params_for(name, 6)
+    try:
+        got = _out_and_grads(q, k, v, name, method, attn_mask=mask, **params)
+    except ValueError:
+        pytest.skip(f"method={method!r} does not run {name} with these parameters")
+    want = _out_and_grads(q, k, v, name, "dense", attn_mask=mask, **params)
+    if not all(torch.isfinite(t).all() for t in (want[0], *want[1])):
+        pytest.skip("the dense reference itself is not finite here")
+    tol = 1e-4 if dtype == torch.float32 else 1e-9
+    _same(got, want, tol)

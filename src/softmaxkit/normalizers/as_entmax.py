@@ -39,9 +39,16 @@ def length_scale(n: Any, beta: Any, gamma: Any, delta: Any) -> Any:
 def scaled(x: torch.Tensor, beta: Any, gamma: Any, delta: Any, n: Any) -> torch.Tensor:
     """``g(x) = (delta + beta (log n)^gamma) x``, kept within the dtype's finite range (a
     ``finfo.min`` mask fill times a scale above 1 would be ``-inf``: a row of such fills
-    then keeps its uniform weights, as the reference's ``(x - max x)`` scaling gives)."""
+    then keeps its uniform weights, as the reference's ``(x - max x)`` scaling gives). A
+    finite score held at the range's end keeps its gradient, the scale (the reference's,
+    whose ``(x - max x)`` does not saturate): a clamp there passed none."""
     big = torch.finfo(x.dtype).max
-    return (x * length_scale(n, beta, gamma, delta)).clamp(-big, big)
+    scale = length_scale(n, beta, gamma, delta)
+    y = x * scale
+    inside = y.abs() <= big   # (False at +-inf and NaN)
+    finite = torch.isfinite(x)
+    held = torch.where(finite, x - x.detach(), torch.zeros_like(x)) * scale.detach()   # 0, gradient the scale
+    return torch.where(inside | ~finite, y, y.clamp(-big, big) + held)
 
 
 def d_scaled(x: torch.Tensor, beta: Any, gamma: Any, delta: Any, n: Any) -> torch.Tensor:
