@@ -53,13 +53,20 @@ def test_plain_torch_argument_defaults():
     torch.testing.assert_close(linear_cross_entropy(h, w, t), F.cross_entropy(h @ w.T, t), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_gradcheck_float64(reduction):
+def _small_smoothed_problem(reduction):
+    """A float64 problem with every option on, small blocks, and the loss as a function of
+    ``(hidden, weight, bias)``; also the target."""
     h, w, b, t = _problem(n=6, v=11, d=4, dtype=torch.float64, ignore_every=4)
 
     def f(h, w, b):
         return linear_cross_entropy(h, w, t, bias=b, label_smoothing=0.1, z_penalty=0.01,
                                     reduction=reduction, chunk_size=4, vocab_block=5)
+    return h, w, b, t, f
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_gradcheck_float64(reduction):
+    h, w, b, t, f = _small_smoothed_problem(reduction)
 
     # a repeated backward recomputes the logits (the first hands out the gradients formed in
     # forward) with the forward's block maxima: bit for bit the same gradients (gradcheck's
@@ -285,12 +292,7 @@ def test_a_repeated_backward_gives_the_first_gradients_bit_for_bit():
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_second_derivatives(reduction):
     """create_graph=True used to drop the second-order term silently (a once_differentiable backward)."""
-    h, w, b, t = _problem(n=6, v=11, d=4, dtype=torch.float64, ignore_every=4)
-
-    def f(h, w, b):
-        return linear_cross_entropy(h, w, t, bias=b, label_smoothing=0.1, z_penalty=0.01,
-                                    reduction=reduction, chunk_size=4, vocab_block=5)
-
+    h, w, b, t, f = _small_smoothed_problem(reduction)
     assert torch.autograd.gradgradcheck(f, (h, w, b))
     v = torch.randn(h.shape, generator=torch.Generator().manual_seed(1), dtype=h.dtype)
     got, = torch.autograd.grad(f(h, w, b).sum(), h, create_graph=True)
