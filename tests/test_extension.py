@@ -212,3 +212,31 @@ def test_builtin_pieces_without_a_signature_take_x_only():
                                    sk.attention(q, k, v, "softmax", is_causal=True, method="dense"))
     finally:
         sk.unregister_normalizer("user_exp_l1")
+
+
+def _cube(x):
+    return torch.relu(x) ** 3
+
+
+def _sigmoid_slope(x):
+    return torch.sigmoid(x) * (1 - torch.sigmoid(x))
+
+
+@pytest.mark.parametrize("family, kwargs, piece, right, wrong", [
+    ("sum_normalized", {"h": _cube, "eps": 1e-6}, "dh", lambda x: 3 * torch.relu(x) ** 2,
+     lambda x: 2 * torch.relu(x) ** 2),
+    ("softmax_of", {"g": lambda x, s=2.0: s * x}, "dg", lambda x, s=2.0: torch.full_like(x, s),
+     lambda x, s=2.0: torch.full_like(x, s + 1)),
+    ("threshold", {"alpha": 1.5, "g": lambda x, n: x * torch.log(n)}, "dg",
+     lambda x, n: torch.log(n) * torch.ones_like(x), lambda x, n: n * torch.ones_like(x)),
+    ("elementwise", {"h": torch.sigmoid}, "dh", _sigmoid_slope, lambda x: torch.sigmoid(x)),
+])
+def test_a_derivative_piece_that_is_not_the_derivative_is_refused(family, kwargs, piece, right, wrong):
+    """The derivative piece is compared with central differences of its function at a few
+    scores (a typo in ``dh`` gave every backward a wrong gradient, silently); the right one is
+    accepted, with the piece's parameters and ``n``."""
+    with pytest.raises(ValueError, match=f"{piece} is not the derivative"):
+        sk.register_normalizer("derivative_probe", family, **kwargs, **{piece: wrong})
+    assert "derivative_probe" not in sk.registry.names()
+    sk.register_normalizer("derivative_probe", family, **kwargs, **{piece: right})
+    sk.unregister_normalizer("derivative_probe")

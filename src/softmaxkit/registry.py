@@ -27,6 +27,7 @@ from .forms import (
     StreamRule,
     SumNormalized,
     Threshold,
+    call,
     form_parameters,
     identity,
     rule_from_form,
@@ -377,7 +378,9 @@ def register_normalizer(name: str, family: str, *, h: Callable | None = None, dh
 
     Raises:
         ValueError: the name is taken (``unregister_normalizer`` it first), the family is
-            unknown, or a piece the family needs is missing.
+            unknown, a piece the family needs is missing, or a derivative piece (``dg``,
+            ``dh``) disagrees with central differences of its function at a few scores
+            (:data:`DERIVATIVE_PROBES`, the pieces' default parameters).
     """
     from .normalizers._generic import reference_for
 
@@ -441,6 +444,9 @@ def register_normalizer(name: str, family: str, *, h: Callable | None = None, dh
     for pname in ("x", "dim", "mask"):
         if pname in defaults:
             raise ValueError(f"a piece parameter may not be called {pname!r}")
+    for fn_name, dfn_name in (("g", "dg"), ("h", "dh")):
+        if needs.get(fn_name) is not None and needs.get(dfn_name) is not None:
+            _check_derivative(needs[fn_name], needs[dfn_name], fn_name, dfn_name, defaults)
     spec = NormalizerSpec(
         name=name, fn=reference_for(name, form, defaults), formula=formula or _FORMULAS[family],
         reference=reference, form=form,
@@ -449,6 +455,37 @@ def register_normalizer(name: str, family: str, *, h: Callable | None = None, dh
         param_specs=tuple(Param(k, v) for k, v in defaults.items()), user=True)
     _add(spec)
     return spec
+
+
+#: Scores at which :func:`register_normalizer` compares a derivative piece with its function's
+#: central differences: away from 0 and the integers, where ReLU-like pieces have kinks.
+DERIVATIVE_PROBES = (-2.71, -1.37, -0.43, 0.29, 0.61, 1.13, 2.39)
+
+
+def _check_derivative(fn: Callable, dfn: Callable, fn_name: str, dfn_name: str, defaults: dict) -> None:
+    """``ValueError`` when ``dfn`` is not ``fn``'s derivative at :data:`DERIVATIVE_PROBES`
+    (float64 central differences, step 1e-6, rows of 8 entries for an ``n``; relative
+    tolerance 1e-4). Skipped where the pieces cannot be evaluated with their defaults (a
+    parameter without one, an error, a non-finite value): the call then reports it."""
+    if any(value is None for value in defaults.values()):
+        return
+    x = torch.tensor(DERIVATIVE_PROBES, dtype=torch.float64)
+    step = 1e-6
+    count = torch.full_like(x, 8.0)
+    try:
+        with torch.no_grad():
+            slope = (call(fn, x + step, defaults, count) - call(fn, x - step, defaults, count)) / (2 * step)
+            given = call(dfn, x, defaults, count)
+        slope, given = torch.as_tensor(slope, dtype=torch.float64), torch.as_tensor(given, dtype=torch.float64)
+        slope, given = torch.broadcast_tensors(slope, given)
+    except Exception:   # noqa: BLE001 - a piece that cannot run here is reported by the call that runs it
+        return
+    finite = torch.isfinite(slope) & torch.isfinite(given)
+    off = finite & ((given - slope).abs() > 1e-4 * (1 + slope.abs()))
+    if bool(off.any()):
+        i = int(off.nonzero()[0, 0])
+        raise ValueError(f"{dfn_name} is not the derivative of {fn_name}: at x = {DERIVATIVE_PROBES[i]} {dfn_name} "
+                         f"gives {float(given[i]):.6g}, central differences of {fn_name} {float(slope[i]):.6g}")
 
 
 def unregister_normalizer(name: str) -> NormalizerSpec:
