@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import check_int_in_range
+from ._checks import can_branch_on, check_int_in_range
 from ._rows import compute_dtype, nonzero_or_one, prepare_rows
 
 __all__ = ["OnlineSoftmaxState", "three_pass_softmax", "two_pass_softmax", "online_softmax"]
@@ -129,11 +129,12 @@ class OnlineSoftmaxState:
 
 def _rows_or_result(x, dim, mask):
     """The rows to run an algorithm on, or the result when no pass is needed: an empty
-    axis, or visible ``+inf`` entries (whose limit the state gives directly)."""
+    axis, or visible ``+inf`` entries (whose limit the state gives directly; under a transform,
+    where no branch on the values is allowed, the state gives every row)."""
     rows = prepare_rows(x, dim, mask)
     if rows.x.shape[-1] == 0:
         return rows, rows.restore(rows.x.clone())
-    if bool((rows.visible & (rows.x == float("inf"))).any()):
+    if not can_branch_on(rows.x) or bool((rows.visible & (rows.x == float("inf"))).any()):
         return rows, OnlineSoftmaxState.from_block(x, dim, mask).probs(x, dim, mask)
     return rows, None
 
@@ -196,7 +197,7 @@ def two_pass_softmax(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None =
     scaled = torch.where(finite, mantissa * torch.exp2(shift), torch.zeros_like(mantissa))
     total = scaled.sum(-1, keepdim=True)
     p = scaled / nonzero_or_one(total)
-    if bool(big.any()):
+    if not can_branch_on(big) or bool(big.any()):
         p = torch.where(big, _three_pass_rows(z, rows.visible & ~torch.isinf(z)), p)
     return rows.restore(rows.zero_invisible(p))
 

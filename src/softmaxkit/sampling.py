@@ -11,7 +11,7 @@ import torch
 
 from . import functional as F
 from . import topk as _topk
-from ._checks import check_dim, check_floating, check_int_in_range, check_positive
+from ._checks import can_branch_on, check_dim, check_floating, check_int_in_range, check_positive
 from ._rows import compute_dtype
 
 __all__ = ["soften", "gumbel_softmax", "straight_through", "sample"]
@@ -33,7 +33,7 @@ def soften(p: torch.Tensor, T: float | torch.Tensor, dim: int = -1) -> torch.Ten
         dim: the axis normalised.
     """
     check_floating(p, "p")
-    if bool((p < 0).any()) or bool(torch.isnan(p).any()):
+    if can_branch_on(p) and (bool((p < 0).any()) or bool(torch.isnan(p).any())):
         raise ValueError("p must be non-negative (probabilities or unnormalised weights), got a negative or NaN entry")
     check_positive(T, "T", finite=True)
     if isinstance(T, torch.Tensor):

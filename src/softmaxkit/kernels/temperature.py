@@ -23,16 +23,26 @@ class _TimesInfinite(torch.autograd.Function):
     ``g * s`` is 0 where ``g`` is 0 (not ``0 * inf = NaN``: the limit of
     ``(1 / T) p_j (g_j - <p, g>)`` as ``T -> 0`` at a probability ``p_j = e^{-(m - x_j) / T}``
     of 0), elsewhere the float64 product, finite or ``+-inf``. (A float64 ``x`` whose ``1 / T``
-    is inf gets the limit: 0 or ``+-inf``.)"""
+    is inf gets the limit: 0 or ``+-inf``.) Forward mode and ``torch.func`` transforms (the
+    context set apart from the forward, a generated vmap rule) take the same product."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, x, scale):
-        ctx.scale = scale
+    def forward(x, scale):
         return _times_wide(x, scale)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.scale = inputs[1]
 
     @staticmethod
     def backward(ctx, grad):
         return _times_wide(grad, ctx.scale), None
+
+    @staticmethod
+    def jvp(ctx, dx, _dscale):
+        return _times_wide(dx, ctx.scale)
 
 
 def times_inverse_temperature(x: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,14 @@ from __future__ import annotations
 import torch
 
 from .. import registry
-from .._checks import backward_in_torch_ops, check_dim, check_floating, check_number, is_functorch_wrapped
+from .._checks import (
+    backward_in_torch_ops,
+    can_branch_on,
+    check_dim,
+    check_floating,
+    check_number,
+    is_functorch_wrapped,
+)
 from .._rows import compute_dtype
 from ..functional import logsumexp
 from ._reduce import check_reduction, reduce_loss
@@ -89,7 +96,8 @@ def _target_terms(z: torch.Tensor, target: torch.Tensor, alpha: float):
         # errors of entries that sum to 1): a float16 / bfloat16 target is held to its own eps.
         tol = max(1e-5, torch.finfo(target.dtype).eps)
         total = y.sum(-1, keepdim=True, dtype=torch.float64)
-        if not bool(torch.isfinite(y).all()) or bool((y < 0).any()) or bool(((total - 1).abs() > tol).any()):
+        if can_branch_on(y) and (not bool(torch.isfinite(y).all()) or bool((y < 0).any())
+                                 or bool(((total - 1).abs() > tol).any())):
             raise ValueError("target must be finite, non-negative and sum to 1 along the class axis when it "
                              f"is a distribution (within {tol:.3g} for {target.dtype})")
         y = y / total.to(y.dtype)   # on the simplex, so that the loss is >= 0 (up to rounding)
@@ -100,7 +108,7 @@ def _target_terms(z: torch.Tensor, target: torch.Tensor, alpha: float):
     if target.shape != z.shape[:-1]:
         raise ValueError(f"class-index target must have the shape of logits without the class axis "
                          f"{tuple(z.shape[:-1])}, got {tuple(target.shape)}")
-    if bool(((target < 0) | (target >= classes)).any()):
+    if can_branch_on(target) and bool(((target < 0) | (target >= classes)).any()):
         raise ValueError(f"target class indices must be in [0, {classes}), got min {int(target.min())}, "
                          f"max {int(target.max())}")
     index = target.unsqueeze(-1).long()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .._checks import check_dim, check_finite, check_floating, check_nonnegative, check_positive
+from .._checks import can_branch_on, check_dim, check_finite, check_floating, check_nonnegative, check_positive
 from .._rows import compute_dtype
 from ..functional import logsumexp
 from ._reduce import check_reduction, reduce_loss
@@ -59,7 +59,7 @@ def spherical_z_loss(logits: torch.Tensor, target: torch.Tensor, a: float = 1.0,
     if target.shape != o.shape[:-1]:
         raise ValueError(f"target must have the shape of logits without the class axis {tuple(o.shape[:-1])}, "
                          f"got {tuple(target.shape)}")
-    if bool(((target < 0) | (target >= classes)).any()):
+    if can_branch_on(target) and bool(((target < 0) | (target >= classes)).any()):
         raise ValueError(f"target class indices must be in [0, {classes})")
     # z is scale invariant, so each row is first divided by its largest magnitude (a constant to
     # autograd, which leaves z's gradient exact): mu and sigma^2 then neither overflow nor underflow

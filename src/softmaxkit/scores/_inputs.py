@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._checks import check_floating
+from .._checks import can_branch_on, check_floating
 
 
 def check_logits_2d(logits, name: str = "logits") -> torch.Tensor:
@@ -13,7 +13,7 @@ def check_logits_2d(logits, name: str = "logits") -> torch.Tensor:
     check_floating(logits, name)
     if logits.dim() != 2 or logits.shape[0] == 0 or logits.shape[1] == 0:
         raise ValueError(f"{name} must have shape (N, C) with N >= 1 and C >= 1, got {tuple(logits.shape)}")
-    if bool(torch.isnan(logits).any()):
+    if can_branch_on(logits) and bool(torch.isnan(logits).any()):
         raise ValueError(f"{name} must not contain NaN")
     return logits
 
