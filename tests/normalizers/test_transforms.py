@@ -69,3 +69,21 @@ def test_a_bad_parameter_is_still_refused_outside_transforms():
     x, _ = _x_and_masks()
     with pytest.raises(ValueError, match="temperature"):
         sk.softmax(x, temperature=torch.tensor([[1.0], [-1.0], [2.0], [1.0]], dtype=F64))
+
+
+@pytest.mark.parametrize("name, params", [("relu_l1", {}), ("softplus_l1", {}), ("ssmax", {"s": 10.0}),
+                                          ("ssmax", {"s": 0.43, "n": 1e30})])
+def test_rows_whose_sum_or_scaled_scores_overflow_under_vmap_and_compile(name, params):
+    """float32 rows of finite scores whose terms' sum (relu_l1) or whose ``g(x)`` (ssmax)
+    overflows: eager rescales them or recomputes them in float64 after a branch on the
+    values; traced, that fix ran never (all-zero rows, equal weights on two entries), now
+    always."""
+    big = torch.finfo(torch.float32).max
+    x = torch.tensor([[big, big / 2, 1.0, -1.0], [3e38, 2.9e38, 1.0, -1.0]])
+
+    def fn(v):
+        return sk.normalize(v, name, **params)
+
+    want = fn(x)
+    torch.testing.assert_close(torch.func.vmap(fn)(x), want)
+    torch.testing.assert_close(torch.compile(fn, backend="eager")(x), want)

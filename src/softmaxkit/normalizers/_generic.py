@@ -87,9 +87,9 @@ def softmax_of_rows(rows: Rows, form: forms.SoftmaxOf, params: Mapping[str, Any]
         top = forms.score_at_largest(xs, gx, finite)
         gx = forms.slope_grad(form, gx, xs, params, rows.count, lambda _: top)
     p = softmax_rows(torch.where(finite, gx, rows.x), rows.visible)
-    if rows.x.dtype == torch.float32 and can_branch_on(gx):
+    if rows.x.dtype == torch.float32:
         over = (finite & ~torch.isfinite(gx)).any(-1, keepdim=True)
-        if bool(over.any()):   # those rows (only) in float64
+        if not can_branch_on(gx) or bool(over.any()):   # those rows (only) in float64 (traced: always)
             wide = softmax_of_rows(dataclasses.replace(rows, x=rows.x.double()), form, params)
             p = torch.where(over, wide.to(p.dtype), p)
     return p
@@ -100,9 +100,9 @@ def sum_normalized_rows(rows: Rows, form: forms.SumNormalized, params: Mapping[s
     finite, xs = _finite(rows)
     hx = forms.call(form.h, xs, params, rows.count)
     wide = None
-    if rows.x.dtype == torch.float32 and can_branch_on(hx):
+    if rows.x.dtype == torch.float32:
         lost = (finite & ~torch.isfinite(hx)).any(-1, keepdim=True)
-        if bool(lost.any()):
+        if not can_branch_on(hx) or bool(lost.any()):   # (traced: always, no branch on the values)
             # h overflowing float32 at finite scores (a user's relu(x)^3 at 1e13: inf / inf = NaN):
             # those rows in float64; here they are zeroed, so that no inf reaches the gradient
             wide = (lost, sum_normalized_rows(dataclasses.replace(rows, x=rows.x.double()), form, params))
@@ -113,15 +113,14 @@ def sum_normalized_rows(rows: Rows, form: forms.SumNormalized, params: Mapping[s
     total = den.sum(-1, keepdim=True)
     eps = form.epsilon(params)
     p = num / (total + eps)
-    if can_branch_on(total):
-        # finite terms whose sum overflows (relu_l1 of finfo.max scores): every weight would be
-        # 0. Divided by the row's largest term first, the same quotient stays in range.
-        over = torch.isinf(total) & torch.isfinite(den).all(-1, keepdim=True)
-        if bool(over.any()):
-            c = den.detach().amax(-1, keepdim=True)
-            c = torch.where(over & (c > 0), c, torch.ones_like(c))
-            scaled = (num / c) / ((den / c).sum(-1, keepdim=True) + eps / c)
-            p = torch.where(over, scaled, p)
+    # finite terms whose sum overflows (relu_l1 of finfo.max scores): every weight would be
+    # 0. Divided by the row's largest term first, the same quotient stays in range.
+    over = torch.isinf(total) & torch.isfinite(den).all(-1, keepdim=True)
+    if not can_branch_on(total) or bool(over.any()):   # (traced: always)
+        c = den.detach().amax(-1, keepdim=True)
+        c = torch.where(over & (c > 0), c, torch.ones_like(c))
+        scaled = (num / c) / ((den / c).sum(-1, keepdim=True) + eps / c)
+        p = torch.where(over, scaled, p)
     if wide is not None:
         p = torch.where(wide[0], wide[1].to(p.dtype), p)
     return torch.where(limit_rows(rows.x, rows.visible), infinite_limit(rows.x.detach(), rows.visible), p)
