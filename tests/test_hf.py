@@ -1,6 +1,7 @@
 """softmaxkit.hf: every normalizer runs a small random Llama and GPT-2 (no downloads)."""
 
 import ast
+import copy
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,64 @@ def test_swap_on_a_bert_style_model():
             if "softmaxkit_normalizer" in name:
                 p.fill_(2.0)
     assert not torch.allclose(model(input_ids=ids, attention_mask=mask).last_hidden_state, before)
+
+
+def _logits(model, impl, ids, mask=None):
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        return model(ids, attention_mask=mask).logits if mask is not None else model(input_ids=ids).last_hidden_state
+
+
+def test_t5_relative_position_bias_is_added_to_the_scores():
+    """T5's ``position_bias`` (passed as a keyword) was dropped: the logits moved by 0.2."""
+    sk.hf.register()
+    torch.manual_seed(0)
+    model = transformers.T5EncoderModel(transformers.T5Config(vocab_size=32, d_model=16, d_kv=4, d_ff=32,
+                                                              num_layers=1, num_heads=4)).eval()
+    ids = torch.randint(3, 32, (1, 7))
+    torch.testing.assert_close(_logits(model, "softmaxkit_softmax", ids), _logits(model, "eager", ids))
+
+
+def test_gpt_oss_sinks_take_the_softmax_sink_normalizer():
+    """gpt-oss's per-head sink logits (``s_aux``) were dropped; softmax_sink now takes them
+    (equal to eager, left padding too), and another normalizer refuses them."""
+    sk.hf.register()
+    torch.manual_seed(0)
+    cfg = transformers.GptOssConfig(vocab_size=32, hidden_size=16, intermediate_size=16, num_hidden_layers=2,
+                                    num_attention_heads=4, num_key_value_heads=2, head_dim=4, num_local_experts=2,
+                                    num_experts_per_tok=1, sliding_window=4, max_position_embeddings=32,
+                                    layer_types=["sliding_attention", "full_attention"])
+    model = transformers.GptOssForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.sinks.normal_(0, 2)
+    ids = torch.randint(3, 32, (2, 7))
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, :2] = 0
+    got, want = _logits(model, "softmaxkit_softmax_sink", ids, mask), _logits(model, "eager", ids, mask)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1, 2:], want[1, 2:])
+    with pytest.raises(ValueError, match="s_aux"):
+        _logits(model, "softmaxkit_softmax", ids, mask)
+
+
+def test_a_fixed_tensor_parameter_reaches_the_attention():
+    """``swap(model, "softmax", temperature=torch.tensor(0.5))`` (and ``nn.Attention`` with a
+    tensor temperature) kept the tensor as a buffer but never passed it: the logits were
+    those of temperature 1."""
+    torch.manual_seed(0)
+    ids = torch.randint(3, 32, (1, 6))
+    base = _llama()
+    logits = []
+    for temperature in (0.5, torch.tensor(0.5), 1.0):
+        model = copy.deepcopy(base)
+        sk.hf.swap(model, "softmax", temperature=temperature)
+        logits.append(model(ids).logits)
+    torch.testing.assert_close(logits[0], logits[1])
+    assert not torch.allclose(logits[1], logits[2])
+    torch.manual_seed(2)
+    a = sk.nn.Attention(16, 4, "softmax", temperature=0.5)
+    b = sk.nn.Attention(16, 4, "softmax", temperature=torch.tensor(0.5))
+    b.load_state_dict(a.state_dict(), strict=False)
+    x = torch.randn(2, 5, 16)
+    torch.testing.assert_close(a(x), b(x))

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import warnings
 
+import torch
+
 from . import registry
 
 __all__ = ["register", "swap", "implementation_name", "PREFIX"]
@@ -44,10 +46,23 @@ def implementation_name(normalizer: str) -> str:
 def _layer_params(module, name: str, key_length: int) -> dict:
     norm = getattr(module, "softmaxkit_normalizer", None)
     if norm is not None and norm.name == name:
-        params = {**norm.fixed, **norm.learned_values()}
+        params = norm.call_params()
     else:
         params = {}
     return registry.get(name).params_for_length(params, key_length)
+
+
+def _with_position_bias(attention_mask, position_bias):
+    """The additive mask of T5-style relative position biases (``position_bias``, added to the
+    scores before the normalizer, as the models' eager attention adds it) combined with the
+    model's mask: hidden where a bool mask is False, the sum with a float one."""
+    if position_bias is None:
+        return attention_mask
+    if attention_mask is None:
+        return position_bias
+    if attention_mask.dtype == torch.bool:
+        return position_bias.masked_fill(~attention_mask, float("-inf"))
+    return position_bias + attention_mask
 
 
 def _attention_function(name: str):
@@ -64,7 +79,13 @@ def _attention_function(name: str):
         causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
         causal = bool(causal) and attention_mask is None and query.shape[2] > 1
         params = _layer_params(module, name, key.shape[2])
-        out = attention(query, key, value, name, is_causal=causal, attn_mask=attention_mask, scale=scaling, **params)
+        if kwargs.get("s_aux") is not None:   # gpt-oss's per-head sink logits
+            if name != "softmax_sink":
+                raise ValueError(f"{PREFIX}{name} does not support attention sinks (s_aux); "
+                                 f"use {PREFIX}softmax_sink")
+            params["sink"] = kwargs["s_aux"].reshape(1, -1, 1, 1).to(query.dtype)
+        mask = _with_position_bias(attention_mask, kwargs.get("position_bias"))
+        out = attention(query, key, value, name, is_causal=causal, attn_mask=mask, scale=scaling, **params)
         return out.transpose(1, 2).contiguous(), None
 
     softmaxkit_attention_forward.__name__ = f"{PREFIX}{name}_attention_forward"

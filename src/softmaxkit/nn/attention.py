@@ -72,7 +72,7 @@ class Attention(nn.Module):
         k = self._split(self.k_proj(context), self.kv_heads)
         v = self._split(self.v_proj(context), self.kv_heads)
         params = self.normalizer.spec.params_for_length(
-            {**self.normalizer.fixed, **self.normalizer.learned_values()}, k.shape[-2])
+            self.normalizer.call_params(), k.shape[-2])
         out = attention(q, k, v, self.normalizer.name, is_causal=self.is_causal if is_causal is None else is_causal,
                         attn_mask=attn_mask, **params)
         b, _, length, _ = out.shape

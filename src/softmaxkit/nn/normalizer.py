@@ -129,6 +129,12 @@ class Normalizer(nn.Module):
         state["spec"] = registry.get(state["spec"])
         self.__dict__.update(state)
 
+    def call_params(self) -> dict[str, Any]:
+        """Every parameter the functional normalizer takes from this module: the fixed ones
+        (numbers, and tensors held as buffers) and the learnable ones."""
+        return {**self.fixed, **{name: getattr(self, name) for name in self._fixed_tensors},
+                **self.learned_values()}
+
     def learned_values(self) -> dict[str, torch.Tensor]:
         """The learnable parameters in the form the functional normalizer takes."""
         out = {}
@@ -148,8 +154,7 @@ class Normalizer(nn.Module):
         at most the row length, 8 when unset) is adapted here.
         """
         dim = self.dim if dim is None else dim
-        params = {**self.fixed, **{name: getattr(self, name) for name in self._fixed_tensors},
-                  **self.learned_values(), **extra}
+        params = {**self.call_params(), **extra}
         if not isinstance(x, torch.Tensor):
             return registry.normalize(x, self.name, dim=dim, mask=mask, **params)   # (its TypeError names x)
         if x.dim():
