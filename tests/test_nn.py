@@ -155,3 +155,13 @@ def test_an_explicit_performer_projection_is_a_saved_buffer():
     assert not torch.allclose(layer(x), before)
     with pytest.raises(ValueError, match="projection must be"):
         sk.nn.LinearAttention(16, heads=2, method="performer", projection=torch.randn(8, 5))
+
+
+@pytest.mark.parametrize("name", ["softmax", "ssmax", "entmax", "as_entmax", "multimax"])
+def test_modules_build_on_the_meta_device(name):
+    """Deferred initialisation (``torch.device("meta")``): a bounded learnable parameter
+    (entmax's alpha) checked its bounds with ``bool(...)`` and raised on meta tensors."""
+    with torch.device("meta"):
+        layer = sk.nn.Attention(16, 4, name)
+        out = layer(torch.empty(2, 5, 16))
+    assert out.shape == (2, 5, 16) and out.is_meta

@@ -186,8 +186,11 @@ def _linear_function(method: str):
     from the boolean mask (a key is visible when some query sees it). Without autograd
     (generation), each layer keeps a :class:`softmaxkit.linear.LinearAttentionState` in
     ``layer._softmaxkit_linear_state``: a call that continues the sequence it has seen (the
-    cache holds exactly its keys plus the new ones, the last key it saw unchanged) costs
-    ``O(new tokens)``, whatever the cache length; any other call starts a new state.
+    cache holds exactly its keys plus the new ones: the same count, and the same float64 sum
+    of the keys it saw) costs ``O(new tokens)`` of compute plus one read of the cached keys,
+    whatever the cache length; any other call starts a new state. (The last key alone was
+    not enough: two prompts of one length ending in the same token, in a first layer with
+    rotary positions, have the same last key.)
     """
     from .linear import LinearAttentionState, linear_attention
 
@@ -211,12 +214,11 @@ def _linear_function(method: str):
         held = getattr(module, "_softmaxkit_linear_state", None)
         new_mask = None if key_mask is None else key_mask[..., lk - lq:]
         if held is not None:
-            state, last_key = held
+            state, seen_keys = held
             seen = state.position
-            if (seen == lk - lq and seen > 0 and last_key.shape == key[:, :, seen - 1].shape
-                    and torch.equal(last_key, key[:, :, seen - 1])):
+            if seen == lk - lq and seen > 0 and _same_keys(seen_keys, key[:, :, :seen]):
                 out = state.step(query, key[:, :, seen:], value[:, :, seen:], key_mask=new_mask)
-                module._softmaxkit_linear_state = (state, key[:, :, -1].clone())
+                module._softmaxkit_linear_state = (state, _key_sum(key))
                 return out.transpose(1, 2).contiguous(), None
         if lq != lk:   # a cache this layer did not see being filled: recompute, keep no state
             out = linear_attention(query, key, value, method, is_causal=True, attn_mask=key_mask,
@@ -224,11 +226,27 @@ def _linear_function(method: str):
             return out.transpose(1, 2).contiguous(), None
         state = LinearAttentionState(method, scale=scaling, **params)
         out = state.step(query, key, value, key_mask=new_mask)
-        module._softmaxkit_linear_state = (state, key[:, :, -1].clone())
+        module._softmaxkit_linear_state = (state, _key_sum(key))
         return out.transpose(1, 2).contiguous(), None
 
     softmaxkit_linear_attention_forward.__name__ = f"{LINEAR_PREFIX}{method}_attention_forward"
     return softmaxkit_linear_attention_forward
+
+
+def _key_sum(key):
+    """The keys' sum over positions in float64, ``(B, Hkv, D)``: what a layer remembers of the
+    keys its linear-attention state has seen."""
+    return key.double().sum(-2)
+
+
+def _same_keys(seen_sum, keys) -> bool:
+    """Whether ``keys`` (the cache's first positions) are the ones summed in ``seen_sum``: the
+    same shape and float64 sum, to float64 rounding (the sums of one float32 cache, read
+    through views of other strides, may round differently)."""
+    if seen_sum.shape != keys.shape[:2] + keys.shape[3:]:
+        return False
+    now = _key_sum(keys)
+    return bool(((now - seen_sum).abs() <= 1e-12 * (now.abs() + seen_sum.abs()) + 1e-300).all())
 
 
 def _register_linear(attention_interface, mask_interface, sdpa_mask) -> list[str]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._checks import check_bool, check_known_params, check_number
+from ._checks import can_branch_on, check_bool, check_known_params, check_number
 from .forms import (
     FAMILIES,
     Elementwise,
@@ -68,7 +68,7 @@ class Learnable:
         if not self.constrained:
             return value
         low, high = float(self.low), float(self.high)  # type: ignore[arg-type]
-        if not bool(((value > low) & (value < high)).all()):
+        if can_branch_on(value) and not bool(((value > low) & (value < high)).all()):   # (meta: no values)
             raise ValueError(f"a learnable {name} must be strictly between {low} and {high}, got {value.tolist()}")
         u = (value - low) / (high - low)
         return torch.log(u / (1 - u))

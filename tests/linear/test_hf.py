@@ -51,3 +51,19 @@ def test_train_and_decode_through_the_cache(method):
     torch.testing.assert_close(step_logits, full[:, 8:14], rtol=1e-4, atol=1e-4)
     nocache = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, use_cache=False)
     assert torch.equal(nocache, gen.sequences)
+
+
+def test_two_caches_used_in_turn_keep_their_own_states():
+    """Two prompts of one length ending in the same token, decoded in turn through their own
+    caches: the first layer's keys (rotary positions) end alike, and the state of the other
+    prompt was taken (logits 0.13 off). Each step now equals its prompt's full pass."""
+    sk.hf.register()
+    model = _llama("softmaxkit_linear_linear")
+    a, b = torch.tensor([[5, 6, 7, 9]]), torch.tensor([[8, 4, 3, 9]])
+    with torch.no_grad():
+        cache_a, cache_b = transformers.DynamicCache(), transformers.DynamicCache()
+        model(a, past_key_values=cache_a)
+        model(b, past_key_values=cache_b)
+        step = model(torch.tensor([[11]]), past_key_values=cache_a).logits[0, -1]
+        full = model(torch.cat([a, torch.tensor([[11]])], 1), use_cache=False).logits[0, -1]
+    torch.testing.assert_close(step, full, rtol=1e-5, atol=1e-5)

@@ -173,8 +173,8 @@ def _entmax_bisect(z: torch.Tensor, visible: torch.Tensor, u: torch.Tensor) -> t
         tiny_step = (newton - theta).abs() <= tol * torch.where(shifted, theta.abs(), theta.abs().clamp_min(1))
         small_f = f.abs() <= f_tol
         done = ~((lo < mid) & (mid < hi)) | (tiny_step & small_f)
-        if can_branch_on(done) and bool(done.all()):   # (traced, meta: every iteration)
-            break
+        if done.is_meta or (can_branch_on(done) and bool(done.all())):   # (traced: every iteration;
+            break                                                            # meta: shapes after one)
         # A Newton step inside the bracket, unless it stalls or fails to halve |f| (a huge
         # slope for alpha > 2, or a root next to a support entry): then bisection.
         use_newton = ((slope > 0) & (newton > lo) & (newton < hi) & ~tiny_step & (f.abs() <= prev_f / 2))
