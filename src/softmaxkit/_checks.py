@@ -21,7 +21,7 @@ __all__ = [
     "check_floating", "check_dim", "check_positive", "check_at_least", "check_nonnegative",
     "check_int_in_range", "check_number", "check_finite", "check_bool", "check_known_params",
     "check_choice", "check_count", "check_head_shape", "check_in_range", "is_functorch_wrapped", "can_branch_on",
-    "transforms_active",
+    "transforms_active", "under_transform",
     "has_no_data", "backward_in_torch_ops",
 ]
 
@@ -32,6 +32,13 @@ is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor
 
 #: Whether a ``torch.func`` transform is active, whichever tensors it wraps.
 transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
+def under_transform() -> bool:
+    """Whether a ``torch.func`` transform (``grad``, ``vmap``, ``jvp``...) or a forward-mode AD
+    level is active: kernels, autograd Functions without a forward derivative and branches on
+    values step aside for plain differentiable torch ops there."""
+    return transforms_active() or torch.autograd.forward_ad._current_level >= 0
 
 
 def can_branch_on(t: torch.Tensor) -> bool:

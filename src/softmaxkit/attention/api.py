@@ -5,10 +5,9 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.autograd import forward_ad
 
 from .. import registry
-from .._checks import can_branch_on, check_choice, is_functorch_wrapped
+from .._checks import can_branch_on, check_choice, under_transform
 from ..forms import COUNT
 from ..registry import NormalizerSpec
 from .dense import dense_attention
@@ -157,7 +156,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
     if not torch.compiler.is_compiling():  # a reference on a dummy row may branch on data (sparsemax)
         _validate(spec, params, inp)
-    if _gives_a_key_everything(attn_mask) or _under_transform(inp, params):
+    # under torch.func / forward AD every method is the dense reference: the other paths are
+    # autograd Functions and kernels reading data (torch's CPU flash kernel has no jvp)
+    if _gives_a_key_everything(attn_mask) or under_transform():
         return dense_attention(inp, normalizer, params)
     learnable_mask = _learnable_mask(attn_mask)
     plan = sdpa_plan(spec, params, inp) if method in ("auto", "sdpa") else None
@@ -209,20 +210,6 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
                              "use method='auto' or 'dense'")
         return streaming_attention(rule, inp, merged, block_q, block_k)
     return dense_attention(inp, normalizer, params)
-
-
-def _under_transform(inp: AttentionInputs, params: dict) -> bool:
-    """Whether the call runs under a ``torch.func`` transform (``grad``, ``vmap``, ``jvp``,
-    ``jacrev``...: a wrapped tensor among the inputs) or in a forward-mode AD level. Every method
-    then runs the dense reference, plain differentiable PyTorch ops: the other paths are
-    autograd Functions and kernels that read the data (and torch's CPU flash kernel has no
-    forward derivative). Not read while ``torch.compile`` traces (a graph break)."""
-    if torch.compiler.is_compiling():
-        return False
-    if forward_ad._current_level >= 0:
-        return True
-    tensors = (inp.q, inp.k, inp.v, inp.bool_mask, inp.additive_mask, *params.values())
-    return any(isinstance(t, torch.Tensor) and is_functorch_wrapped(t) for t in tensors)
 
 
 def _holds_non_finite(inp: AttentionInputs) -> bool:
@@ -301,7 +288,7 @@ def auto_method(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer
     spec = registry.get(normalizer)
     merged = spec.with_defaults(params)
     inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
-    if _gives_a_key_everything(attn_mask) or _under_transform(inp, params):
+    if _gives_a_key_everything(attn_mask) or under_transform():
         return "dense"
     plan = sdpa_plan(spec, params, inp)
     method = _auto(spec, params, merged, inp, plan)

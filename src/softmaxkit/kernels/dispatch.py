@@ -50,7 +50,7 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad
 
-from .._checks import backward_in_torch_ops, has_no_data, is_functorch_wrapped, transforms_active
+from .._checks import backward_in_torch_ops, has_no_data, is_functorch_wrapped, under_transform
 from . import memory
 from .cpu._intrinsics import CPU_VENDOR, VECTOR_ISA
 from .temperature import times_inverse_temperature
@@ -136,7 +136,7 @@ def _traced(x) -> bool:
     reference (plain PyTorch ops) applies. Also inside a forward-mode AD level
     (``torch.autograd.forward_ad.dual_level``): the kernels' autograd functions have no
     ``jvp`` (they raised, and the fused top-k dropped the tangent), the reference has one."""
-    return (torch.compiler.is_compiling() or forward_ad._current_level >= 0 or transforms_active()
+    return (torch.compiler.is_compiling() or under_transform()
             or (isinstance(x, torch.Tensor) and (is_functorch_wrapped(x) or has_no_data(x))))
 
 

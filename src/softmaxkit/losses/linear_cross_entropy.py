@@ -25,9 +25,15 @@ import itertools
 from dataclasses import dataclass
 
 import torch
-from torch.autograd import forward_ad
 
-from .._checks import backward_in_torch_ops, check_floating, check_in_range, check_int_in_range, is_functorch_wrapped
+from .._checks import (
+    backward_in_torch_ops,
+    check_floating,
+    check_in_range,
+    check_int_in_range,
+    is_functorch_wrapped,
+    under_transform,
+)
 from .._rows import compute_dtype
 from ..algorithms import OnlineSoftmaxState
 from ._reduce import check_reduction
@@ -232,11 +238,6 @@ def _plain_grads(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     grads = (grad_z @ weight.to(cdt) if needs[0] else None, grad_z.T @ hidden.to(cdt) if needs[1] else None,
              grad_z.sum(0) if needs[2] else None)
     return tuple(None if g is None or t is None else g.to(t.dtype) for g, t in zip(grads, (hidden, weight, bias)))
-
-
-def _transformed() -> bool:
-    """Whether a ``torch.func`` transform (grad, vmap, jvp...) or forward-mode AD is active."""
-    return torch._C._are_functorch_transforms_active() or forward_ad._current_level >= 0
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -448,6 +449,6 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                    z_penalty=z_penalty, reduction=reduction, chunk_size=chunk_size,
                    vocab_block=vocab_block, fused=wants_grad and reduction != "none")
     batch_shape = target.shape
-    run = _plain_loss if _transformed() else _LinearCrossEntropy.apply
+    run = _plain_loss if under_transform() else _LinearCrossEntropy.apply
     loss = run(hidden.reshape(-1, hidden.shape[-1]), weight, bias, target.reshape(-1), setup)
     return loss.reshape(batch_shape) if reduction == "none" else loss

@@ -10,9 +10,8 @@ with one matrix product, so the largest temporary is
 from __future__ import annotations
 
 import torch
-from torch.autograd import forward_ad
 
-from .._checks import can_branch_on, check_int_in_range, is_functorch_wrapped
+from .._checks import can_branch_on, check_int_in_range, is_functorch_wrapped, under_transform
 from .._rows import compute_dtype
 
 #: Default bound on the similarity block of one chunk, in bytes.
@@ -132,7 +131,7 @@ def _plain(Q, D, weights, d_mask) -> bool:
     and in-place ops (they have no forward derivative and no batching rule)."""
     if torch.is_grad_enabled() and (Q.requires_grad or D.requires_grad):
         return False
-    if forward_ad._current_level >= 0:
+    if under_transform():
         return False
     return not any(t is not None and is_functorch_wrapped(t) for t in (Q, D, weights, d_mask))
 
