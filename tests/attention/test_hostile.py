@@ -442,8 +442,7 @@ def test_sa_softmax_output_on_a_row_of_finfo_min_fills_is_the_dense_one(method, 
     the output ``fill * mean(v)`` is finite, but the fused kernels summed ``x e`` against the
     values before dividing by ``n`` and the streaming rule summed ``x e v`` (n fills times v:
     inf, and NaN in float32; hostile audit, 2026-12-02). Both now divide first; the streaming
-    rule sums ``(x - c) e v`` and adds ``c`` times the mean of v. (Its gradients overflow by
-    definition there: forward only.)"""
+    rule sums ``(x - c) e v`` and adds ``c`` times the mean of v. (The gradients: the next test.)"""
     gen = torch.Generator().manual_seed(4)
     q, k, v = (torch.randn(1, 2, 16, 8, generator=gen, dtype=dtype) for _ in range(3))
     fill = torch.finfo(dtype).min
@@ -455,6 +454,25 @@ def test_sa_softmax_output_on_a_row_of_finfo_min_fills_is_the_dense_one(method, 
         want = sk.attention(q, k, v, "sa_softmax", attn_mask=mask, method="dense")
     assert torch.isfinite(want).all() and torch.isfinite(out).all()
     torch.testing.assert_close(out, want, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("method", ["fused", "streaming"])
+def test_sa_softmax_gradients_on_a_row_of_finfo_min_fills_are_the_dense_ones(method, dtype):
+    """The gradients of that row are near finfo.max but finite (the dense reference scales the
+    gradient per row). The fused kernel's backward summed ``w e dp`` with ``w(x) = x`` at the
+    fills (``inf - inf``: NaN in every q and k gradient), and both paths formed ``dS k`` before
+    the scale (inf where ``dS k scale`` is finite; hostile audit, 2026-12-04)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 16, 8, generator=gen, dtype=dtype).requires_grad_() for _ in range(3))
+    mask = torch.zeros(16, 16, dtype=dtype)
+    mask[3] = torch.finfo(dtype).min
+    want = _out_and_grads(q, k, v, "sa_softmax", "dense", attn_mask=mask)
+    assert all(torch.isfinite(g).all() for g in want[1])
+    got = _out_and_grads(q, k, v, "sa_softmax", method, attn_mask=mask)
+    tol = 1e-4 if dtype == torch.float32 else 1e-10
+    for g, r in zip(got[1], want[1]):
+        torch.testing.assert_close(g, r, rtol=tol, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

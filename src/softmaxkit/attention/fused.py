@@ -692,8 +692,10 @@ class _FusedAttention(torch.autograd.Function):
                     with torch.no_grad():
                         ds.mul_(forms.call(dpiece, raw, params, blk.count))
             with torch.no_grad():
-                dq[sl[0], sl[1], blk.r0:blk.r1].add_(torch.matmul(ds, kb), alpha=factor)
-                dk[sl[0], sl[1], :blk.c].add_(torch.matmul(ds.transpose(-1, -2), qb), alpha=factor)
+                # the scale on the small operand, before the product: dS k alone can overflow
+                # where dS k scale does not (SA-Softmax's gradients near finfo.max)
+                dq[sl[0], sl[1], blk.r0:blk.r1] += torch.matmul(ds, kb * factor)
+                dk[sl[0], sl[1], :blk.c] += torch.matmul(ds.transpose(-1, -2), qb * factor)
             if dpar is not None:
                 for name, g in zip(wanted, dpar):
                     if g is not None:

@@ -257,8 +257,9 @@ def _backward_rows(plan: Plan, q, k, v, r0, r1, params: dict, saved, dout, dq, d
             grads = _grads(outs, [x, vb] + [diff[n] for n in names], gouts)
             dx = grads[0]
             if dx is not None:
-                kb = k[:, :, t.c0:t.c1]
-                dqs += torch.matmul(dx, kb)
+                # the scale on k before the product: dS k alone can overflow where dS k scale
+                # does not (SA-Softmax's gradients near finfo.max)
+                dqs += torch.matmul(dx, k[:, :, t.c0:t.c1] * inp.scale)
                 dk[:, :, t.c0:t.c1] += torch.matmul(dx.transpose(-1, -2), qs)
             if grads[1] is not None:
                 dv[:, :, t.c0:t.c1] += grads[1]
@@ -279,7 +280,7 @@ def _backward_rows(plan: Plan, q, k, v, r0, r1, params: dict, saved, dout, dq, d
                     _add(acc, n, g)
             else:
                 g_sums = {}
-    dq[:, :, r0:r1] += dqs * inp.scale
+    dq[:, :, r0:r1] += dqs
     for name, g in acc.items():
         if name.startswith("param:"):
             _add(dparams, name.split(":", 1)[1], g)

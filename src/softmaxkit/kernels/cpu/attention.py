@@ -59,6 +59,8 @@ per piece set and dtype (about a second; the pieces themselves are cached), befo
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from numba import njit, prange
 
@@ -318,18 +320,36 @@ _FAST_UNFUSED = _FAST - {"contract", "reassoc"}
 
 
 @njit(fastmath=_FAST, cache=False, error_model="numpy", inline="never")
-def _factor_sums(row, raw, drow, hid, g, w, n, hp, m, total, lowest):
+def _factor_sums(row, raw, drow, hid, g, w, n, hp, m, total, lowest, shrink):
     """Writes ``e = e^{g(x) - m}`` (0 where hidden) over ``row``; returns ``(total + sum e,
-    sum e w(x) dp)`` (``raw``: the scores)."""
+    sum e w(x) shrink dp, max |w(x)|)`` (``raw``: the scores; ``shrink``: a power of two, see
+    :func:`_factor_unit`; the maximum over the entries with a weight)."""
     zero = cast_like(0.0, m)
     weighted = zero
+    top = zero
     for j in range(row.shape[0]):
         e = exp_nonpositive_fast(_g_held(g, raw[j], n, hp, lowest) - m)
         e = zero if hid[j] else e
         total += e
         row[j] = e
-        weighted += e * w(raw[j], n, hp) * drow[j] if e != zero else zero
-    return total, weighted
+        wx = w(raw[j], n, hp)
+        top = fmax(top, abs(wx) if e != zero else zero)
+        weighted += e * (wx * shrink) * drow[j] if e != zero else zero
+    return total, weighted, top
+
+
+@njit(cache=False, error_model="numpy", inline="always")
+def _factor_unit(top, lowest):
+    """A power of two ``u``: ``2^-B`` times the largest ``|w(x)|`` of a row, ``top``, with ``B`` a
+    quarter of the dtype's exponent range, and at least 1. The backward sums ``w / u``, which
+    neither overflows nor leaves the normal range, and multiplies the result by ``u``
+    (SA-Softmax's ``w(x) = x`` on a row of finfo.min fills: ``sum e w dp`` overflowed to
+    ``inf - inf``, NaN, where the gradient itself is finite), as the dense reference scales
+    its gradient per row."""
+    quarter = math.frexp(lowest)[1] // 4
+    if not top <= -lowest:   # (an infinite factor: the +inf limit, which takes no gradient)
+        return cast_like(1.0, lowest)
+    return cast_like(math.ldexp(1.0, max(math.frexp(float(top))[1] - quarter, 0)), lowest)
 
 
 @parallel_njit(fastmath=_FAST_UNFUSED, cache=False, error_model="numpy")
@@ -366,8 +386,14 @@ def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
             continue
         raw = row.copy()   # the row then holds e^{g - m}; w, g' and w' are taken at the raw scores
         total = exp_nonpositive_fast(extra - m) if extra > ninf else zero
-        total, weighted = _factor_sums(row, raw, drow, hid, g, w, n, hp, m, total, lowest)
-        inv = cast_like(1.0, m) / total
+        unit = one = cast_like(1.0, m)
+        summed, weighted, top = _factor_sums(row, raw, drow, hid, g, w, n, hp, m, total, lowest, one)
+        unit = _factor_unit(top, lowest)
+        if unit != one:   # w e dp may overflow: the sums again, of w / unit
+            summed, weighted, top = _factor_sums(row, raw, drow, hid, g, w, n, hp, m, total, lowest, one / unit)
+        total = summed
+        shrink = one / unit
+        inv = one / total
         d0 = weighted * inv
         # selects only (every value computed, then chosen): the if/else per entry kept this loop
         # scalar (SA-Softmax's backward row kernel 5x its forward)
@@ -377,7 +403,7 @@ def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
             wx = w(x, n, hp)
             d = drow[j]
             held = _g_and_held(g, x, n, hp, lowest)[1]
-            ds = q * (dg(x, n, hp) * (wx * d - d0) + dw(x, n, hp) * d)
+            ds = q * (dg(x, n, hp) * ((wx * shrink) * d - d0) + (dw(x, n, hp) * shrink) * d) * unit
             ds = zero if held else ds
             row[j] = wx * q if q != zero else zero
             drow[j] = ds if q != zero else zero
