@@ -433,11 +433,14 @@ class ThresholdRule(StreamRule):
     ``[u m - 1, u m - n^{-u}]`` (``m`` the row maximum of ``z``: the largest weight is
     between ``1/n`` and 1), and each pass over the keys evaluates ``sum_j p_j(tau) - 1`` at
     :attr:`CANDIDATES` points of the bracket at once, until the bracket is at machine
-    precision. Then pass 0 sums ``s_j = p_j^{2 - alpha}`` (the support's weights) and
-    ``s_j z_j``, and pass 1 sums ``p_j v_j``. For the gradient, ``tau`` enters pass 1 as
-    ``tau_0 + u (sum_j s_j z_j - \text{its value}) / sum_j s_j``, the implicit derivative
-    of ``sum_j p_j = 1``, which gives the entmax Jacobian of Peters, Niculae & Martins
-    (2019), arXiv 1905.05702.
+    precision; one more pass refines it (a Newton step; sparsemax's closed form
+    ``(sum_S z - 1) / |S|`` on the support). The support is ``{j: p_j > 0}`` at that
+    threshold, as the dense and fused paths take it: an entry exactly at the threshold is
+    outside it. Then pass 0 sums ``s_j = p_j^{2 - alpha}`` (the support's weights) and
+    ``s_j z_j``, and pass 1 sums ``p_j v_j``, both at the same threshold and so on the same
+    support. For the gradient, ``tau`` enters pass 1 as ``tau_0 + u (sum_j s_j z_j -
+    \text{its value}) / sum_j s_j``, the implicit derivative of ``sum_j p_j = 1``, which
+    gives the entmax Jacobian of Peters, Niculae & Martins (2019), arXiv 1905.05702.
     """
 
     passes = 2
@@ -454,10 +457,30 @@ class ThresholdRule(StreamRule):
     def z(self, p, x, st):
         return call(self.form.g, x, st["params"], st.get("n"))
 
+    def _base(self, z, tau, visible):
+        """``(u z - tau)`` on the support (visible and ``> 0``), 0 elsewhere, and the support.
+
+        Hidden entries are 0 before any power: relative to a row maximum of huge negative
+        scores a hidden entry's ``u z - tau`` is huge, its ``1/u``-th power overflows, and the
+        backward of the zeroing (0 times an infinite derivative) was NaN. An entry exactly at
+        the threshold is off the support and passes no gradient (a clamp passes it there)."""
+        base = self.u * z - tau
+        support = base > 0
+        if visible is not None:
+            support = support & visible
+        return torch.where(support, base, torch.zeros((), dtype=base.dtype, device=base.device)), support
+
     def _weights(self, z, tau, visible):
-        base = (self.u * z - tau).clamp_min(0.0)
-        p = base if self.u == 1.0 else base ** (1.0 / self.u)
-        return keep_visible(p, visible), base
+        base, support = self._base(z, tau, visible)
+        return (base if self.u == 1.0 else base ** (1.0 / self.u)), base, support
+
+    def _slopes(self, base, support):
+        """``s = p^{2 - alpha} = base^{1/u - 1}`` on the support, 0 elsewhere (no gradient)."""
+        base = base.detach()
+        if self.u == 1.0:
+            return support.to(base.dtype)
+        s = torch.where(support, base, torch.ones_like(base)) ** (1.0 / self.u - 1.0)
+        return torch.where(support, s, torch.zeros_like(s))
 
     def search(self, reduce, st: dict) -> dict:
         """``tau`` per query row, by bracketing over passes (``reduce(fn, how)`` runs ``fn`` over the key tiles).
@@ -494,31 +517,48 @@ class ThresholdRule(StreamRule):
             hi_new = torch.where(below_count < self.CANDIDATES,
                                  taus.gather(-1, below_count.clamp_max(self.CANDIDATES - 1)), hi)
             lo, hi = lo_new, hi_new
-        return {"tau0": torch.where(empty, torch.zeros_like(lo), (lo + hi) / 2), "shift": m}
+        tau = torch.where(empty, torch.zeros_like(lo), (lo + hi) / 2)
+
+        # one more pass: sum_j p_j, sum_j s_j and sum_S z on the support at the bracketed tau
+        def support_sums(z, visible, tau=tau):
+            zr = z - m
+            weights, base, support = self._weights(zr, tau, visible)
+            s = self._slopes(base, support)
+            on_z = torch.where(support, zr, torch.zeros_like(zr))
+            return torch.cat([weights.sum(-1, keepdim=True), s.sum(-1, keepdim=True),
+                              on_z.sum(-1, keepdim=True)], -1)
+
+        sums = reduce(support_sums, "sum")
+        mass, slope, on_z = sums[..., 0:1], sums[..., 1:2], sums[..., 2:3]
+        found = slope > 0
+        safe = torch.where(found, slope, torch.ones_like(slope))
+        if self.u == 1.0:
+            # sparsemax: tau = (sum_S z - 1) / |S|, as the dense path computes it; exact at ties
+            # (an entry at the threshold, in or out of S, gives the same tau)
+            refined = (on_z - 1.0) / safe
+        else:
+            # a Newton step on sum_j p_j(tau) = 1 (slope -sum_j s_j / u): the bracket pins tau to
+            # about eps, the step squares the error
+            refined = tau + self.u * (mass - 1.0) / safe
+        tau = torch.where(found & ~empty & torch.isfinite(refined), refined, tau)
+        return {"tau0": tau, "shift": m}
 
     def terms(self, p, z, visible, st):
         z = z - st["shift"]
         if p == 0:
-            _, base = self._weights(z, st["tau0"], visible)
-            support = base > 0
-            s = torch.where(support, base, torch.ones_like(base))
-            s = torch.ones_like(s) if self.u == 1.0 else s ** (1.0 / self.u - 1.0)
-            s = keep_visible(torch.where(support, s, torch.zeros_like(s)), visible)
-            weights = keep_visible(base if self.u == 1.0 else base ** (1.0 / self.u), visible)
+            base, support = self._base(z, st["tau0"], visible)
+            s = self._slopes(base, support)
             # off the support s is 0 and z may be -inf (a finfo.min mask fill times a scale > 1)
-            lin = torch.where(support, s.detach() * z, torch.zeros_like(z))
-            return {"lin": lin, "S": s.detach(), "P": weights.detach()}
-        weights, _ = self._weights(z, st["tau"], visible)
+            lin = torch.where(support, s * z, torch.zeros_like(z))
+            return {"lin": lin, "S": s}
+        weights, _, _ = self._weights(z, st["tau"], visible)
         return {"num": weights}
 
     def stats(self, p, sums, st):
+        # tau0 is the refined threshold (a value); the term added carries its gradient, the
+        # implicit derivative of sum_j p_j = 1 on the support (its value is 0)
         lin, s_total = sums["lin"], sums["S"]
-        # one Newton step on sum_j p_j(tau) = 1 from the bracketed tau0 (slope -sum_j s_j / u): the
-        # bracket pins tau to about eps; sparsemax's step is exact, entmax's squares the error.
-        # A value, no gradient.
-        step = self.u * safe_div(sums["P"].detach() - 1.0, s_total.detach())
-        step = torch.where(s_total.detach() > 0, step, torch.zeros_like(step))
-        return {"tau": st["tau0"] + step + self.u * safe_div(lin - lin.detach(), s_total)}
+        return {"tau": st["tau0"] + self.u * safe_div(lin - lin.detach(), s_total)}
 
     def output(self, sums, st):
         return sums["num"]

@@ -327,3 +327,68 @@ def test_finfo_min_mask_fill_is_finite_and_matches_dense(name, case):
         compared = 1 if case != "one visible key" and name == "as_entmax" else 4
         for got, want in zip(results[method][:compared], results["dense"]):
             torch.testing.assert_close(got, want, atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("dtype,fill", [(torch.float32, -1e9), (torch.float64, -1e150), (torch.float64, "min")])
+@pytest.mark.parametrize("name,params", [("entmax", {"alpha": 1.1}), ("entmax", {"alpha": 1.3}),
+                                         ("as_entmax", {"alpha": 1.3})])
+def test_threshold_rule_gradient_is_finite_next_to_hidden_keys_when_visible_scores_are_huge(name, params, dtype, fill):
+    """A row whose visible scores are all huge and negative (a mask fill), beside hidden keys
+    (causal, ``-inf`` or bool mask): relative to that row's maximum a hidden entry's ``u z - tau``
+    is huge, its ``1/u``-th power (alpha = 1.1: the 10th) overflowed, and the backward of the
+    zeroing of hidden entries, 0 times an infinite derivative, made dq and dk NaN."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, lq, 5, generator=gen, dtype=torch.float64).to(dtype) for lq in (4, 6, 6))
+    value = torch.finfo(dtype).min if fill == "min" else fill
+    mask = torch.zeros(1, 1, 4, 6, dtype=dtype)
+    mask[..., 0, :] = value
+    mask[..., 1, 1] = float("-inf")
+    mask[..., 2, :2] = value
+    results = []
+    for method in ("dense", "streaming"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = sk.attention(*leaves, name, is_causal=True, attn_mask=mask, method=method, block_size=(2, 4), **params)
+        weight = torch.linspace(-1, 2, out.numel(), dtype=dtype).reshape(out.shape)
+        results.append([out] + list(torch.autograd.grad((out * weight).sum(), leaves)))
+    assert all(bool(torch.isfinite(t).all()) for t in results[1])
+    # (as_entmax's scaled finfo.min fills saturate at the dtype's range, where their gradient is
+    # 0: only its output follows the dense path's there)
+    compared = 1 if name == "as_entmax" and fill == "min" else 4
+    for got, want in zip(results[1][:compared], results[0]):
+        torch.testing.assert_close(got, want, atol=1e-5 if dtype == torch.float32 else 1e-10, rtol=1e-4)
+
+
+def test_threshold_rule_gradient_of_a_score_exactly_at_the_threshold():
+    """Sparsemax of scores (2, 1, 0): the threshold is 1, so the second weight is exactly 0 and,
+    as on the dense and fused paths, outside the support: the row's one supported weight is 1
+    and every gradient in k is 0. The streaming backward passed the clamp's gradient at 0 there
+    (and its support sums came from an unrefined threshold): dk was (-1, 1, 0)."""
+    q = torch.ones(1, 1, 1, 1, dtype=torch.float64)
+    k = torch.tensor([2.0, 1.0, 0.0], dtype=torch.float64).reshape(1, 1, 3, 1).requires_grad_()
+    v = torch.tensor([0.0, 1.0, 4.0], dtype=torch.float64).reshape(1, 1, 3, 1)
+    for name, params in (("sparsemax", {}), ("entmax", {"alpha": 2.0})):
+        k.grad = None
+        out = sk.attention(q, k, v, name, scale=1.0, method="streaming", **params)
+        out.sum().backward()
+        assert out.item() == 0.0
+        torch.testing.assert_close(k.grad.flatten(), torch.zeros(3, dtype=torch.float64), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name,params", [("sparsemax", {}), ("entmax", {"alpha": 2.0}), ("entmax15", {})])
+def test_threshold_rule_matches_dense_on_integer_scores_with_ties(name, params, dtype):
+    """Integer scores put entries exactly at the threshold in many rows (sparsemax's support is
+    decided by equalities there); the dense path leaves them out (``p > 0``), and the streaming
+    one must take the same support in its forward sums and its backward (errors of 21 on
+    gradients of size 14 before)."""
+    gen = torch.Generator().manual_seed(11)
+    q, k = (torch.randint(-2, 3, (2, 2, n, 3), generator=gen).to(dtype) for n in (9, 11))
+    v = torch.randn(2, 2, 11, 4, generator=gen, dtype=torch.float64).to(dtype)
+    results = []
+    for method in ("dense", "streaming"):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = sk.attention(*leaves, name, is_causal=True, scale=1.0, method=method, block_size=(4, 3), **params)
+        weight = torch.linspace(-1, 2, out.numel(), dtype=dtype).reshape(out.shape)
+        results.append([out] + list(torch.autograd.grad((out * weight).sum(), leaves)))
+    for got, want in zip(results[1], results[0]):
+        torch.testing.assert_close(got, want, atol=1e-5 if dtype == torch.float32 else 1e-10, rtol=1e-5)
