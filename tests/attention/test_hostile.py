@@ -699,3 +699,26 @@ def test_a_row_of_finfo_min_fills_has_the_dense_gradient(name, method, dtype):
         pytest.skip("the dense reference itself is not finite here")
     tol = 1e-4 if dtype == torch.float32 else 1e-9
     _same(got, want, tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize(("method", "backend"), [("auto", "numba"), ("fused", "auto")])
+def test_stablemax_rows_of_finfo_min_fills_have_the_dense_output_and_gradients(method, backend, dtype):
+    """StableMax on query rows whose every visible key is a ``finfo.min`` fill (Hugging Face left
+    padding under a causal mask): the fused kernels computed ``w / sum w`` without the row's
+    maximum, with ``w = 1 / (1 - x) = 1 / finfo.max`` subnormal there, so ``1 / sum w`` overflowed
+    and the q and k gradients were NaN where the dense path has 0 (2026-12-04). Such rows now go
+    through ``g`` and the row's maximum, as the reference computes them."""
+    gen = torch.Generator().manual_seed(3)
+    length = 136
+    q, k, v = (torch.randn(1, 2, length, 8, generator=gen, dtype=dtype).requires_grad_() for _ in range(3))
+    mask = torch.zeros(length, length, dtype=dtype)
+    mask[:, 0] = torch.finfo(dtype).min   # row 0 sees only the fill
+    mask[5, :6] = torch.finfo(dtype).min  # every key row 5 sees is a fill
+    mask[9, :3] = torch.finfo(dtype).min  # fills next to ordinary scores
+    with sk.use_backend(backend):
+        assert auto_method(q, k, v, "stablemax", True, mask) == "fused" or method == "fused"
+        got = _out_and_grads(q, k, v, "stablemax", method, is_causal=True, attn_mask=mask)
+    want = _out_and_grads(q, k, v, "stablemax", "dense", is_causal=True, attn_mask=mask)
+    assert all(torch.isfinite(t).all() for t in (want[0], *want[1]))
+    _same(got, want, 1e-5 if dtype == torch.float32 else 1e-10)

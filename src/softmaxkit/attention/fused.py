@@ -18,7 +18,10 @@ mapped, reduced and rewritten while it stays in L1, instead of one pass over the
 torch operation (L=4096, H=4, D=64, causal, 2 threads, loaded machine: ssmax forward 1.85x
 -> 1.32x SDPA, forward+backward 1.78x -> 1.27x; stablemax 5.6x -> 1.1x). Tiles are then
 :data:`ROW_KERNEL_TILE_ELEMENTS` large (all heads of a query block in one GEMM). Other
-normalizers, devices, dtypes and traced calls keep the torch operations below.
+normalizers, devices, dtypes and traced calls keep the torch operations below. A ``weight``
+piece (``p = w / sum w`` without the row's maximum: StableMax) underflows on a row of
+``finfo.min`` mask fills; such rows are redone through ``g`` and the maximum
+(:func:`_shifted_rows_forward`).
 
 The backward pass recomputes the tile (FlashAttention, Dao et al. 2022, arXiv
 2205.14135) and applies the closed-form gradient of the normalizer's family, read from its
@@ -892,9 +895,69 @@ def _tile_forward(plan: _Plan, s: torch.Tensor, blk: _Block, params: dict):
     elif pieces.weight is not None and pieces.sink is no_sink:
         # softmax through w = e^g is w / sum w: the sum-normalized kernel with eps = 0
         _run_kernel(rows.sum_normalized_forward, *args, pieces.row, pieces.weight, _scalar(0.0, s))
+        _shifted_rows_forward(plan, s, den, blk, args[2:])
     else:
         _run_kernel(rows.softmax_of_forward, *args, pieces.row, pieces.fn, pieces.sink)
     return s, den
+
+
+def weight_floor(dtype: torch.dtype) -> float:
+    """The smallest row sum ``sum w`` the weight kernels (``p = w / sum w`` without the row's
+    maximum) are trusted with: ``sqrt(finfo.tiny)``. Below it the weights are subnormal or 0
+    (StableMax's ``1 / (1 - x)`` at a ``finfo.min`` mask fill is ``1 / finfo.max``), ``1 / sum w``
+    overflows, and products with the values and gradients lose their digits."""
+    return float(torch.finfo(dtype).tiny) ** 0.5
+
+
+def _meta_rows(meta: tuple, idx: np.ndarray) -> tuple:
+    """The row kernels' ``(lim, hidden, cnt, par, rows_per_head, check_nan)`` of rows ``idx`` of a
+    tile, as a tile of their own (one row per head)."""
+    lim, hidden, cnt, par, rows_per_head, check_nan = meta
+    sub_hidden = hidden[idx] if hidden.shape[0] > 0 else hidden
+    return lim[idx], sub_hidden, cnt[idx], np.ascontiguousarray(par[idx // rows_per_head]), 1, check_nan
+
+
+def _score_rows(plan: _Plan, blk: _Block, shape, idx: np.ndarray) -> torch.Tensor:
+    """The raw scores of rows ``idx`` of the block's tile (``(rows, keys)``, as :func:`_scores`
+    writes them: hidden entries 0), recomputed from q and k."""
+    nb, nh, rows, c = shape
+    at = torch.from_numpy(idx)
+    b, h, i = at // (nh * rows), at // rows % nh, at % rows
+    inp = plan.inp
+    q = inp.q[blk.b0:blk.b1, blk.h0:blk.h1, blk.r0:blk.r1][b, h, i]
+    k = inp.k[blk.b0:blk.b1, blk.h0:blk.h1, :c][b, h]
+    s = torch.matmul(k, (q * (inp.scale * (plan.linear or 1.0))).unsqueeze(-1)).squeeze(-1)
+    if blk.additive is not None:
+        s.add_(blk.additive.expand(shape)[b, h, i], alpha=1.0 if plan.linear is None else plan.linear)
+        if plan.linear is not None and plan.linear > 1.0:
+            s.clamp_(min=torch.finfo(s.dtype).min)
+        assert blk.hidden is not None
+        s.masked_fill_(blk.hidden.expand(shape)[b, h, i], 0.0)
+    return s.contiguous()
+
+
+def _shifted_rows_forward(plan: _Plan, s: torch.Tensor, den: torch.Tensor, blk: _Block, meta: tuple) -> None:
+    """Redo, through ``g`` and the row's maximum (the ``softmax_of`` kernel, as the reference
+    computes it), the rows of a tile that the weight kernel left with ``sum w`` below
+    :func:`weight_floor` (every visible score a ``finfo.min`` mask fill: left padding), and keep
+    them in ``blk.stats["shifted"]`` for the backward pass, which does the same. Without the
+    maximum, ``w / sum w`` of such a row is subnormal over subnormal: imprecise outputs, and
+    ``1 / sum w = inf`` made its q and k gradients NaN where the dense path has 0."""
+    from ..kernels.cpu import attention as rows
+
+    low = den.view(-1) < weight_floor(s.dtype)
+    if not bool(low.any()):
+        return
+    idx = low.nonzero().view(-1).numpy()
+    sub = _score_rows(plan, blk, s.shape, idx)
+    sub_den = sub.new_empty(sub.shape[0])
+    pieces = plan.tiles
+    _run_kernel(rows.softmax_of_forward, sub.numpy(), sub_den.numpy(), *_meta_rows(meta, idx), pieces.row,
+                pieces.fn, pieces.sink)
+    at = torch.from_numpy(idx)
+    s.view(-1, s.shape[-1])[at] = sub
+    den.view(-1)[at] = sub_den
+    blk.stats["shifted"] = idx
 
 
 def _scalar(value: float, like: torch.Tensor):
@@ -931,7 +994,14 @@ def _tile_backward(plan: _Plan, s: torch.Tensor, dp: torch.Tensor, blk: _Block, 
             _run_kernel(rows.factor_backward, arr, dpa, dd, *rest, pieces.row, pieces.fn, pieces.dfn, pieces.sink,
                         pieces.factor, pieces.dfactor)
         elif pieces.weight is not None and pieces.sink is no_sink:
+            shifted = blk.stats.get("shifted")   # rows whose weights underflowed (_shifted_rows_forward)
+            if shifted is not None:
+                sub, dsub = arr[shifted], dpa[shifted]   # (copies)
             _run_kernel(rows.weighted_backward, arr, dpa, dd, *rest, pieces.row, pieces.weight, pieces.dfn, apply_d)
+            if shifted is not None:
+                _run_kernel(rows.softmax_of_backward, sub, dsub, dd[shifted], *_meta_rows(rest, shifted),
+                            pieces.row, pieces.fn, pieces.dfn, pieces.sink, apply_d)
+                arr[shifted], dpa[shifted] = sub, dsub
         else:
             _run_kernel(rows.softmax_of_backward, arr, dpa, dd, *rest, pieces.row, pieces.fn, pieces.dfn,
                         pieces.sink, apply_d)

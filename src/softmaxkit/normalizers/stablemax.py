@@ -82,7 +82,10 @@ def _triton_pieces():
 @functools.cache
 def _numba_pieces():
     """``g = sign(x) log(1 + |x|)``, ``dg = 1 / (1 + |x|)`` and ``e^g = s(x)`` (the rational map,
-    which never overflows: the kernels skip the maximum) for the CPU fused attention."""
+    which never overflows: the kernels skip the maximum) for the CPU fused attention. ``s`` does
+    underflow, to ``1 / finfo.max`` (subnormal) at a ``finfo.min`` mask fill: a row of such
+    fills only (left padding) has ``1 / sum s = inf``, and the fused path takes those rows through
+    ``g`` and the row's maximum instead, as the reference does (see ``NumbaPieces.weight``)."""
     import math
 
     from numba import njit

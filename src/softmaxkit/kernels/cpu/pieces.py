@@ -14,7 +14,10 @@ visible-key count of the row (or the parameter ``n``), so that what depends only
 constants with :func:`~softmaxkit.kernels.cpu._intrinsics.cast_like` so that float32 stays
 float32. ``weight(x, a, par)`` (``softmax_of`` only, optional) is
 ``e^{g(x)}`` where it is cheaper than ``g`` and cannot overflow for finite scores; the kernels
-then compute ``p = w / sum w`` without a maximum.
+then compute ``p = w / sum w`` without a maximum. It may underflow (StableMax's ``1 / (1 - x)`` is
+``1 / finfo.max``, subnormal, at a ``finfo.min`` mask fill): the fused path redoes the rows whose
+``sum w`` falls below :func:`softmaxkit.attention.fused.weight_floor` through ``fn`` and the row's
+maximum (the ``softmax_of`` kernels), forward and backward, so ``fn``/``dfn`` must be exact there too.
 
 Optional extras, for normalizers that are not exactly one of the four forms and stream through
 their own rule (``NormalizerSpec.stream``) but whose rows the kernels can still compute exactly:
