@@ -722,3 +722,12 @@ def test_stablemax_rows_of_finfo_min_fills_have_the_dense_output_and_gradients(m
     want = _out_and_grads(q, k, v, "stablemax", "dense", is_causal=True, attn_mask=mask)
     assert all(torch.isfinite(t).all() for t in (want[0], *want[1]))
     _same(got, want, 1e-5 if dtype == torch.float32 else 1e-10)
+
+
+@pytest.mark.parametrize("k", [2, 3])
+def test_sparse_softmax_k_range_names_the_real_row_length_of_one_key(k):
+    """With one key the check ran on a dummy row of two: k = 3 was refused as "between 1 and 2"
+    (hostile audit, 2026-12-04)."""
+    q, kk, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 4)
+    with pytest.raises(ValueError, match="between 1 and 1"):
+        sk.attention(q, kk, v, "sparse_softmax", k=k)

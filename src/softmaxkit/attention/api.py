@@ -37,10 +37,11 @@ def validate_params(spec: NormalizerSpec, params: dict, shape: tuple[int, int, i
     b, h, lk = shape
     checked = {n: val for n, val in params.items()
                if not isinstance(val, torch.Tensor) or (n != COUNT and per_head(val, b, h, spec.param(n).size))}
-    key = _validation_key(spec, checked, max(lk, 2), dtype, device)
+    length = lk if lk else 2   # (no key: a row of two checks the values, e.g. sparse_softmax's k)
+    key = _validation_key(spec, checked, length, dtype, device)
     if key is not None and _VALIDATED.get(key) is spec:
         return
-    dummy = torch.zeros(b, h, 1, max(lk, 2), dtype=dtype, device=device)
+    dummy = torch.zeros(b, h, 1, length, dtype=dtype, device=device)
     spec.fn(dummy, dim=-1, mask=None, **checked)
     if key is not None:
         if len(_VALIDATED) >= 1024:
