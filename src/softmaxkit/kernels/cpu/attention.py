@@ -386,7 +386,7 @@ def factor_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_nan, 
             continue
         raw = row.copy()   # the row then holds e^{g - m}; w, g' and w' are taken at the raw scores
         total = exp_nonpositive_fast(extra - m) if extra > ninf else zero
-        unit = one = cast_like(1.0, m)
+        one = cast_like(1.0, m)
         summed, weighted, top = _factor_sums(row, raw, drow, hid, g, w, n, hp, m, total, lowest, one)
         unit = _factor_unit(top, lowest)
         if unit != one:   # w e dp may overflow: the sums again, of w / unit

@@ -279,16 +279,21 @@ def _two_pass_probs(x, out, scale, expo, block_exp):
 def _three_pass_stats(x, scale):
     neg_inf = cast_like(-np.inf, scale)
     m = _max(x, neg_inf) * scale
-    n = x.shape[0]
-    if n <= BLOCK:   # (checked after the pass, as in _three_pass_probs)
-        s = _sum_exp(x, scale, m)
-    else:
-        if not (m > neg_inf and m < -neg_inf):
-            return m, m, False
-        s = m - m
-        for start in range(0, n, BLOCK):   # block sums, as in _three_pass_probs
-            s += _sum_exp(x[start:min(start + BLOCK, n)], scale, m)
+    # (checked after the pass, as in _three_pass_probs)
+    s = _sum_exp(x, scale, m) if x.shape[0] <= BLOCK else _block_sum_exp(x, scale, m)
     return m, s, (m > neg_inf) & (m < -neg_inf) & (s > 0) & (s < -neg_inf)
+
+
+@njit(cache=True, error_model="numpy")
+def _block_sum_exp(x, scale, m):
+    """:func:`_block_exp_sums` without writing the exponentials."""
+    if not (m > -np.inf and m < np.inf):
+        return m - m
+    s = m - m
+    n = x.shape[0]
+    for start in range(0, n, BLOCK):
+        s += _sum_exp(x[start:min(start + BLOCK, n)], scale, m)
+    return s
 
 
 @njit(cache=True, error_model="numpy")
