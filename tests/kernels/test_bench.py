@@ -49,7 +49,7 @@ def test_crossovers_pool_runs_per_shape_and_name_known_cells(monkeypatch):
 
     cells = len(bench_dispatch.OPS) * len(bench_dispatch.PASSES) * len(bench_dispatch.DTYPES)
     timings = iter([(1.0, 0.5)] * cells + [(1.0, 2.0)] * cells)   # run 1, then run 2
-    monkeypatch.setattr(bench_dispatch, "interleaved_medians", lambda fns, repeats: next(timings))
+    monkeypatch.setattr(bench_dispatch, "interleaved_times", lambda fns, repeats: next(timings))
     shapes = [("vocab", (2, 4096))]
     table, wins = bench_dispatch.crossovers(threads=(1,), repeats=1, shapes=shapes, runs=2)
     assert len(table.rows) == 2 * cells and {row[0] for row in table.rows} == {1, 2}
@@ -62,7 +62,7 @@ def test_crossovers_pool_runs_per_shape_and_name_known_cells(monkeypatch):
 def test_crossovers_measure_only_the_passes_asked_for(monkeypatch):
     from softmaxkit.bench import dispatch as bench_dispatch
 
-    monkeypatch.setattr(bench_dispatch, "interleaved_medians", lambda fns, repeats: (1.0, 0.5))
+    monkeypatch.setattr(bench_dispatch, "interleaved_times", lambda fns, repeats: (1.0, 0.5))
     table, wins = bench_dispatch.crossovers(threads=(1,), repeats=1, shapes=[("vocab", (2, 4096))],
                                             passes=("fwd+bwd",))
     assert {row[6] for row in table.rows} == {"fwd+bwd"}

@@ -14,6 +14,7 @@ import torch
 
 import softmaxkit as sk
 from softmaxkit.kernels import dispatch
+from softmaxkit.normalizers.softmax import logsumexp_reference
 
 BACKENDS = ["reference", "numba"]
 
@@ -337,3 +338,63 @@ def test_non_finite_upstream_gradients_match_the_reference(op, dtype, shape, lar
                                        msg=lambda m: f"{backend}, {name}: {m}")
         zero_grad = got["reference"][2, :2] if op == "softmax" else got["reference"][2, :1]
         assert (zero_grad == 0).all(), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("backend", BACKENDS + ["auto"])
+@pytest.mark.parametrize("shape", [(1, 32000), (64, 4096), (3, 5, 700)])
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_logsumexp_non_finite_upstream_skips_underflowed_entries(value, shape, backend, dtype):
+    """A finite score whose ``exp`` underflows to 0 (a ``-1e9`` fill) is a constant of its
+    log-sum-exp, as a ``-inf`` one: an infinite or NaN incoming gradient leaves it exactly 0
+    (the reference's sum backward gave it ``inf * 0 = NaN``, where the kernels and aten's lane
+    gave 0)."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(4), dtype=dtype) * 3
+    x[..., 3] = -1e9
+    x[..., 5] = -math.inf
+    leaf = x.clone().requires_grad_()
+    with sk.use_backend(backend):
+        lse = sk.logsumexp(leaf, dim=-1)
+    upstream = torch.full_like(lse, value)
+    (grad,) = torch.autograd.grad(lse, leaf, upstream)
+    assert grad[..., 3].eq(0).all() and grad[..., 5].eq(0).all()
+    assert (grad[..., 6:] == value).all() if value == math.inf else grad[..., 6:].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(1, 32000), (64, 4096), (3, 5, 700)])
+def test_kernel_logsumexp_lane_matches_the_reference(shape, dtype):
+    """The lane's kernel log-sum-exp with a gradient (``auto`` where the kernel wins): value,
+    gradient (finite, infinite and NaN incoming ones), a graph of the gradient, and the rows
+    it must leave to the full path (nothing visible, ``+inf``, NaN)."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(5), dtype=dtype) * 3
+    x[..., 2] = -1e9
+    x[..., 4] = -math.inf
+    leaf, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    got = dispatch._kernel_logsumexp(leaf)
+    want = logsumexp_reference(ref, dim=-1)
+    assert type(got.grad_fn).__name__ == "_KernelLogSumExpBackward"
+    torch.testing.assert_close(got, want)
+    upstream = torch.randn_like(want)
+    upstream.view(-1)[0] = math.inf
+    if upstream.numel() > 1:
+        upstream.view(-1)[-1] = math.nan
+    (g_got,) = torch.autograd.grad(got, leaf, upstream, create_graph=False, retain_graph=True)
+    (g_want,) = torch.autograd.grad(want, ref, upstream, retain_graph=True)
+    torch.testing.assert_close(g_got, g_want, equal_nan=True)
+    (h_got,) = torch.autograd.grad(got, leaf, torch.ones_like(got), create_graph=True)
+    (h_want,) = torch.autograd.grad(want, ref, torch.ones_like(want), create_graph=True)
+    torch.testing.assert_close(h_got, h_want)
+    for bad in (math.nan, math.inf, "all -inf"):
+        y = x.clone()
+        if bad == "all -inf":
+            y.view(-1, shape[-1])[0] = -math.inf
+        else:
+            y.view(-1, shape[-1])[0, 7] = bad
+        assert dispatch._kernel_logsumexp(y.requires_grad_()) is None
+
+
+def test_kernel_logsumexp_gradcheck():
+    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(6), dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(dispatch._kernel_logsumexp, (x,))
+    assert torch.autograd.gradgradcheck(dispatch._kernel_logsumexp, (x,))

@@ -71,13 +71,6 @@ def _sk(op):
     return lambda x: fn(x, dim=-1)
 
 
-def _in_backend(backend, fn):
-    def run(x):
-        with sk.use_backend(backend):
-            return fn(x)
-    return run
-
-
 def _callable(fn, x, pass_):
     if pass_ == "fwd":
         return lambda: fn(x)
@@ -87,24 +80,30 @@ def _callable(fn, x, pass_):
 
 def _kernel_callable(op, x, pass_):
     """The numba kernel as ``auto`` runs it when it picks the kernel: forward only, the
-    lane's call (:func:`softmaxkit.kernels.cpu.functions.forward_only`); log-softmax with a
-    gradient, the lane's kernel Function (that forward and the one-pass backward); the other
-    ops with a gradient, the full path under ``use_backend("numba")``."""
+    lane's call (:func:`softmaxkit.kernels.cpu.functions.forward_only`); with a gradient, the
+    lane's kernel Function (that forward, and the backward from the output, or for
+    log-sum-exp the kernel's probabilities)."""
     if pass_ == "fwd":
         from ..kernels.cpu import functions
         mode = dispatch._KERNEL_MODES[op]
         return lambda: functions.forward_only(x, mode)
-    if op != "logsumexp":
-        log = op == "log_softmax"
-        return _callable(lambda x: dispatch._kernel_softmax(x, log), x, pass_)
-    return _callable(_in_backend("numba", _sk(op)), x, pass_)
+    if op == "logsumexp":
+        return _callable(dispatch._kernel_logsumexp, x, pass_)
+    log = op == "log_softmax"
+    return _callable(lambda x: dispatch._kernel_softmax(x, log), x, pass_)
 
 
-def interleaved_medians(fns, repeats: int, budget: float | None = None) -> list[float]:
-    """Median seconds of each callable, timed round-robin (one warm-up call each first).
-    Fast callables get more rounds: at least ``repeats``, and as many as fit in about
+def interleaved_times(fns, repeats: int, budget: float | None = None) -> list[float]:
+    """Seconds of each callable's fastest round, timed round-robin (one warm-up call each
+    first). Fast callables get more rounds: at least ``repeats``, and as many as fit in about
     ``budget`` seconds per callable (:data:`ROUND_BUDGET` when None; at most
-    :data:`MAX_ROUNDS`)."""
+    :data:`MAX_ROUNDS`).
+
+    The fastest round, not the median: what slows a round here (the allocator handing out
+    freshly mapped pages, the other core's work, a timer interrupt) only ever adds time,
+    and it comes and goes in runs of rounds. Two identical kernel calls timed side by side
+    by their medians differed by up to 23% (1 x 4 x 2048 x 2048, 2026-12-04); by their
+    fastest rounds, by 1-3%."""
     start = time.perf_counter()
     for fn in fns:
         fn()
@@ -121,7 +120,7 @@ def interleaved_medians(fns, repeats: int, budget: float | None = None) -> list[
             start = time.perf_counter()
             fns[i]()
             times[i].append(time.perf_counter() - start)
-    return [statistics.median(t) for t in times]
+    return [min(t) for t in times]
 
 
 def _inputs(shape, dtype, pass_):
@@ -145,7 +144,7 @@ def grid_table(shapes, repeats: int, budget: float | None = None) -> Table:
                     fns = [_callable(_TORCH[op], x, pass_),
                            _kernel_callable(op, x, pass_),
                            _callable(_sk(op), x, pass_)]
-                    t_torch, t_kernel, t_auto = interleaved_medians(fns, repeats, budget)
+                    t_torch, t_kernel, t_auto = interleaved_times(fns, repeats, budget)
                     table.add("x".join(map(str, shape)), kind, op, str(dtype).replace("torch.", ""), pass_,
                               t_torch * 1e3, t_kernel * 1e3, t_auto * 1e3, picked, t_torch / t_auto,
                               t_auto / min(t_torch, t_kernel))
@@ -173,11 +172,12 @@ def _judge(table: Table) -> None:
                      f"(worst auto / best {max(worst):.2f}); median torch / auto {median:.2f}."
                      + (f" Cells over the limit: {detail}." if failing else ""))
     h = machine_header()
-    table.notes = (f"{h['cpu']}, {h['threads']} threads, torch {h['torch']}, numba {h['numba']}. Medians of "
-                   "interleaved runs in one process; 'kernel' is the numba kernel as auto calls it when it picks "
-                   "it (forward: the lane's forward_only; with a gradient: use_backend('numba')); 'auto "
-                   "picks' is dispatch.plan's choice. A shared or noisy machine moves single cells by "
-                   "5-10%: rerun on a quiet one.")
+    table.notes = (f"{h['cpu']}, {h['threads']} threads, torch {h['torch']}, numba {h['numba']}. Each time is "
+                   "the fastest of interleaved rounds in one process (see interleaved_times); 'kernel' is the "
+                   "numba kernel as auto calls it when it picks it (forward: the lane's forward_only; with a "
+                   "gradient: the lane's kernel Function); 'auto picks' is dispatch.plan's choice (the lane "
+                   "may still run the kernel: a log-softmax with a gradient from 32 MiB). A shared or noisy "
+                   "machine moves single cells by 5-10%: rerun on a quiet one.")
 
 
 _THP_SCRIPT = """
@@ -284,7 +284,7 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1,
                             for op in OPS:
                                 fns = [_callable(_sk(op), x, pass_), _kernel_callable(op, x, pass_)]
                                 with _aten_lanes():
-                                    t_torch, t_kernel = interleaved_medians(fns, repeats)
+                                    t_torch, t_kernel = interleaved_times(fns, repeats)
                                 name = str(dtype).replace("torch.", "")
                                 table.add(run_index, t, "x".join(map(str, shape)), cls, op, name, pass_,
                                           t_torch * 1e3, t_kernel * 1e3, t_kernel / t_torch)

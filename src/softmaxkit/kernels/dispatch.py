@@ -270,6 +270,25 @@ _WINS_AVX512_INTEL = frozenset({
 #: took 1.52), and a crossover run (``--crossovers --threads 1 2``) put float32 softmax and
 #: log-softmax on short rows at 0.59-0.73 of aten without a gradient and 0.73-0.81 with one,
 #: on both thread counts: those eight cells were added, the others kept from the pooled runs.
+#: The cells with a gradient were measured again at 09:43 UTC the same day (``--passes fwd+bwd
+#: --runs 2 --threads 1 2``), each side's fastest round (the medians had moved identical calls
+#: by up to 23%): the faster row kernel now wins float32 softmax on large inputs (0.72-0.99 of
+#: aten on every shape, both thread counts) and on small ones on two threads, float64 softmax
+#: on large inputs on one thread (median 0.94, worst 1.13) and float64 softmax and
+#: log-softmax on small inputs on two threads. Kept by hand: float32 log-softmax on large
+#: inputs on two threads (0.73-1.05, median 0.99) and float64 softmax on large inputs on two
+#: threads, which the rule dropped for 1.13-1.18 at 256 x 32768 (median 0.93): the dispatch
+#: grid without it ran the three attention shapes 1.10-1.13 over the kernel, and timed alone
+#: 256 x 32768 took 17.9-19.9 ms in the kernel and 18.4-19.9 in aten. And float64
+#: log-softmax on large inputs, both thread counts, as float32's: outputs of 32 MiB and more
+#: run the kernel on both sides (0.98-1.03), and below, where the aten lane adds a pass that
+#: looks for ``-inf`` outputs, the kernel took 0.90-0.93 of it (32 x 128256: aten's lane
+#: 8.1-8.7 ms against torch's 7.2-7.4, the kernel 7.5-7.8). At 10:06 UTC, after log-sum-exp
+#: with a gradient got the lane's own kernel Function (:class:`_KernelLogSumExp`: it took the
+#: full numba path before, 2.2 times aten on one row), one more run with a gradient added
+#: log-sum-exp on single rows (0.56-0.72 of aten's lane, both dtypes and thread counts); the
+#: float32 log-softmax and float64 softmax cells on large inputs on one thread it missed
+#: (0.99 and 0.96 medians there) are kept from the runs before.
 _WINS_AVX512_AMD = frozenset({
     ('log_softmax', 'float32', 'fwd', 'large', 1),
     ('log_softmax', 'float32', 'fwd', 'large', 2),
@@ -297,9 +316,12 @@ _WINS_AVX512_AMD = frozenset({
     ('log_softmax', 'float64', 'fwd', 'short rows', 2),
     ('log_softmax', 'float64', 'fwd', 'small', 1),
     ('log_softmax', 'float64', 'fwd', 'small', 2),
+    ('log_softmax', 'float64', 'fwd+bwd', 'large', 1),
+    ('log_softmax', 'float64', 'fwd+bwd', 'large', 2),
     ('log_softmax', 'float64', 'fwd+bwd', 'short rows', 1),
     ('log_softmax', 'float64', 'fwd+bwd', 'short rows', 2),
     ('log_softmax', 'float64', 'fwd+bwd', 'small', 1),
+    ('log_softmax', 'float64', 'fwd+bwd', 'small', 2),
     ('logsumexp', 'float32', 'fwd', 'large', 1),
     ('logsumexp', 'float32', 'fwd', 'large', 2),
     ('logsumexp', 'float32', 'fwd', 'one long row', 1),
@@ -312,6 +334,10 @@ _WINS_AVX512_AMD = frozenset({
     ('logsumexp', 'float32', 'fwd', 'small', 2),
     ('logsumexp', 'float32', 'fwd+bwd', 'large', 1),
     ('logsumexp', 'float32', 'fwd+bwd', 'large', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'one long row', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'one long row', 2),
+    ('logsumexp', 'float32', 'fwd+bwd', 'one row', 1),
+    ('logsumexp', 'float32', 'fwd+bwd', 'one row', 2),
     ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 1),
     ('logsumexp', 'float32', 'fwd+bwd', 'short rows', 2),
     ('logsumexp', 'float32', 'fwd+bwd', 'small', 1),
@@ -328,6 +354,10 @@ _WINS_AVX512_AMD = frozenset({
     ('logsumexp', 'float64', 'fwd', 'small', 2),
     ('logsumexp', 'float64', 'fwd+bwd', 'large', 1),
     ('logsumexp', 'float64', 'fwd+bwd', 'large', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'one long row', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'one long row', 2),
+    ('logsumexp', 'float64', 'fwd+bwd', 'one row', 1),
+    ('logsumexp', 'float64', 'fwd+bwd', 'one row', 2),
     ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 1),
     ('logsumexp', 'float64', 'fwd+bwd', 'short rows', 2),
     ('logsumexp', 'float64', 'fwd+bwd', 'small', 1),
@@ -342,9 +372,12 @@ _WINS_AVX512_AMD = frozenset({
     ('softmax', 'float32', 'fwd', 'short rows', 2),
     ('softmax', 'float32', 'fwd', 'small', 1),
     ('softmax', 'float32', 'fwd', 'small', 2),
+    ('softmax', 'float32', 'fwd+bwd', 'large', 1),
+    ('softmax', 'float32', 'fwd+bwd', 'large', 2),
     ('softmax', 'float32', 'fwd+bwd', 'short rows', 1),
     ('softmax', 'float32', 'fwd+bwd', 'short rows', 2),
     ('softmax', 'float32', 'fwd+bwd', 'small', 1),
+    ('softmax', 'float32', 'fwd+bwd', 'small', 2),
     ('softmax', 'float64', 'fwd', 'large', 1),
     ('softmax', 'float64', 'fwd', 'large', 2),
     ('softmax', 'float64', 'fwd', 'one long row', 1),
@@ -355,10 +388,12 @@ _WINS_AVX512_AMD = frozenset({
     ('softmax', 'float64', 'fwd', 'short rows', 2),
     ('softmax', 'float64', 'fwd', 'small', 1),
     ('softmax', 'float64', 'fwd', 'small', 2),
+    ('softmax', 'float64', 'fwd+bwd', 'large', 1),
     ('softmax', 'float64', 'fwd+bwd', 'large', 2),
     ('softmax', 'float64', 'fwd+bwd', 'short rows', 1),
     ('softmax', 'float64', 'fwd+bwd', 'short rows', 2),
     ('softmax', 'float64', 'fwd+bwd', 'small', 1),
+    ('softmax', 'float64', 'fwd+bwd', 'small', 2),
 })
 
 #: AVX2, AMD: measured 2026-12-03 on the shared 2-core development machine of that day (AMD
@@ -1169,6 +1204,43 @@ def _kernel_softmax(x, log=False):
         return None
 
 
+class _KernelLogSumExp(torch.autograd.Function):
+    """The numba kernel's log-sum-exp of a lane input (:func:`softmaxkit.kernels.cpu.functions.forward_only`,
+    the last axis removed) and its gradient ``softmax(x) g``, the probabilities from the
+    kernel again in the backward. Only for inputs whose every row's result is finite (the
+    forward raises :class:`_RowsLeft` otherwise): each row then has a finite maximum, the
+    reference's gradient is the softmax of the row, and an entry of probability 0 passes
+    no incoming gradient, even an infinite or NaN one (:class:`_LogSumExpGrad`)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = _forward_only(x, LSE)
+        if out is None or not _all_finite(out):
+            raise _RowsLeft
+        ctx.save_for_backward(x)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (x,) = ctx.saved_tensors
+        grad = grad.unsqueeze(-1)
+        if backward_in_torch_ops(grad):   # create_graph or batched gradients: torch ops, differentiable
+            p = torch.softmax(x, -1)
+            return torch.where(p == 0, 0, grad * p)
+        p = _forward_only(x, PROBS)
+        if p is None:   # (not met: every row's maximum is finite) aten's softmax is exact there too
+            p = torch.softmax(x, -1)
+        return p.mul_(grad) if _all_finite(grad) else torch.where(p == 0, 0, p * grad)
+
+
+def _kernel_logsumexp(x):
+    """:class:`_KernelLogSumExp` of a lane input, or None where a row needs the reference."""
+    try:
+        return _KernelLogSumExp.apply(x)
+    except _RowsLeft:
+        return None
+
+
 def _kernel_forward(op, x, scale=1.0, algorithm=None):
     """The numba kernel's forward result for a lane input (:func:`_lane_shape`) when no
     gradient is recorded, through :func:`softmaxkit.kernels.cpu.functions.forward_only`;
@@ -1214,9 +1286,7 @@ def logsumexp_lane(x, dim, keepdim=False):
         return None
     grad = x.requires_grad and torch.is_grad_enabled()
     if _wins("logsumexp", x.dtype, lane[0], lane[1], grad, torch.get_num_threads()):
-        if grad:
-            return None
-        out = _forward_only(x, LSE)
+        out = _kernel_logsumexp(x) if grad else _forward_only(x, LSE)
         return out if out is None or not keepdim else out.unsqueeze(-1)
     if grad:   # aten's own gradient uses the rounded lse
         out = _LogSumExpGrad.apply(x, -1, keepdim)

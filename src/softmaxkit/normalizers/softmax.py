@@ -90,8 +90,13 @@ def log_softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 
 def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """log-sum-exp along the last axis (keepdim); ``-inf`` for an empty row."""
+    """log-sum-exp along the last axis (keepdim); ``-inf`` for an empty row. As in
+    :func:`softmax_rows`, an entry whose ``exp`` is exactly 0 passes no incoming gradient,
+    even an infinite or NaN one (the sum's backward took ``inf * 0 = NaN`` there); a row
+    holding a visible NaN keeps a NaN gradient throughout."""
     e, d, m, inf_rows = _exp_terms(z, visible)
+    e = torch.where((e == 0) & ~torch.isnan(d), e.detach(), e)
+    d = e.sum(-1, keepdim=True)
     any_visible = visible.any(-1, keepdim=True)
     out = m + torch.log(nonzero_or_one(d))
     out = torch.where(any_visible, out, torch.full_like(out, float("-inf")))
