@@ -103,7 +103,7 @@ def interleaved_times(fns, repeats: int, budget: float | None = None) -> list[fl
     freshly mapped pages, the other core's work, a timer interrupt) only ever adds time,
     and it comes and goes in runs of rounds. Two identical kernel calls timed side by side
     by their medians differed by up to 23% (1 x 4 x 2048 x 2048, 2026-12-04); by their
-    fastest rounds, by 1-3%."""
+    fastest rounds, by 1-3% in that cell, though more in others (see :func:`_cell_times`)."""
     start = time.perf_counter()
     for fn in fns:
         fn()
