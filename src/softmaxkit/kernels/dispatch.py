@@ -849,12 +849,18 @@ class _LogSumExpGrad(torch.autograd.Function):
         (z,) = ctx.saved_tensors
         if not ctx.keepdim:
             grad = grad.unsqueeze(ctx.d)
-        # an entry of probability 0 passes no incoming gradient, even an infinite or NaN one
         if backward_in_torch_ops(grad):   # create_graph (a graph of the gradient), or batched gradients
-            p = torch.softmax(z, ctx.d)
-            return torch.where(p == 0, 0, grad * p), None, None
-        p = torch.softmax(z, ctx.d, out=memory.empty_like(z))
-        return (p.mul_(grad) if _all_finite(grad) else torch.where(p == 0, 0, p * grad)), None, None
+            return _probs_times_grad(torch.softmax(z, ctx.d), grad, differentiable=True), None, None
+        return _probs_times_grad(torch.softmax(z, ctx.d, out=memory.empty_like(z)), grad), None, None
+
+
+def _probs_times_grad(p, grad, differentiable=False):
+    """Log-sum-exp's gradient ``p * grad`` (``p`` the softmax, ``grad`` broadcast along the
+    normalised axis): an entry of probability 0 passes no incoming gradient, even an infinite
+    or NaN one. In place on ``p`` unless ``differentiable`` (a graph of the gradient)."""
+    if differentiable or not _all_finite(grad):
+        return torch.where(p == 0, 0, p * grad)
+    return p.mul_(grad)
 
 
 def _aten_logsumexp(z, d):
@@ -1225,12 +1231,11 @@ class _KernelLogSumExp(torch.autograd.Function):
         (x,) = ctx.saved_tensors
         grad = grad.unsqueeze(-1)
         if backward_in_torch_ops(grad):   # create_graph or batched gradients: torch ops, differentiable
-            p = torch.softmax(x, -1)
-            return torch.where(p == 0, 0, grad * p)
+            return _probs_times_grad(torch.softmax(x, -1), grad, differentiable=True)
         p = _forward_only(x, PROBS)
         if p is None:   # (not met: every row's maximum is finite) aten's softmax is exact there too
             p = torch.softmax(x, -1)
-        return p.mul_(grad) if _all_finite(grad) else torch.where(p == 0, 0, p * grad)
+        return _probs_times_grad(p, grad)
 
 
 def _kernel_logsumexp(x):
