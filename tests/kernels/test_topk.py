@@ -176,3 +176,27 @@ def test_plain_topk_kernel_computes_a_row_whose_sum_is_nan_without_a_nan(dtype):
     assert indices[1].tolist() == [0, 2, 4, 6, 8] and bool((values[1] == info.max).all())
     ref_values, ref_indices = torch.topk(z[[0, 2]], 5)
     assert torch.equal(values[[0, 2]], ref_values) and torch.equal(indices[[0, 2]], ref_indices)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_topk_kernels_at_chunk_and_block_boundaries(dtype):
+    """Rows one entry short of, at and past a multiple of the chunk and the block (the chunk
+    maxima's tail chunk, a last chunk of one entry), with ties and a masked stretch: the plain
+    and the fused kernels give the reference's order (decreasing value, equal values by
+    increasing index)."""
+    from softmaxkit.kernels.cpu.topk import BLOCK, CHUNK, topk
+
+    g = torch.Generator().manual_seed(3)
+    for n in (1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 5, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + CHUNK + 1):
+        z = torch.round(torch.randn(3, n, generator=g, dtype=dtype) * 2)
+        z[1, : n // 2] = float("-inf")
+        k = min(n, 9)
+        values, indices = topk(z, k)
+        with sk.use_backend("numba"):
+            p_values, p_indices = sk.softmax_topk(z, k)
+        for r in range(3):
+            expected = sorted(range(n), key=lambda j: (-z[r, j].item(), j))[:k]
+            assert indices[r].tolist() == expected, (n, r)
+            assert torch.equal(values[r], z[r, expected])
+            assert p_indices[r].tolist() == expected, (n, r)
+        torch.testing.assert_close(p_values, torch.softmax(z, -1).gather(-1, p_indices))
