@@ -190,6 +190,24 @@ def test_bad_types_and_idxs():
     assert soft_nms(boxes, torch.tensor([-0.5]), method="hard", score_threshold=-1.0)[0].tolist() == [0]
 
 
+def test_tensors_without_values_are_refused_by_name():
+    """Which boxes survive depends on the values: a meta or fake tensor gets a ValueError
+    naming it (it was a RuntimeError from ``Tensor.item()``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    boxes, scores = torch.tensor([[0.0, 0, 1, 1]]), torch.tensor([0.5])
+    with pytest.raises(ValueError, match="boxes must hold values"):
+        soft_nms(boxes.to("meta"), scores.to("meta"))
+    with pytest.raises(ValueError, match="scores must hold values"):
+        soft_nms(boxes, scores.to("meta"))
+    with pytest.raises(ValueError, match="idxs must hold values"):
+        batched_soft_nms(boxes, scores, torch.zeros(1, dtype=torch.int64, device="meta"))
+    with FakeTensorMode() as mode:
+        fake_boxes = mode.from_tensor(boxes)
+    with pytest.raises(ValueError, match="boxes must hold values .*fake"):
+        soft_nms(fake_boxes, scores)
+
+
 def textbook_soft_nms(boxes, scores, labels, method, iou_threshold, sigma, score_threshold):
     """The O(N^2) loop, one box at a time, ties to the lower index: the kernel's definition."""
     s = scores.astype(np.float64).copy()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._checks import check_number
+from .._checks import check_number, has_no_data
 from ._soft_nms_kernel import GAUSSIAN, HARD, LINEAR, soft_nms_kernel
 
 METHODS = {"gaussian": GAUSSIAN, "linear": LINEAR, "hard": HARD}
@@ -111,8 +111,15 @@ def _check_method(method) -> int:
 def _check_tensor(x, name: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    _check_has_data(x, name)
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+
+
+def _check_has_data(x, name: str) -> None:
+    if has_no_data(x):
+        raise ValueError(f"{name} must hold values (got a {'meta' if x.is_meta else 'fake'} tensor): "
+                         "which boxes Soft-NMS keeps, and so the size of its output, depends on them")
 
 
 def _check_boxes(boxes) -> None:
@@ -145,6 +152,7 @@ def _check_idxs(idxs, boxes) -> np.ndarray:
         return np.zeros(n, np.int64)
     if not isinstance(idxs, torch.Tensor):
         raise TypeError(f"idxs must be a torch.Tensor, got {type(idxs).__name__}")
+    _check_has_data(idxs, "idxs")
     if idxs.is_floating_point() or idxs.is_complex() or idxs.dtype == torch.bool:
         raise TypeError(f"idxs must be an integer tensor (category of each box), got dtype {idxs.dtype}")
     if idxs.dim() != 1 or idxs.shape[0] != n:
