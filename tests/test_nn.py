@@ -52,6 +52,13 @@ def test_fixed_parameters_and_errors():
     x = torch.randn(4, 6)
     torch.testing.assert_close(module(x), sk.softmax(x, temperature=0.5))
     assert "temperature=0.5" in repr(module)
+    assert repr(Normalizer("entmax", alpha=1.3)) == "Normalizer('entmax', dim=-1, learned=['alpha'])"
+    assert repr(Normalizer("ssmax", learnable=False)) == "Normalizer('ssmax', dim=-1, learnable=False)"
+    fixed_tensor = Normalizer("softmax", temperature=torch.tensor(0.5))
+    assert repr(fixed_tensor) == "Normalizer('softmax', dim=-1, temperature=tensor(0.5))"
+    assert "temperature=tensor(shape=())" in repr(fixed_tensor.to("meta"))
+    per_row = Normalizer("softmax", param_shape=(3, 1), temperature=torch.full((3, 1), 0.5))
+    assert "param_shape=(3, 1), temperature=tensor(shape=(3, 1))" in repr(per_row)
     with pytest.raises(TypeError, match="bogus"):
         Normalizer("softmax", bogus=1)
     with pytest.raises(ValueError, match="registered names"):

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from .. import registry
-from .._checks import check_bool, check_dim, check_finite, check_int_in_range, check_known_params
+from .._checks import check_bool, check_dim, check_finite, check_int_in_range, check_known_params, has_no_data
 from ..registry import Learnable, Param
 
 __all__ = ["Normalizer"]
@@ -50,6 +50,13 @@ def _initial(param: Param, learn: Learnable, value: Any, shape: tuple[int, ...])
     if param.size == 1:
         return torch.full(full, floats[0])
     return torch.tensor(floats).reshape((param.size,) + (1,) * len(shape)).expand(full).clone()
+
+
+def _tensor_summary(t: torch.Tensor) -> str:
+    """A fixed tensor parameter in a module's repr: its value when it holds one, else its shape."""
+    if t.numel() == 1 and not has_no_data(t):
+        return f"tensor({t.item():g})"
+    return f"tensor(shape={tuple(t.shape)})"
 
 
 def _param_shape(shape: Any) -> tuple[int, ...]:
@@ -163,6 +170,13 @@ class Normalizer(nn.Module):
         return registry.normalize(x, self.name, dim=dim, mask=mask, **params)
 
     def extra_repr(self) -> str:
-        fixed = ", ".join(f"{k}={v}" for k, v in self.fixed.items())
-        shape = f", param_shape={self.param_shape}" if self.param_shape else ""
-        return f"{self.name!r}, dim={self.dim}{shape}" + (f", {fixed}" if fixed else "")
+        parts = [repr(self.name), f"dim={self.dim}"]
+        if self.param_shape:
+            parts.append(f"param_shape={self.param_shape}")
+        if self._learned:
+            learned = [name for name, attribute in self._learned.items()
+                       if isinstance(getattr(self, attribute), nn.Parameter)]
+            parts.append(f"learned={learned}" if learned else "learnable=False")
+        parts += [f"{k}={v}" for k, v in self.fixed.items()]
+        parts += [f"{name}={_tensor_summary(getattr(self, name))}" for name in self._fixed_tensors]
+        return ", ".join(parts)
