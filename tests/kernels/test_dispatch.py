@@ -115,13 +115,29 @@ def test_reference_errors_still_raised_under_numba():
 
 
 def test_thread_count_follows_torch():
+    import threading
+
     import numba
 
-    from softmaxkit.kernels.cpu import sync_threads
+    from softmaxkit.kernels.cpu import _pool_thread_count, sync_threads
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert sync_threads() == 1 and numba.get_num_threads() == 1
+        assert sync_threads() == 1 and numba.get_num_threads() == 1 == _pool_thread_count()
+        torch.set_num_threads(2)
+        expected = min(2, numba.config.NUMBA_NUM_THREADS)
+        assert sync_threads() == expected and numba.get_num_threads() == expected == _pool_thread_count()
+        seen = []
+
+        def in_another_thread():   # numba's count is per thread: the fast read must be too
+            torch.set_num_threads(1)
+            seen.append((sync_threads(), numba.get_num_threads(), _pool_thread_count()))
+
+        worker = threading.Thread(target=in_another_thread)
+        worker.start()
+        worker.join()
+        assert seen == [(1, 1, 1)]
+        assert numba.get_num_threads() == expected == _pool_thread_count()
     finally:
         torch.set_num_threads(before)
         sync_threads()
