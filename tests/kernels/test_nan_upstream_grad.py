@@ -398,3 +398,25 @@ def test_kernel_logsumexp_gradcheck():
     x = torch.randn(3, 40, generator=torch.Generator().manual_seed(6), dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(dispatch._kernel_logsumexp, (x,))
     assert torch.autograd.gradgradcheck(dispatch._kernel_logsumexp, (x,))
+
+
+@pytest.mark.parametrize("backend", ["numba", "auto"])
+@pytest.mark.parametrize("dtype, top", [(torch.float32, 100.0), (torch.float64, 720.0)])
+def test_log_softmax_infinite_upstream_at_subnormal_probabilities(backend, dtype, top):
+    """A row whose other probabilities are subnormal (one score 100 above them in float32, 720
+    in float64) and an infinite incoming gradient: the reference's ``g_j - e^{y_j} sum g`` is
+    ``-inf`` there, and the kernel's backward, whose fast ``e^y`` flushed a subnormal to 0, gave
+    ``0 * inf = NaN`` (hostile sweep, 2026-12-04)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 4096, generator=g, dtype=dtype) * 3
+    x[0, 1] = top
+    upstream = torch.randn(64, 4096, generator=g, dtype=dtype)
+    upstream[:, -1] = float("inf")
+    got = _grads(lambda t: sk.log_softmax(t, dim=-1), x, backend, lambda out: upstream)
+    expected = _grads(lambda t: sk.log_softmax(t, dim=-1), x, "reference", lambda out: upstream)
+    assert torch.equal(torch.isnan(got), torch.isnan(expected))
+    assert torch.equal(torch.isinf(got), torch.isinf(expected))
+    assert torch.equal(got[torch.isinf(got)], expected[torch.isinf(expected)])
+    assert torch.isinf(got[0, 2:]).sum() > 1000   # the case is exercised: subnormal entries got -inf
+    finite = torch.isfinite(expected)
+    torch.testing.assert_close(got[finite], expected[finite])

@@ -537,8 +537,12 @@ def _backward_row(yr, gr, dr, scale, mode):
     else:
         c = _visible_sum(yr, gr)
         neg_inf = cast_like(-np.inf, scale)
+        finite = np.isfinite(c)
         for i in range(yr.shape[0]):
-            v = scale * (gr[i] - exp_nonpositive_fast(yr[i]) * c)   # y <= 0 (to rounding)
+            # y <= 0 (to rounding); with an infinite sum, libm's e^y, which keeps a subnormal
+            # probability (the fast one flushes it to 0, and 0 * inf is NaN, not the reference's -inf)
+            e = exp_nonpositive_fast(yr[i]) if finite else np.exp(yr[i])
+            v = scale * (gr[i] - e * c)
             dr[i] = v if yr[i] != neg_inf else cast_like(0.0, scale)
 
 
