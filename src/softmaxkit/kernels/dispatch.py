@@ -211,7 +211,7 @@ ONE_ROW_MIN = 1 << 12
 #: that day (AMD EPYC, Zen 4: ``znver4``; torch 2.13.0+cpu, numba 0.68.1), 1 and 2 threads, the
 #: whole grid twice with ``--runs 2`` (four runs pooled, each shape's ratio the median of its
 #: runs), each side as ``auto`` runs it (as for the AVX2 table below). The Intel table of
-#: then chose aten for most of these cells, which made ``auto`` 1.1-3.5x slower than the
+#: that time chose aten for most of these cells, which made ``auto`` 1.1-3.5x slower than the
 #: kernel here (65 of 144 dispatch cells within target). The kernels win every cell without a
 #: gradient except float32 softmax on short rows (1.02) and float32 log-softmax on short
 #: rows on one thread (0.99): single rows 0.63-0.76 (log-sum-exp 0.25-0.46), small inputs

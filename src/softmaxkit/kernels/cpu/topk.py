@@ -101,8 +101,8 @@ def _push(hv, hi, k, filled, v, i):
 @njit(fastmath={"reassoc", "nsz", "nnan"}, cache=True, error_model="numpy")
 def _chunk_maxima(x, chunk_max):
     """The maximum of each chunk of ``x`` into ``chunk_max``; returns ``(largest, sum of x)``. One
-    vectorised pass with a fixed chunk length (a call per chunk cost more than the 64 entries
-    of the chunks of then; in :func:`_row_topk`, which needs no sum, a :func:`_max` call per
+    vectorised pass with a fixed chunk length (a call per chunk cost more than the entries
+    of the 64-entry chunks used before; in :func:`_row_topk`, which needs no sum, a :func:`_max` call per
     chunk measured faster, and one call of this per block no faster at 128). The maxima ignore
     a NaN (``nnan``, as the softmax kernels' maxima); the sum carries it."""
     wide_vectors()
