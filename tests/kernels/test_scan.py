@@ -243,6 +243,29 @@ def test_compile_fullgraph_with_a_temperature(op):
     torch.testing.assert_close(got, getattr(sk, op)(x.double(), temperature=0.5).float())
 
 
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+@pytest.mark.parametrize("grad", [False, True])
+def test_compile_fullgraph_on_the_default_call(op, grad):
+    """The default call (no mask, temperature 1: the lane) under torch.compile(fullgraph=True):
+    the lane asked the backend's context variable before asking whether dynamo traces, and
+    dynamo cannot trace ``ContextVar.get`` (Unsupported: a graph break, an error with
+    ``fullgraph``)."""
+    torch._dynamo.reset()
+    x = torch.randn(64, 4096, generator=torch.Generator().manual_seed(3))
+    x[1] = torch.finfo(torch.float32).min
+    x[2, ::2] = float("-inf")
+    xc = x.clone().requires_grad_(grad)
+    got = torch.compile(getattr(sk, op), backend="aot_eager", fullgraph=True)(xc)
+    want = getattr(sk, op)(x.double()).float()
+    torch.testing.assert_close(got.detach(), want)
+    if grad:
+        w = torch.randn(want.shape, generator=torch.Generator().manual_seed(4))
+        (got * w).sum().backward()
+        xd = x.double().requires_grad_()
+        (getattr(sk, op)(xd) * w.double()).sum().backward()
+        torch.testing.assert_close(xc.grad, xd.grad.float())
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("rows", [1, 3, 300])
 @pytest.mark.parametrize("keepdim", [False, True])

@@ -978,6 +978,9 @@ def _scans() -> dict:
 
 _READ = {dtype: kind.from_address for dtype, kind in _CTYPES.items()}
 _STRIDED = torch.strided
+#: (the function itself, which dynamo folds to True while it traces: read through
+#: ``torch.compiler`` it costs a microsecond more once a large op has evicted the lookups)
+_is_compiling = torch.compiler.is_compiling
 
 
 def _lane_shape(x, dim):
@@ -986,9 +989,10 @@ def _lane_shape(x, dim):
     last axis (``rows`` rows of ``n`` entries); else None. Each check is one attribute read, the cheap
     ones first: this runs on every ``sk.softmax`` call that could have been
     ``torch.softmax``. Tensors seen through a functorch transform pass here; the lanes send
-    them to the full path."""
-    if (type(x) is not torch.Tensor or type(dim) is not int or _current.get().backend != "auto"
-            or forward_ad._current_level >= 0 or torch.compiler.is_compiling()):
+    them to the full path. Compiling is asked before the backend: dynamo folds it to True,
+    and cannot trace the context variable's ``get`` (``fullgraph=True`` failed)."""
+    if (type(x) is not torch.Tensor or type(dim) is not int or _is_compiling()
+            or _current.get().backend != "auto" or forward_ad._current_level >= 0):
         return None   # (forward-mode AD: aten's tangent at -inf scores is not the reference's 0)
     if x.dtype not in _READ or not x.is_cpu or x.layout is not _STRIDED or x.is_nested or not x.is_contiguous():
         return None
@@ -1168,8 +1172,7 @@ class _KernelSoftmax(torch.autograd.Function):
             if ctx.mode == PROBS:
                 return softmax_backward_dropping_zeros(y, grad), None
             return log_softmax_backward_hiding(y, grad, y == float("-inf")), None
-        from .cpu import functions
-        return functions.backward_from_output(y, grad, ctx.mode), None
+        return (_FUNCTIONS or _cpu_functions()).backward_from_output(y, grad, ctx.mode), None
 
 
 def _kernel_softmax(x, log=False):
@@ -1236,13 +1239,19 @@ _KERNEL_MODES = {"softmax": PROBS, "log_softmax": LOG_PROBS, "logsumexp": LSE}
 def _forward_only(x, mode, gradient=False):
     """:func:`softmaxkit.kernels.cpu.functions.forward_only` at scale 1 for a lane input (the
     lane has checked what :func:`_kernel_forward` checks)."""
-    global _FORWARD_ONLY
-    if _FORWARD_ONLY is None:
-        from .cpu.functions import forward_only as _FORWARD_ONLY
-    return _FORWARD_ONLY(x, mode, gradient=gradient)
+    return (_FUNCTIONS or _cpu_functions()).forward_only(x, mode, gradient=gradient)
 
 
-_FORWARD_ONLY = None
+def _cpu_functions():
+    """:mod:`softmaxkit.kernels.cpu.functions` (which imports numba), imported on first use and
+    kept: an ``import`` statement in a function that runs per call costs 2-5 us once a large
+    op has evicted the import machinery from the caches."""
+    global _FUNCTIONS
+    from .cpu import functions as _FUNCTIONS
+    return _FUNCTIONS
+
+
+_FUNCTIONS = None
 
 
 def _log_softmax_lane(x, dim, params):
