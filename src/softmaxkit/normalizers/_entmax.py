@@ -215,8 +215,10 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float64 or t.device.type == "mps" else t.double()
 
 
-class _EntmaxFunction(torch.autograd.Function):
-    r"""alpha-entmax on the last axis with its closed-form backward.
+class _EntmaxCore(torch.autograd.Function):
+    r"""alpha-entmax on the last axis with its closed-form backward (:class:`_EntmaxFunction`
+    adds the forward mode; this class without it is what ``torch.compile`` traces, since dynamo
+    does not trace a custom ``jvp``).
 
     Gradient with respect to the scores (Peters et al. 2019, Prop. 1): with
     ``g_i = p_i^{2-alpha}`` on the support (0 elsewhere; ``g = 1`` on the support for
@@ -284,19 +286,29 @@ class _EntmaxFunction(torch.autograd.Function):
             grad_u = terms.sum(-1, keepdim=True).sum_to_size(u.shape).to(u.dtype)
         return grad_z, None, grad_u, None
 
-    @staticmethod
-    def jvp(ctx, dz, _dvisible, du, _dmethod):
-        """Forward mode (``torch.func.jvp``, ``forward_ad``): the Jacobian in ``z`` is symmetric,
-        so the tangent is the backward's formula applied to ``dz``, plus ``dp/du * du``."""
-        p, u = ctx.saved_tensors
-        wp, wu = _wide(p), _wide(u)
-        g, g_sum, on, log_p = entmax_weights(wp, wu)
-        out = torch.zeros_like(wp)
-        if dz is not None:
-            out = centered(g, _wide(dz), g_sum, ctx.method == "bisect")
-        if du is not None:
-            out = out + dp_dalpha(wp, wu, g, g_sum, on, log_p) * _wide(du)
-        return out.to(p.dtype)
+
+def _entmax_jvp(ctx, dz, _dvisible, du, _dmethod):
+    """Forward mode (``torch.func.jvp``, ``forward_ad``): the Jacobian in ``z`` is symmetric,
+    so the tangent is the backward's formula applied to ``dz``, plus ``dp/du * du``."""
+    p, u = ctx.saved_tensors
+    wp, wu = _wide(p), _wide(u)
+    g, g_sum, on, log_p = entmax_weights(wp, wu)
+    out = torch.zeros_like(wp)
+    if dz is not None:
+        out = centered(g, _wide(dz), g_sum, ctx.method == "bisect")
+    if du is not None:
+        out = out + dp_dalpha(wp, wu, g, g_sum, on, log_p) * _wide(du)
+    return out.to(p.dtype)
+
+
+class _EntmaxFunction(_EntmaxCore):
+    """:class:`_EntmaxCore` with its forward mode (:func:`_entmax_jvp`): what eager code runs."""
+    jvp = staticmethod(_entmax_jvp)
+
+
+def _entmax_function():
+    """The autograd Function to apply: without a forward mode while ``torch.compile`` traces."""
+    return _EntmaxCore if torch.compiler.is_compiling() else _EntmaxFunction
 
 
 # ----------------------------------------------------------------------------------------
@@ -314,13 +326,13 @@ def entmax_rows(z: torch.Tensor, visible: torch.Tensor, alpha) -> torch.Tensor:
     finite = visible & torch.isfinite(z)
     safe = torch.where(finite, z, torch.zeros_like(z))
     if isinstance(alpha, torch.Tensor):
-        p = _EntmaxFunction.apply(safe, finite, alpha - 1, "bisect")
+        p = _entmax_function().apply(safe, finite, alpha - 1, "bisect")
     elif alpha == 1:
         p = softmax_rows(safe, finite)
     else:
         method = {2.0: "sparsemax", 1.5: "entmax15"}.get(float(alpha), "bisect")
         u = torch.full((1,) * z.dim(), float(alpha) - 1, dtype=z.dtype, device=z.device)
-        p = _EntmaxFunction.apply(safe, finite, u, method)
+        p = _entmax_function().apply(safe, finite, u, method)
     if not can_branch_on(z) or bool((finite != visible).any()):  # (vmap, compile)
         inf_rows = (visible & (z == float("inf"))).any(-1, keepdim=True)
         p = torch.where(inf_rows, infinite_limit(z.detach(), visible), p)
