@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -496,9 +497,12 @@ class ThresholdRule(StreamRule):
         hi = -(n.clamp_min(1.0) ** (-self.u))
         steps = torch.arange(1, self.CANDIDATES + 1, dtype=m.dtype, device=m.device) / (self.CANDIDATES + 1)
         tiny = torch.finfo(m.dtype).eps
-        for _ in range(self.MAX_SEARCH_PASSES):
+        passes, branch = self.MAX_SEARCH_PASSES, can_branch_on(m)
+        if not branch:   # traced (no stop on the values): the passes that shrink a width-1 bracket below the stop's width
+            passes = min(passes, math.ceil(-math.log(4 * tiny) / math.log(self.CANDIDATES + 1)) + 1)
+        for _ in range(passes):
             width = hi - lo
-            if bool((width <= 4 * tiny * (lo.abs() + hi.abs() + 1.0)).all()):
+            if branch and bool((width <= 4 * tiny * (lo.abs() + hi.abs() + 1.0)).all()):
                 break
             taus = lo + width * steps  # (..., r, K)
 

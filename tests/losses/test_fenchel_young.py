@@ -246,3 +246,27 @@ def test_float32_entmax_loss_near_alpha_one_is_the_float64_loss(alpha):
             at_one = fenchel_young_loss(z.double(), target.double() if target.is_floating_point() else target,
                                         "softmax", reduction="none")
             torch.testing.assert_close(exact, at_one, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("normalizer", ["softmax", "sparsemax", "entmax15"])
+def test_gradient_under_compile_fullgraph(normalizer):
+    """torch.compile(fullgraph=True) with a gradient: dynamo refused the conjugate's autograd
+    Function (a custom jvp), and its backward's questions on the gradient (a graph break)."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(6, 9, dtype=torch.float64, generator=gen)
+    logits[0, 3] = float("-inf")
+    target = torch.randint(0, 9, (6,), generator=gen)
+    target[0] = 4
+
+    def fn(z):
+        return sk.losses.fenchel_young_loss(z, target, normalizer=normalizer)
+
+    results = []
+    for call in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
+        z = logits.clone().requires_grad_()
+        loss = call(z)
+        loss.backward()
+        results.append((loss.detach(), z.grad))
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager)

@@ -328,3 +328,28 @@ def test_torch_func_transforms(reduction):
     with torch.autograd.forward_ad.dual_level():
         dual = f(torch.autograd.forward_ad.make_dual(h, tangent), w, b)
         torch.testing.assert_close(torch.autograd.forward_ad.unpack_dual(dual).tangent, jvp)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_under_compile_fullgraph(reduction):
+    """torch.compile(fullgraph=True): the target check read values through a C function dynamo
+    cannot trace (a graph break); traced, the loss runs in plain torch ops on the full logits."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(3)
+    hidden = torch.randn(7, 5, dtype=torch.float64, generator=gen)
+    weight = torch.randn(11, 5, dtype=torch.float64, generator=gen)
+    target = torch.randint(0, 11, (7,), generator=gen)
+    target[2] = -100
+
+    def fn(h, w):
+        return linear_cross_entropy(h, w, target, label_smoothing=0.1, z_penalty=1e-3,
+                                    reduction=reduction)
+
+    results = []
+    for call in (fn, torch.compile(fn, backend="aot_eager", fullgraph=True)):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        loss = call(h, w)
+        loss.sum().backward()
+        results.append((loss.detach(), h.grad, w.grad))
+    for eager, compiled in zip(*results):
+        torch.testing.assert_close(compiled, eager)

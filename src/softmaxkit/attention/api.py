@@ -136,6 +136,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
             has first derivatives only: a double backward (``create_graph=True``) through it
             raises ``RuntimeError``; use ``"dense"``. Under ``torch.func`` transforms (``grad``,
             ``vmap``, ``jvp``, ``jacrev``...) and forward-mode AD every method runs ``"dense"``.
+            Under ``torch.compile`` (``fullgraph=True`` too) ``"fused"`` with a gradient and
+            ``"streaming"`` for the threshold normalizers (sparsemax, entmax) run ``"dense"``
+            (dynamo cannot trace their backward); ``"streaming"`` for the others is traced
+            tile by tile and differentiated as written.
         block_size: ``block`` or ``(block_q, block_k)`` for the streaming path (the fused
             path takes ``block_q`` query rows per tile).
         **params: the normalizer's parameters (``q``, ``k``, ``v`` are positional-only, so
@@ -199,6 +203,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     if method in ("fused", "streaming") and _holds_non_finite(inp):
         return dense_attention(inp, normalizer, params)
     per_head = _params_per_head(spec, merged, inp)
+    if method == "fused" and torch.compiler.is_compiling() and _records_gradient(q, k, v, params):
+        return dense_attention(inp, normalizer, params)   # dynamo cannot trace the fused backward's autograd.grad
     if method == "fused":
         if not per_head:
             raise ValueError(f"method='fused' needs numbers or per-head tensors (broadcastable to (B, H, 1, 1)) "
@@ -209,8 +215,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         if rule is None or not per_head:
             raise ValueError(f"normalizer {normalizer!r} with these parameters has no streaming path; "
                              "use method='auto' or 'dense'")
+        if torch.compiler.is_compiling() and hasattr(rule, "search"):
+            # traced, the streaming forward is differentiated as written (see streaming_attention),
+            # and a searched threshold carries no gradient there
+            return dense_attention(inp, normalizer, params)
         return streaming_attention(rule, inp, merged, block_q, block_k)
     return dense_attention(inp, normalizer, params)
+
+
+def _records_gradient(*tensors_and_params) -> bool:
+    """Whether autograd records a gradient for any of the tensors (``dict``s: their values)."""
+    if not torch.is_grad_enabled():
+        return False
+    flat = [x for t in tensors_and_params for x in (t.values() if isinstance(t, dict) else (t,))]
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
 
 
 def _holds_non_finite(inp: AttentionInputs) -> bool:

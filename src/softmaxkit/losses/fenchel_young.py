@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import torch
 
+from .._autograd import without_forward_mode
 from .. import registry
 from .._checks import (
     backward_in_torch_ops,
@@ -122,7 +123,8 @@ class _Conjugate(torch.autograd.Function):
 
     Its gradient is ``p_hat``: the forward's, or, when a graph of the gradient is wanted
     (``create_graph=True``, batched gradients, ``torch.func``), ``p_hat`` computed again with the
-    differentiable normalizer, whose Jacobian is then the Hessian of the loss.
+    differentiable normalizer, whose Jacobian is then the Hessian of the loss; also while
+    ``torch.compile`` traces (which cannot ask those questions, and may build such a graph).
     """
 
     generate_vmap_rule = True
@@ -144,7 +146,7 @@ class _Conjugate(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad, _grad_p):
         z, p = ctx.saved_tensors
-        if backward_in_torch_ops(grad) or is_functorch_wrapped(z):
+        if torch.compiler.is_compiling() or backward_in_torch_ops(grad) or is_functorch_wrapped(z):
             p = registry.normalize(z, ctx.normalizer, dim=-1, **ctx.params)
         return grad.unsqueeze(-1) * p, None, None, None
 
@@ -152,6 +154,9 @@ class _Conjugate(torch.autograd.Function):
     def jvp(ctx, dz, _dnormalizer, _dparams, _dalpha):
         _, p = ctx.saved_tensors
         return (p * dz).sum(-1), None
+
+
+_ConjugateTraced = without_forward_mode(_Conjugate)   # while torch.compile traces
 
 
 def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: str = "softmax",
@@ -214,7 +219,8 @@ def fenchel_young_loss(logits: torch.Tensor, target: torch.Tensor, normalizer: s
         # a row of all -inf has Omega*(theta) = -inf; its loss is +inf through `impossible`
         conjugate = torch.where(visible.any(-1), conjugate, torch.zeros_like(conjugate))
     else:
-        conjugate, _ = _Conjugate.apply(z, normalizer, params, alpha)
+        conjugate, _ = (_ConjugateTraced if torch.compiler.is_compiling() else _Conjugate).apply(
+            z, normalizer, params, alpha)
     infinite = torch.where(impossible, torch.full((), float("inf"), dtype=z.dtype, device=z.device),
                            torch.zeros((), dtype=z.dtype, device=z.device))
     loss = conjugate - theta_y + omega_y + infinite

@@ -28,10 +28,10 @@ import torch
 
 from .._checks import (
     backward_in_torch_ops,
+    can_branch_on,
     check_floating,
     check_in_range,
     check_int_in_range,
-    is_functorch_wrapped,
     under_transform,
 )
 from .._rows import compute_dtype
@@ -427,14 +427,14 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
         ``torch.no_grad()`` when only the value is wanted. A second backward through the
         same loss (``retain_graph=True``) recomputes the logits. Second derivatives (a
         backward with ``create_graph=True``), batched gradients, ``torch.func`` transforms
-        (``grad``, ``vmap``, ``jvp``...) and forward-mode AD compute the same loss and
-        gradients in plain torch ops on the full logits: ``O(N * V)`` memory.
+        (``grad``, ``vmap``, ``jvp``...), forward-mode AD and ``torch.compile`` compute the
+        same loss and gradients in plain torch ops on the full logits: ``O(N * V)`` memory.
     """
     _check_inputs(hidden, weight, target, bias)
     target = target.long()      # every integer dtype (int8, uint8, ...) as int64 indices
     vocab = weight.shape[0]
     check_ignore_index(ignore_index)
-    if not is_functorch_wrapped(target):   # (a target seen through vmap has no values to check)
+    if can_branch_on(target):   # (not a target seen through vmap, or while torch.compile traces)
         _check_targets(target, vocab, ignore_index)
     label_smoothing = check_in_range(label_smoothing, "label_smoothing", 0.0, 1.0)
     z_penalty = check_in_range(z_penalty, "z_penalty", 0.0)
@@ -449,6 +449,6 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                    z_penalty=z_penalty, reduction=reduction, chunk_size=chunk_size,
                    vocab_block=vocab_block, fused=wants_grad and reduction != "none")
     batch_shape = target.shape
-    run = _plain_loss if under_transform() else _LinearCrossEntropy.apply
+    run = _plain_loss if torch.compiler.is_compiling() or under_transform() else _LinearCrossEntropy.apply
     loss = run(hidden.reshape(-1, hidden.shape[-1]), weight, bias, target.reshape(-1), setup)
     return loss.reshape(batch_shape) if reduction == "none" else loss

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 
+from .._autograd import without_forward_mode
 from .._checks import can_branch_on, check_at_least, check_finite
 from .._rows import Rows, nonzero_or_one
 from ..kernels.entmax_grad import centered, dp_dalpha, entmax_weights
@@ -215,10 +216,8 @@ def _wide(t: torch.Tensor) -> torch.Tensor:
     return t if t.dtype == torch.float64 or t.device.type == "mps" else t.double()
 
 
-class _EntmaxCore(torch.autograd.Function):
-    r"""alpha-entmax on the last axis with its closed-form backward (:class:`_EntmaxFunction`
-    adds the forward mode; this class without it is what ``torch.compile`` traces, since dynamo
-    does not trace a custom ``jvp``).
+class _EntmaxFunction(torch.autograd.Function):
+    r"""alpha-entmax on the last axis with its closed-form backward.
 
     Gradient with respect to the scores (Peters et al. 2019, Prop. 1): with
     ``g_i = p_i^{2-alpha}`` on the support (0 elsewhere; ``g = 1`` on the support for
@@ -286,29 +285,27 @@ class _EntmaxCore(torch.autograd.Function):
             grad_u = terms.sum(-1, keepdim=True).sum_to_size(u.shape).to(u.dtype)
         return grad_z, None, grad_u, None
 
+    @staticmethod
+    def jvp(ctx, dz, _dvisible, du, _dmethod):
+        """Forward mode (``torch.func.jvp``, ``forward_ad``): the Jacobian in ``z`` is symmetric,
+        so the tangent is the backward's formula applied to ``dz``, plus ``dp/du * du``."""
+        p, u = ctx.saved_tensors
+        wp, wu = _wide(p), _wide(u)
+        g, g_sum, on, log_p = entmax_weights(wp, wu)
+        out = torch.zeros_like(wp)
+        if dz is not None:
+            out = centered(g, _wide(dz), g_sum, ctx.method == "bisect")
+        if du is not None:
+            out = out + dp_dalpha(wp, wu, g, g_sum, on, log_p) * _wide(du)
+        return out.to(p.dtype)
 
-def _entmax_jvp(ctx, dz, _dvisible, du, _dmethod):
-    """Forward mode (``torch.func.jvp``, ``forward_ad``): the Jacobian in ``z`` is symmetric,
-    so the tangent is the backward's formula applied to ``dz``, plus ``dp/du * du``."""
-    p, u = ctx.saved_tensors
-    wp, wu = _wide(p), _wide(u)
-    g, g_sum, on, log_p = entmax_weights(wp, wu)
-    out = torch.zeros_like(wp)
-    if dz is not None:
-        out = centered(g, _wide(dz), g_sum, ctx.method == "bisect")
-    if du is not None:
-        out = out + dp_dalpha(wp, wu, g, g_sum, on, log_p) * _wide(du)
-    return out.to(p.dtype)
 
-
-class _EntmaxFunction(_EntmaxCore):
-    """:class:`_EntmaxCore` with its forward mode (:func:`_entmax_jvp`): what eager code runs."""
-    jvp = staticmethod(_entmax_jvp)
+_EntmaxTraced = without_forward_mode(_EntmaxFunction)
 
 
 def _entmax_function():
-    """The autograd Function to apply: without a forward mode while ``torch.compile`` traces."""
-    return _EntmaxCore if torch.compiler.is_compiling() else _EntmaxFunction
+    """:class:`_EntmaxFunction`, without its forward mode while ``torch.compile`` traces."""
+    return _EntmaxTraced if torch.compiler.is_compiling() else _EntmaxFunction
 
 
 # ----------------------------------------------------------------------------------------
