@@ -420,3 +420,63 @@ def test_log_softmax_infinite_upstream_at_subnormal_probabilities(backend, dtype
     assert torch.isinf(got[0, 2:]).sum() > 1000   # the case is exercised: subnormal entries got -inf
     finite = torch.isfinite(expected)
     torch.testing.assert_close(got[finite], expected[finite])
+
+
+@pytest.mark.parametrize("dtype, gap", [(torch.float32, 103.5), (torch.float64, 744.0)])
+@pytest.mark.parametrize("op", ["softmax", "logsumexp"])
+def test_infinite_upstream_where_the_quotient_underflows(op, dtype, gap):
+    """An entry whose ``exp`` is a nonzero subnormal but whose probability ``exp / sum`` rounds
+    to 0 (ten equal scores, one ``gap`` below): an infinite incoming gradient there passes
+    nothing, on every backend. The reference, which dropped it only where ``exp`` was exactly
+    0, made the softmax's whole row NaN (the quotient's backward, ``inf * 0``) and passed
+    ``inf`` to the log-sum-exp's entry, where the kernels give 0 (found by a hostile sweep,
+    2026-12-04)."""
+    x = torch.zeros(3, 11, dtype=dtype)
+    x[:, -1] = -gap
+    upstream = torch.ones(3, 11, dtype=dtype) if op == "softmax" else torch.ones(3, dtype=dtype)
+
+    def fn(t):
+        return sk.softmax(t) if op == "softmax" else sk.logsumexp(t)
+
+    with sk.use_backend("reference"):
+        assert fn(x)[0, -1] == 0 if op == "softmax" else True
+    if op == "softmax":
+        upstream[:, -1] = math.inf
+    else:
+        upstream[:] = math.inf   # d lse / dx_last = p_last * inf
+    grads = {b: _grads(fn, x, b, lambda out: upstream) for b in BACKENDS + ["auto"]}
+    for backend, grad in grads.items():
+        assert not grad.isnan().any(), backend
+        assert (grad[:, -1] == 0).all(), backend
+        if op == "softmax":
+            torch.testing.assert_close(grad, grads["numba"], atol=torch.finfo(dtype).eps, rtol=0)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("alpha", [1.7, 3.0])
+def test_entmax_infinite_upstream_on_the_support(alpha, dtype, threads):
+    """One infinite incoming gradient on the support: the alpha gradient is that infinity
+    (the numba backward's row sums gave ``inf - inf = NaN``), and the scores' gradient is the
+    reference's (past alpha = 2 its leave-one-out form gave the smallest weight ``+inf``, the
+    reference ``inf - inf``); rows of finite gradients beside it are unchanged."""
+    x = torch.tensor([[1.0, 0.9, 0.5, -3.0, 0.7], [0.0, 0.3, -5.0, -6.0, -7.0]] * 3, dtype=dtype)
+    upstream = torch.randn(6, 5, generator=torch.Generator().manual_seed(7), dtype=dtype)
+    upstream[0, 0] = math.inf
+    upstream[1, 0] = -math.inf
+    results = {}
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for backend in BACKENDS:
+            xi = x.clone().requires_grad_()
+            a = torch.full((6, 1), alpha, dtype=dtype, requires_grad=True)
+            with sk.use_backend(backend):
+                out = sk.entmax(xi, alpha=a)
+            results[backend] = torch.autograd.grad(out, (xi, a), upstream)
+    finally:
+        torch.set_num_threads(before)
+    (dx_ref, da_ref), (dx, da) = results["reference"], results["numba"]
+    assert torch.isinf(da_ref[:2]).all()
+    torch.testing.assert_close(da, da_ref, equal_nan=True)
+    torch.testing.assert_close(dx, dx_ref, equal_nan=True)

@@ -65,16 +65,18 @@ def limit_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 def softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """Softmax along the last axis over visible entries (building block, no checks). An entry
-    whose ``exp`` is exactly 0 (hidden, ``-inf``, or underflowed) passes no incoming gradient,
-    even an infinite one (``torch.special.entr``'s at ``p = 0``: the quotient's backward took
-    ``inf * 0 = NaN`` into the row), as the kernels' backward has it."""
+    of probability 0 (hidden, ``-inf``, its ``exp`` underflowed, or its quotient: a subnormal
+    ``exp`` over a sum above 1) passes no incoming gradient, even an infinite one
+    (``torch.special.entr``'s at ``p = 0``: the quotient's backward took ``inf * 0 = NaN`` into
+    the row), as the kernels' backward has it."""
     e, _, _, inf_rows = _exp_terms(z, visible)
     # an entry of probability 0 is a constant of its row: its gradient is exactly 0, even
     # where a NaN or an infinite incoming gradient makes the row's <p, g> non-finite
     e = torch.where(e == 0, e.detach(), e)
     d = e.sum(-1, keepdim=True)
-    zero = (e == 0) & ~torch.isnan(d)   # (a visible NaN makes its whole row NaN)
-    p = torch.where(zero, torch.zeros_like(e), e / nonzero_or_one(d))
+    q = e / nonzero_or_one(d)
+    zero = (q == 0) & ~torch.isnan(d)   # (a visible NaN makes its whole row NaN)
+    p = torch.where(zero, torch.zeros_like(e), q)
     return torch.where(inf_rows, infinite_limit(z.detach(), visible), p)
 
 
@@ -91,11 +93,11 @@ def log_softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """log-sum-exp along the last axis (keepdim); ``-inf`` for an empty row. As in
-    :func:`softmax_rows`, an entry whose ``exp`` is exactly 0 passes no incoming gradient,
-    even an infinite or NaN one (the sum's backward took ``inf * 0 = NaN`` there); a row
-    holding a visible NaN keeps a NaN gradient throughout."""
+    :func:`softmax_rows`, an entry of probability 0 (its ``exp`` exactly 0, or ``exp / sum``)
+    passes no incoming gradient, even an infinite or NaN one (the sum's backward took
+    ``inf * 0 = NaN`` there); a row holding a visible NaN keeps a NaN gradient throughout."""
     e, d, m, inf_rows = _exp_terms(z, visible)
-    e = torch.where((e == 0) & ~torch.isnan(d), e.detach(), e)
+    e = torch.where((e / nonzero_or_one(d) == 0) & ~torch.isnan(d), e.detach(), e)
     d = e.sum(-1, keepdim=True)
     any_visible = visible.any(-1, keepdim=True)
     out = m + torch.log(nonzero_or_one(d))

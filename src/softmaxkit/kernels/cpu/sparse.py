@@ -621,7 +621,8 @@ def entmax_backward_rows(p, dy, alpha, dx, dalpha, want_alpha=True):
         for j in range(count):
             i = idx[j]
             dxr[i] = gs[j] * (np.float64(gr[i]) - mean)
-        if u > 1.0 and count > 1:
+        finite = math.isfinite(mean)   # else an infinite or NaN dy on the support: the reference's inf - inf
+        if u > 1.0 and count > 1 and finite:
             # past alpha = 2, g = p^{2-alpha} grows without bound as p -> 0: the smallest p may
             # hold nearly all of sum g, and its dy - mean cancels; it takes the leave-one-out form
             k = 0
@@ -634,6 +635,18 @@ def entmax_backward_rows(p, dy, alpha, dx, dalpha, want_alpha=True):
             dxr[idx[k]] = gs[k] * spread / sum_g
         if not want_alpha:
             dalpha[r] = 0.0
+        elif not finite:
+            # entry by entry, sum_i dy_i dp_i/dalpha, as the reference sums it: one infinite dy
+            # gives an infinity, where the row sums above would give inf - inf
+            total = 0.0
+            for j in range(count):
+                pi, g = vals[j], gs[j]
+                if u < 1.0:
+                    w = _alpha_weight(pi, g, u) - g * sum_h / sum_g
+                else:
+                    w = (pi - g / sum_g) / (u * u) - (pi * math.log(pi) - g * sum_plogp / sum_g) / u
+                total += w * np.float64(gr[idx[j]])
+            dalpha[r] = total
         elif u < 1.0:
             dalpha[r] = sum_h_dy - mean * sum_h
         else:
