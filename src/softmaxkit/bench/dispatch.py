@@ -183,6 +183,8 @@ def _judge(table: Table) -> None:
     table.status = ("held" if cells_ok and median_ok else "partly" if cells_ok or median_ok
                     else "did not hold")
     detail = ", ".join(f"{r[2]} {r[3]} {r[4]} {r[0]} ({r[-1]:.2f})" for r in failing[:6])
+    if len(failing) > 6:
+        detail += f" and {len(failing) - 6} more
     table.verdict = (f"{len(table.rows) - len(failing)} of {len(table.rows)} cells within {limit:.3f} of the better "
                      f"(worst auto / best {max(worst):.2f}); median torch / auto {median:.2f}."
                      + (f" Cells over the limit: {detail}." if failing else ""))
