@@ -15,13 +15,18 @@ makes the Function's twin without its ``jvp``; the caller applies the twin while
 
 from __future__ import annotations
 
+from typing import TypeVar, cast
+
 import torch
 
 __all__ = ["without_forward_mode"]
 
+_F = TypeVar("_F", bound=type[torch.autograd.Function])
 
-def without_forward_mode(function: type) -> type:
+
+def without_forward_mode(function: _F) -> _F:
     """The autograd Function ``function`` with the base class's ``jvp``, which dynamo accepts."""
-    return type(function.__name__ + "WithoutForwardMode", (function,),
+    twin = type(function.__name__ + "WithoutForwardMode", (function,),
                 {"jvp": staticmethod(torch.autograd.Function.jvp),
                  "__doc__": f":class:`{function.__name__}` without its forward mode, for torch.compile."})
+    return cast(_F, twin)

@@ -184,7 +184,7 @@ def _judge(table: Table) -> None:
                     else "did not hold")
     detail = ", ".join(f"{r[2]} {r[3]} {r[4]} {r[0]} ({r[-1]:.2f})" for r in failing[:6])
     if len(failing) > 6:
-        detail += f" and {len(failing) - 6} more
+        detail += f" and {len(failing) - 6} more"
     table.verdict = (f"{len(table.rows) - len(failing)} of {len(table.rows)} cells within {limit:.3f} of the better "
                      f"(worst auto / best {max(worst):.2f}); median torch / auto {median:.2f}."
                      + (f" Cells over the limit: {detail}." if failing else ""))

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from .._autograd import without_forward_mode
 from .. import registry
+from .._autograd import without_forward_mode
 from .._checks import (
     backward_in_torch_ops,
     can_branch_on,
