@@ -498,7 +498,7 @@ class ThresholdRule(StreamRule):
         steps = torch.arange(1, self.CANDIDATES + 1, dtype=m.dtype, device=m.device) / (self.CANDIDATES + 1)
         tiny = torch.finfo(m.dtype).eps
         passes, branch = self.MAX_SEARCH_PASSES, can_branch_on(m)
-        if not branch:   # traced (no stop on the values): the passes that shrink a width-1 bracket to the stop's
+        if not branch:   # traced, no stop on the values: the passes that take a width-1 bracket to the stop
             passes = min(passes, math.ceil(-math.log(4 * tiny) / math.log(self.CANDIDATES + 1)) + 1)
         for _ in range(passes):
             width = hi - lo
