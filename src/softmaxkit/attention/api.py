@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -156,15 +157,20 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
     block_q, block_k = _blocks(block_size)
     inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
     clean = zero_unseen(q, k, v, attn_mask)
+    seen = None
     if clean is not None:
-        q, k, v = clean
+        q, k, v, seen = clean
         inp = prepare(q, k, v, is_causal=is_causal, attn_mask=attn_mask, scale=scale)
+    if is_causal and inp.offset < 0:   # the first Lq - Lk queries see no key
+        causal_seen = (torch.arange(inp.shape[2], device=q.device) >= -inp.offset).reshape(1, 1, -1, 1)
+        seen = causal_seen if seen is None else seen & causal_seen
+    held = functools.partial(_constant_unseen_rows, seen=seen)
     if not torch.compiler.is_compiling():  # a reference on a dummy row may branch on data (sparsemax)
         _validate(spec, params, inp)
     # under torch.func / forward AD every method is the dense reference: the other paths are
     # autograd Functions and kernels reading data (torch's CPU flash kernel has no jvp)
     if _gives_a_key_everything(attn_mask) or under_transform():
-        return dense_attention(inp, normalizer, params)
+        return held(dense_attention(inp, normalizer, params))
     learnable_mask = _learnable_mask(attn_mask)
     plan = sdpa_plan(spec, params, inp) if method in ("auto", "sdpa") else None
     if method == "auto":
@@ -185,12 +191,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
             method = _auto(spec, params, merged, inp, None)
         elif sdpa_backward_drifts(attn_mask, inp, plan):
             if plan.sink is None and plan.row_scale is None:
-                return dense_attention(inp, normalizer, params)
+                return held(dense_attention(inp, normalizer, params))
             method = _auto(spec, params, merged, inp, None)
         else:
             out = run_sdpa(plan, inp, q, k, v)
             if checks_skipped(inp) or not bool(out.isnan().any()):
-                return out
+                return held(out)
             # infinite or overflowing scores, which SDPA makes NaN; the other paths give the reference's rows
             method = "dense" if learnable_mask else _auto(spec, params, merged, inp, None)
     if method == "fused" and _triton_device(q):
@@ -199,17 +205,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         reason = _triton_reason(spec, params, inp)
         if reason is not None:
             raise ValueError(f"method='fused' cannot run normalizer {normalizer!r} here: {reason}")
-        return triton_attention(q, k, v, normalizer, is_causal=is_causal, attn_mask=attn_mask, scale=scale, **params)
+        return held(triton_attention(q, k, v, normalizer, is_causal=is_causal, attn_mask=attn_mask, scale=scale,
+                                     **params))
     if method in ("fused", "streaming") and _holds_non_finite(inp):
-        return dense_attention(inp, normalizer, params)
+        return held(dense_attention(inp, normalizer, params))
     per_head = _params_per_head(spec, merged, inp)
     if method == "fused" and torch.compiler.is_compiling() and _records_gradient(q, k, v, params):
-        return dense_attention(inp, normalizer, params)   # dynamo cannot trace the fused backward's autograd.grad
+        # dynamo cannot trace the fused backward's autograd.grad
+        return held(dense_attention(inp, normalizer, params))
     if method == "fused":
         if not per_head:
             raise ValueError(f"method='fused' needs numbers or per-head tensors (broadcastable to (B, H, 1, 1)) "
                              f"as parameters of {normalizer!r}; use method='auto' or 'dense'")
-        return fused_attention(spec, inp, merged, None if block_size is None else block_q)
+        return held(fused_attention(spec, inp, merged, None if block_size is None else block_q))
     rule = spec.stream_rule(merged)
     if method == "streaming":
         if rule is None or not per_head:
@@ -218,9 +226,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
         if torch.compiler.is_compiling() and hasattr(rule, "search"):
             # traced, the streaming forward is differentiated as written (see streaming_attention),
             # and a searched threshold carries no gradient there
-            return dense_attention(inp, normalizer, params)
-        return streaming_attention(rule, inp, merged, block_q, block_k)
-    return dense_attention(inp, normalizer, params)
+            return held(dense_attention(inp, normalizer, params))
+        return held(streaming_attention(rule, inp, merged, block_q, block_k))
+    return held(dense_attention(inp, normalizer, params))
+
+
+def _constant_unseen_rows(out: torch.Tensor, seen: torch.Tensor | None) -> torch.Tensor:
+    """``out`` with no gradient through its query rows that see no key (``seen`` False: their
+    output is the constant 0): an infinite or NaN incoming gradient there reached every key's
+    gradient on the SDPA, fused and streaming paths (``0 * inf`` in their backwards), where the
+    dense reference passes nothing."""
+    if seen is None or not out.requires_grad:
+        return out
+    return torch.where(seen, out, torch.zeros((), dtype=out.dtype, device=out.device))
 
 
 def _records_gradient(*tensors_and_params) -> bool:

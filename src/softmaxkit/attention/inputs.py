@@ -145,13 +145,14 @@ def check_mask(attn_mask, shape, layout: str = "(B, H, Lq, Lk)",
 
 
 def zero_unseen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask):
-    """``(q, k, v)`` (checked by :func:`prepare`) with 0 for each key and value that ``attn_mask``
-    hides from every query of its head, and each query that it lets see no key; None when
-    there is none (or no mask). Their weights are exactly 0, but ``0 * NaN`` is NaN: garbage
-    in such a slot (a preallocated key/value cache read past its length, ``torch.empty``'s
-    contents) reached every output and gradient of the head (torch's SDPA too). They are
-    constants of the result, so their gradients stay 0. ``finfo.min`` fills are not hidden
-    (a query row of them averages the values), only ``False`` and ``-inf``."""
+    """``(q, k, v, seen)`` (checked by :func:`prepare`) with 0 for each key and value that
+    ``attn_mask`` hides from every query of its head, and each query that it lets see no key
+    (``seen``, ``(B or 1, H or 1, Lq, 1)``, False there); None when there is none (or no mask).
+    Their weights are exactly 0, but ``0 * NaN`` is NaN: garbage in such a slot (a preallocated
+    key/value cache read past its length, ``torch.empty``'s contents) reached every output and
+    gradient of the head (torch's SDPA too). They are constants of the result, so their
+    gradients stay 0. ``finfo.min`` fills are not hidden (a query row of them averages the
+    values), only ``False`` and ``-inf``."""
     if attn_mask is None or not isinstance(attn_mask, torch.Tensor) or attn_mask.dim() == 0:
         return None
     seen = attn_mask if attn_mask.dtype == torch.bool else attn_mask != float("-inf")
@@ -165,7 +166,7 @@ def zero_unseen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask):
     if can_branch_on(seen) and bool(keys.all()) and bool(queries.all()):
         return None
     zero = torch.zeros((), dtype=q.dtype, device=q.device)
-    return torch.where(queries, q, zero), torch.where(keys, k, zero), torch.where(keys, v, zero)
+    return torch.where(queries, q, zero), torch.where(keys, k, zero), torch.where(keys, v, zero), queries
 
 
 def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
