@@ -147,7 +147,8 @@ def check_mask(attn_mask, shape, layout: str = "(B, H, Lq, Lk)",
 def zero_unseen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask):
     """``(q, k, v, seen)`` (checked by :func:`prepare`) with 0 for each key and value that
     ``attn_mask`` hides from every query of its head, and each query that it lets see no key
-    (``seen``, ``(B or 1, H or 1, Lq, 1)``, False there); None when there is none (or no mask).
+    (``seen``, ``(B or 1, H or 1, Lq, 1)``, False there; None when every query sees a key);
+    None when there is none (or no mask).
     Their weights are exactly 0, but ``0 * NaN`` is NaN: garbage in such a slot (a preallocated
     key/value cache read past its length, ``torch.empty``'s contents) reached every output and
     gradient of the head (torch's SDPA too). They are constants of the result, so their
@@ -163,10 +164,12 @@ def zero_unseen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask):
         keys = keys.reshape(keys.shape[0], k.shape[1], groups, keys.shape[-1]).any(2)
     keys = keys.unsqueeze(-1)
     queries = seen.any(-1, keepdim=True)      # (B or 1, H or 1, Lq, 1)
-    if can_branch_on(seen) and bool(keys.all()) and bool(queries.all()):
+    every_query = can_branch_on(seen) and bool(queries.all())
+    if every_query and bool(keys.all()):
         return None
     zero = torch.zeros((), dtype=q.dtype, device=q.device)
-    return torch.where(queries, q, zero), torch.where(keys, k, zero), torch.where(keys, v, zero), queries
+    return (torch.where(queries, q, zero), torch.where(keys, k, zero), torch.where(keys, v, zero),
+            None if every_query else queries)
 
 
 def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
