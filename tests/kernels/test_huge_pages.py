@@ -150,3 +150,14 @@ def test_logsumexp_gradient_into_a_large_output(every_output_is_large):
     (grad,) = torch.autograd.grad(sk.logsumexp(x).sum(), x)
     torch.testing.assert_close(grad, torch.softmax(x.detach(), -1))
     assert dispatch.plan("logsumexp", x) in ("aten", "numba")
+
+
+def test_empty_like_keeps_the_device_and_gives_contiguous_memory():
+    """Found on a GPU (2026-12-04): ``memory.empty_like`` of a CUDA tensor was a CPU tensor, so
+    ``sk.logsumexp`` of a CUDA tensor failed in its backward (``torch.softmax(..., out=)`` on two
+    devices). The meta device stands in for CUDA here."""
+    x = torch.empty(4, 6, device="meta")
+    for t in (x, x.t()):
+        out = memory.empty_like(t)
+        assert out.device == t.device and out.shape == t.shape and out.dtype == t.dtype
+        assert out.is_contiguous()

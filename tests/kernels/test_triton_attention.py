@@ -478,14 +478,15 @@ def test_auto_on_the_triton_device_takes_the_kernels_or_a_differentiating_path(m
     ``"auto"`` is the method the error recommends."""
     from softmaxkit.attention import api
 
-    monkeypatch.setattr(api, "_triton_device", lambda t: True)
-    q, k, v = (t.float() for t in _inputs(1, 2, 1, 6, 6, 16))
+    if DEVICE == "cpu":
+        monkeypatch.setattr(api, "_triton_device", lambda t: True)
+    q, k, v = (t.float().to(DEVICE) for t in _inputs(1, 2, 1, 6, 6, 16))
     assert auto_method(q, k, v, "sigmoid", is_causal=True) == "fused"
     assert auto_method(q, k, v, "adaptive_softmax") in ("streaming", "dense")  # no Triton pieces
     assert auto_method(q, k, v, "softmax") == "sdpa"
     torch.testing.assert_close(sk.attention(q, k, v, "sigmoid", is_causal=True),
                                fused_attention(q, k, v, "sigmoid", is_causal=True))
-    bias = torch.randn(6, 6, requires_grad=True)
+    bias = torch.randn(6, 6, device=DEVICE, requires_grad=True)
     assert auto_method(q, k, v, "sigmoid", attn_mask=bias) == "dense"
     out = sk.attention(q, k, v, "sigmoid", attn_mask=bias)
     (gb,) = torch.autograd.grad(out.sum(), (bias,))

@@ -319,8 +319,12 @@ def crossovers(threads=(1, 2), repeats: int = 5, shapes=None, runs: int = 1,
     return table, frozenset(wins)
 
 
-def run(quick: bool = False) -> list[Table]:
-    """The dispatch grid and the page-fault table (quick: tiny shapes, seconds)."""
+def run(quick: bool = False, device: str = "cpu") -> list[Table]:
+    """The dispatch grid and the page-fault table (quick: tiny shapes, seconds); with
+    ``device="cuda"``, the GPU grid of :mod:`.dispatch_gpu`."""
+    if device == "cuda":
+        from . import dispatch_gpu
+        return dispatch_gpu.run(quick=quick)
     shapes = QUICK_SHAPES if quick else FULL_SHAPES
     grid = grid_table(shapes, repeats=2 if quick else 11, budget=QUICK_ROUND_BUDGET if quick else None)
     thp = page_fault_table(THP_SHAPE_QUICK if quick else THP_SHAPE, repeats=2 if quick else 7)

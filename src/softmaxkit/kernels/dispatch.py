@@ -19,17 +19,18 @@ Backends (:func:`use_backend`):
   float64, C-contiguous, normalised along the last axis, no ``mask`` except for sparsemax
   and entmax, whose kernels take a bool mask as ``-inf`` scores; op-specific parameters
   such as a float temperature, see :func:`plan`), whatever its size.
-* ``"triton"``: the GPU kernels (softmax forward and backward) for CUDA inputs when
-  Triton is importable.
+* ``"triton"``: the GPU kernels (softmax and log-softmax, forward and backward) for CUDA
+  inputs when Triton is importable.
 * ``"auto"`` (default): for ``softmax`` / ``log_softmax`` / ``logsumexp``, the numba
   kernel only where it measurably beats aten (:data:`NUMBA_WINS`, measured per op,
   dtype, forward or forward+backward, row-length class and thread count), aten
   (``torch.softmax`` / ``log_softmax`` / ``logsumexp``, masks applied with
   ``masked_fill``, rows aten does not define as the reference does recomputed by it)
   otherwise, so that ``sk.softmax`` is never measurably slower than ``torch.softmax``.
+  On CUDA these three ops take aten: the Triton kernels lost to it in every cell of the
+  dispatch grid on an H200 (1.4-7x; ``softmaxkit bench dispatch --device cuda``).
   For the ops without an aten equivalent (sparsemax, entmax, fused top-k) numba for
-  covered CPU inputs of at least :data:`AUTO_MIN_NUMEL` elements, Triton on CUDA when
-  importable, the reference otherwise.
+  covered CPU inputs of at least :data:`AUTO_MIN_NUMEL` elements, the reference otherwise.
 
 The choice is a context variable: it is per thread (and per asyncio task), and
 ``use_backend`` blocks nest, the innermost winning.
@@ -543,6 +544,7 @@ def _wins(op, dtype, rows, n, grad, threads) -> bool:
 # ----------------------------------------------------------------------------------------
 
 _ATEN_OPS = ("softmax", "log_softmax", "logsumexp")
+_TRITON_OPS = ("softmax", "log_softmax")
 _NUMBA_DTYPES = (torch.float32, torch.float64)
 
 
@@ -570,9 +572,6 @@ def plan(op: str, x, dim=-1, mask=None, **params) -> str:
                 and x.dim() and _numba_wins(op, x) and _numba_covers(x, dim, mask, backend)
                 and _numba_params(op, x, params)):
             return "numba"
-        if (op == "softmax" and isinstance(x, torch.Tensor) and x.is_cuda
-                and _triton_covers(x, dim, mask) and _float_temperature(params)):
-            return "triton"
         return "aten" if _aten_covers(op, x, dim, mask, params) else "reference"
     # here backend is "numba" or "triton", or "auto" for an op without an aten equivalent
     if backend in ("numba", "auto") and _numba_covers(x, dim, mask, backend) and _numba_params(op, x, params):
@@ -580,7 +579,7 @@ def plan(op: str, x, dim=-1, mask=None, **params) -> str:
     if (backend in ("numba", "auto") and op in _SPARSE_OPS and mask is not None and _mask_broadcasts(mask, x)
             and _numba_covers(x, dim, None, backend) and _numba_params(op, x, params)):
         return "numba"   # the mask as -inf scores: hidden entries of the kernel
-    if (backend in ("triton", "auto") and op == "softmax" and _triton_covers(x, dim, mask)
+    if (backend == "triton" and op in _TRITON_OPS and _triton_covers(x, dim, mask)
             and _float_temperature(params)):
         return "triton"
     return "reference"
@@ -607,7 +606,7 @@ def run(op: str, reference: Callable, x, dim=-1, mask=None, **params):
         return _run_numba(op, reference, x, params, mask)
     if how == "triton":
         from .gpu import softmax as gpu_softmax
-        return gpu_softmax.softmax(x, temperature=float(params.get("temperature", 1.0)))
+        return getattr(gpu_softmax, op)(x, temperature=float(params.get("temperature", 1.0)))
     return reference(x, dim=dim, mask=mask, **params)
 
 
@@ -1287,7 +1286,11 @@ def _run_aten(op, reference, x, dim, mask, params):
     d = dim % x.dim()
     if x.shape[d] == 0:
         return reference(x, dim=dim, mask=mask, **params)
-    half = x.dtype in (torch.float16, torch.bfloat16)
+    t = params.get("temperature", 1.0)
+    # half precision computes in float32, except aten's own CUDA softmax and log-softmax (which
+    # accumulate in float32 and round once: the same values, without two conversion passes)
+    half = x.dtype in (torch.float16, torch.bfloat16) and not (
+        x.is_cuda and op != "logsumexp" and type(t) in (int, float) and t == 1)
     z = x.float() if half else x
     scores = None
     if op == "logsumexp":

@@ -1,0 +1,132 @@
+"""Bench ``dispatch --device cuda``: the default ``auto`` backend against torch on a GPU.
+
+The CUDA half of :mod:`softmaxkit.bench.dispatch`: the same grid (op x shape x dtype x
+forward or forward + backward), float32 and bfloat16, with four callables timed,
+interleaved, in one process: torch (``torch.softmax`` / ``log_softmax`` / ``logsumexp``),
+the Triton kernel (:mod:`softmaxkit.kernels.gpu.softmax`; none for log-sum-exp), aten as
+``auto`` runs it (:func:`softmaxkit.kernels.dispatch._run_aten`: aten, then a look at one
+column for the rows the reference defines differently, which waits for the GPU) and ``auto``
+itself. The figure is ``auto / min(torch, kernel)``, as on the CPU.
+
+Each timed call is :data:`QUEUE` calls queued back to back and one synchronisation, divided
+by :data:`QUEUE`: the time per call of a training loop, where the CPU's launches overlap the
+GPU's work unless something waits for the GPU (a host-device synchronisation shows here, as
+it does in the loop).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+
+import torch
+
+import softmaxkit as sk
+
+from .._table import Table
+from ..kernels import dispatch
+from .dispatch import FULL_SHAPES, OPS, PASSES, QUICK_SHAPES, TARGET_CELL, TARGET_MEDIAN, interleaved_times
+
+DTYPES = (torch.float32, torch.bfloat16)
+QUEUE = 10
+ROUND_BUDGET = 0.03
+
+
+def _torch_op(op):
+    fn = {"softmax": torch.softmax, "log_softmax": torch.log_softmax, "logsumexp": torch.logsumexp}[op]
+    return lambda x: fn(x, -1)
+
+
+def _kernel_op(op):
+    if op == "logsumexp":
+        return None
+    from ..kernels.gpu import softmax as gpu
+    return getattr(gpu, op)
+
+
+def _aten_op(op):
+    reference = {"softmax": sk.softmax, "log_softmax": sk.log_softmax, "logsumexp": sk.logsumexp}[op]
+
+    return lambda x: dispatch._run_aten(op, reference, x, -1, None, {})
+
+
+def _sk_op(op):
+    fn = getattr(sk, op)
+    return lambda x: fn(x, dim=-1)
+
+
+def _queued(fn, x, pass_):
+    """``QUEUE`` calls and one synchronisation."""
+    if pass_ == "fwd":
+        def one():
+            fn(x)
+    else:
+        g = torch.randn_like(fn(x).detach())
+
+        def one():
+            torch.autograd.grad(fn(x), x, g)
+
+    def call():
+        for _ in range(QUEUE):
+            one()
+        torch.cuda.synchronize()
+    return call
+
+
+def grid_table(shapes, repeats: int, budget: float) -> Table:
+    name = torch.cuda.get_device_name(0)
+    table = Table(f"sk (auto backend) against torch and the Triton kernel, {name}", [
+        "shape", "kind", "op", "dtype", "pass", "torch us", "kernel us", "aten route us", "auto us", "auto picks",
+        "torch / auto", "auto / best"])
+    for kind, shape in shapes:
+        for dtype in DTYPES:
+            for pass_ in PASSES:
+                x = (torch.randn(*shape, device="cuda", dtype=torch.float32) * 3).to(dtype)
+                if pass_ == "fwd+bwd":
+                    x.requires_grad_()
+                for op in OPS:
+                    picked = dispatch.plan(op, x, -1, None)
+                    kernel = _kernel_op(op)
+                    fns = [_queued(_torch_op(op), x, pass_), _queued(_aten_op(op), x, pass_),
+                           _queued(_sk_op(op), x, pass_)]
+                    if kernel is not None:
+                        fns.append(_queued(kernel, x, pass_))
+                    times = [t / QUEUE * 1e6 for t in interleaved_times(fns, repeats, budget)]
+                    t_torch, t_aten, t_auto = times[:3]
+                    t_kernel = times[3] if kernel is not None else float("nan")
+                    best = min(t_torch, t_kernel) if kernel is not None else t_torch
+                    table.add("x".join(map(str, shape)), kind, op, str(dtype).replace("torch.", ""), pass_,
+                              t_torch, t_kernel, t_aten, t_auto, picked, t_torch / t_auto, t_auto / best)
+                del x
+                gc.collect()
+                torch.cuda.empty_cache()
+    speedups = [row[-2] for row in table.rows]
+    limit = 1 / TARGET_CELL
+    failing = [row for row in table.rows if row[-1] > limit]
+    median = statistics.median(speedups) if speedups else float("nan")
+    table.claim = (f"on the GPU too, auto is never measurably slower than the better of torch and the Triton "
+                   f"kernel (auto / best <= {limit:.3f} in every cell), median torch / auto >= {TARGET_MEDIAN}.")
+    table.status = ("held" if not failing and median >= TARGET_MEDIAN
+                    else "partly" if not failing or median >= TARGET_MEDIAN else "did not hold")
+    detail = ", ".join(f"{r[2]} {r[3]} {r[4]} {r[0]} ({r[-1]:.2f})" for r in failing[:6])
+    if len(failing) > 6:
+        detail += f" and {len(failing) - 6} more"
+    table.verdict = (f"{len(table.rows) - len(failing)} of {len(table.rows)} cells within {limit:.3f} of the better; "
+                     f"median torch / auto {median:.2f}." + (f" Over the limit: {detail}." if failing else ""))
+    table.notes = (f"torch {torch.__version__}. Times per call: {QUEUE} calls queued and one synchronisation, the "
+                   "fastest of interleaved rounds. 'aten route' is aten as auto runs it where it does not take "
+                   "the kernel (a look at one column for rows to recompute: it waits for the GPU).")
+    return table
+
+
+def run(quick: bool = False) -> list[Table]:
+    if not torch.cuda.is_available():
+        return [Table("sk (auto backend) against torch and the Triton kernel (CUDA)", [],
+                      skipped="no CUDA device: --device cuda needs a GPU")]
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return [Table("sk (auto backend) against torch and the Triton kernel (CUDA)", [],
+                      skipped="triton is not installed (pip install softmaxkit[gpu])")]
+    shapes = QUICK_SHAPES if quick else FULL_SHAPES
+    return [grid_table(shapes, repeats=3 if quick else 7, budget=0.005 if quick else ROUND_BUDGET)]
