@@ -352,3 +352,47 @@ def test_auto_method_names_the_path_attention_runs_for_a_padded_query_with_gradi
     assert auto_method(q, k, v, attn_mask=mask) == "dense"
     with torch.no_grad():
         assert auto_method(q, k, v, attn_mask=mask) == "sdpa"
+
+
+def test_sdpa_gets_the_mask_unexpanded_and_the_callers_tensors():
+    """2026-12-04: the mask reached SDPA expanded to (B, H, Lq, Lk), which SDPA turned into an
+    additive mask of that size (forward + backward 1.4x SDPA's own on the CPU); and float16 /
+    bfloat16 inputs were converted to float32 before SDPA, which takes the caller's tensors
+    (300 us of a 480 us forward on an H200)."""
+    from softmaxkit.attention import inputs, sdpa
+
+    mask = torch.ones(6, 6, dtype=torch.bool).tril()
+    assert sdpa.compact(mask.expand(2, 3, 6, 6)).shape == (1, 1, 6, 6)
+    assert sdpa.compact(torch.ones(2, 1, 6, 6, dtype=torch.bool).expand(2, 3, 6, 6)).shape == (2, 1, 6, 6)
+    assert sdpa.compact(None) is None
+    made = []
+    original = inputs.AttentionInputs._all_heads
+
+    def spy(self, t):
+        made.append(t.shape)
+        return original(self, t)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 6, 8, generator=g).to(torch.bfloat16).requires_grad_() for _ in range(3))
+    for kw in ({"is_causal": True}, {"attn_mask": mask}):
+        expected = sk.attention(q.float(), k.float(), v.float(), "softmax", method="dense", **kw)
+        assert auto_method(q, k, v, "softmax", **kw) == "sdpa"
+        try:
+            inputs.AttentionInputs._all_heads = spy
+            out = sk.attention(q, k, v, "softmax", **kw)
+        finally:
+            inputs.AttentionInputs._all_heads = original
+        assert not made
+        torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_all_finite_reads_nan_and_infinities(dtype):
+    from softmaxkit.kernels.dispatch import all_finite
+
+    x = torch.randn(3, 50).to(dtype)
+    assert all_finite(x) and all_finite(x.t()) and all_finite(x[:0])
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        y = x.clone()
+        y[2, 7] = bad
+        assert not all_finite(y) and not all_finite(y.t()) and not all_finite(y[2:, 7:8])

@@ -9,7 +9,9 @@ import torch
 
 from .. import registry
 from .._checks import can_branch_on, check_choice, under_transform
+from .._rows import compute_dtype
 from ..forms import COUNT
+from ..kernels.dispatch import all_finite
 from ..registry import NormalizerSpec
 from .dense import dense_attention
 from .fused import auto_prefers, fused_attention, largest_magnitude, pays_off_when_small, row_kernels_apply
@@ -26,7 +28,7 @@ SMALL_SCORES = 128 * 128
 
 def _validate(spec: NormalizerSpec, params: dict, inp: AttentionInputs) -> None:
     b, h, _, lk = inp.shape
-    validate_params(spec, params, (b, h, lk), inp.q.dtype, inp.q.device)
+    validate_params(spec, params, (b, h, lk), compute_dtype(inp.given_q.dtype), inp.device)
 
 
 def validate_params(spec: NormalizerSpec, params: dict, shape: tuple[int, int, int], dtype: torch.dtype,
@@ -195,9 +197,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
             method = _auto(spec, params, merged, inp, None)
         else:
             out = run_sdpa(plan, inp, q, k, v)
-            if checks_skipped(inp) or not bool(out.isnan().any()):
+            if checks_skipped(inp) or all_finite(out):
                 return held(out)
             # infinite or overflowing scores, which SDPA makes NaN; the other paths give the reference's rows
+            # (an infinite value, whose output is infinite, takes them too: rare, and they agree there)
             method = "dense" if learnable_mask else _auto(spec, params, merged, inp, None)
     if method == "fused" and _triton_device(q):
         from .fused_triton import fused_attention as triton_attention
@@ -307,12 +310,12 @@ def _auto(spec: NormalizerSpec, params: dict, merged: dict, inp: AttentionInputs
     _, _, lq, lk = inp.shape
     if not _params_per_head(spec, merged, inp):
         return "dense"
-    if _triton_device(inp.q) and _triton_reason(spec, params, inp) is None:
+    if _triton_device(inp.given_q) and _triton_reason(spec, params, inp) is None:
         return "fused"
-    if lq * lk <= SMALL_SCORES and not (inp.q.device.type == "cpu" and pays_off_when_small(spec, merged, inp)):
+    if lq * lk <= SMALL_SCORES and not (inp.device.type == "cpu" and pays_off_when_small(spec, merged, inp)):
         return "dense"
     streams = spec.stream_rule(merged) is not None
-    if inp.q.device.type == "cpu" and auto_prefers(spec, merged, streams, row_kernels_apply(inp)):
+    if inp.device.type == "cpu" and auto_prefers(spec, merged, streams, row_kernels_apply(inp)):
         return "fused"
     return "streaming" if streams else "dense"
 
