@@ -135,16 +135,19 @@ def _softmax_backward_kernel(y_ptr, g_ptr, x_ptr, dx_ptr, limit_ptr, n, scale, B
     x_row = x_ptr + row * n
     g_row = g_ptr + row * n
     dx_row = dx_ptr + row * n
-    acc = tl.zeros((), tl.float32)
+    # the row's sum in float64: summed in float32 over 9000 entries, its rounding (times a
+    # probability) made the log-softmax gradient's error 8x torch's on an H200
+    acc = tl.zeros((), tl.float64)
     for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         y = tl.load(y_row + offs, mask=offs < n, other=float("-inf") if LOG else 0.0).to(tl.float32)
         g = tl.load(g_row + offs, mask=offs < n, other=0.0).to(tl.float32)
         if LOG:
             kept = _log_kept(x_row, offs, n, y)
-            acc += tl.sum(tl.where(kept, g, 0.0), axis=0)
+            acc += tl.sum(tl.where(kept, g, 0.0).to(tl.float64), axis=0)
         else:
-            acc += tl.sum(tl.where(y != 0, y * g, 0.0), axis=0)
+            acc += tl.sum(tl.where(y != 0, y * g, 0.0).to(tl.float64), axis=0)
+    total = acc.to(tl.float32)
     limit = tl.load(limit_ptr + row)
     for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
@@ -152,9 +155,9 @@ def _softmax_backward_kernel(y_ptr, g_ptr, x_ptr, dx_ptr, limit_ptr, n, scale, B
         g = tl.load(g_row + offs, mask=offs < n, other=0.0).to(tl.float32)
         if LOG:
             kept = _log_kept(x_row, offs, n, y)
-            inner = tl.where(kept, g - _exp(y, PRECISE) * acc, 0.0)
+            inner = tl.where(kept, g - _exp(y, PRECISE) * total, 0.0)
         else:
-            inner = tl.where(y != 0, y * g - y * acc, 0.0)
+            inner = tl.where(y != 0, y * g - y * total, 0.0)
         dx = tl.where(inner == 0, 0.0, inner * scale)   # (a one-hot row at a scale of inf)
         # a row whose maximum is +inf: its output is the limit, whose gradient is 0
         dx = tl.where(limit != 0, 0.0, dx)
