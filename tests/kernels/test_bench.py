@@ -40,6 +40,28 @@ def test_bench_dispatch_quick_runs(monkeypatch, capsys):
     assert "sk (auto backend) against torch and the numba kernel" in capsys.readouterr().out
 
 
+def test_bench_dispatch_on_cuda_skips_without_a_gpu_and_its_grid_is_well_formed(monkeypatch):
+    """``bench dispatch --device cuda``: without a GPU one skipped table with the reason; its grid
+    run on CPU tensors (the Triton kernels interpreted) has a row per cell, auto's choice, and
+    no kernel time for log-sum-exp (no Triton kernel)."""
+    pytest.importorskip("triton")
+    from softmaxkit.bench import dispatch as bench_dispatch
+    from softmaxkit.bench import dispatch_gpu
+
+    if not torch.cuda.is_available():
+        (table,) = bench_dispatch.run(quick=True, device="cuda")
+        assert table.skipped and "CUDA" in table.skipped
+    monkeypatch.setattr(dispatch_gpu, "DEVICE", "cpu")
+    monkeypatch.setattr(dispatch_gpu, "QUEUE", 1)
+    grid = dispatch_gpu.grid_table([("vocab", (2, 64))], repeats=1, budget=0.0)
+    assert len(grid.rows) == len(dispatch_gpu.OPS) * len(dispatch_gpu.PASSES) * len(dispatch_gpu.DTYPES)
+    for row in grid.rows:
+        assert len(row) == len(grid.columns)
+        assert math.isnan(row[6]) == (row[2] == "logsumexp")
+        assert all(v > 0 for v in (row[5], row[7], row[8]))
+    assert grid.claim and grid.verdict and grid.status
+
+
 def test_crossovers_pool_runs_per_shape_and_name_known_cells(monkeypatch):
     """``--crossovers --runs 2``: a row per run and shape; the win rule sees each shape once,
     as the median of its runs (here forced: the kernel's ratios 0.5 then 2.0 give 1.25,

@@ -28,6 +28,8 @@ from ..kernels import dispatch
 from .dispatch import FULL_SHAPES, OPS, PASSES, QUICK_SHAPES, TARGET_CELL, TARGET_MEDIAN, interleaved_times
 
 DTYPES = (torch.float32, torch.bfloat16)
+#: (the tests run the grid on CPU tensors under Triton's interpreter)
+DEVICE = "cuda"
 QUEUE = 10
 ROUND_BUDGET = 0.03
 
@@ -69,19 +71,24 @@ def _queued(fn, x, pass_):
     def call():
         for _ in range(QUEUE):
             one()
-        torch.cuda.synchronize()
+        _synchronize()
     return call
 
 
+def _synchronize():
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
 def grid_table(shapes, repeats: int, budget: float) -> Table:
-    name = torch.cuda.get_device_name(0)
+    name = torch.cuda.get_device_name(0) if DEVICE == "cuda" else DEVICE
     table = Table(f"sk (auto backend) against torch and the Triton kernel, {name}", [
         "shape", "kind", "op", "dtype", "pass", "torch us", "kernel us", "aten route us", "auto us", "auto picks",
         "torch / auto", "auto / best"])
     for kind, shape in shapes:
         for dtype in DTYPES:
             for pass_ in PASSES:
-                x = (torch.randn(*shape, device="cuda", dtype=torch.float32) * 3).to(dtype)
+                x = (torch.randn(*shape, device=DEVICE, dtype=torch.float32) * 3).to(dtype)
                 if pass_ == "fwd+bwd":
                     x.requires_grad_()
                 for op in OPS:
@@ -99,7 +106,8 @@ def grid_table(shapes, repeats: int, budget: float) -> Table:
                               t_torch, t_kernel, t_aten, t_auto, picked, t_torch / t_auto, t_auto / best)
                 del x
                 gc.collect()
-                torch.cuda.empty_cache()
+                if DEVICE == "cuda":
+                    torch.cuda.empty_cache()
     speedups = [row[-2] for row in table.rows]
     limit = 1 / TARGET_CELL
     failing = [row for row in table.rows if row[-1] > limit]
