@@ -190,20 +190,36 @@ def zero_unseen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask):
     values), only ``False`` and ``-inf``."""
     if attn_mask is None or not isinstance(attn_mask, torch.Tensor) or attn_mask.dim() == 0:
         return None
-    seen = attn_mask if attn_mask.dtype == torch.bool else attn_mask != float("-inf")
-    seen = seen.reshape((1,) * (4 - seen.dim()) + tuple(seen.shape)).to(q.device)
-    keys = seen.any(-2)                       # (B or 1, H or 1, Lk)
+    mask = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)).to(q.device)
+    keys, queries = _seen_keys_and_queries(mask)
     groups = q.shape[1] // k.shape[1] if k.shape[1] else 1
     if keys.shape[1] != 1 and groups != 1:    # a key/value head is seen when any of its query heads sees it
         keys = keys.reshape(keys.shape[0], k.shape[1], groups, keys.shape[-1]).any(2)
     keys = keys.unsqueeze(-1)
-    queries = seen.any(-1, keepdim=True)      # (B or 1, H or 1, Lq, 1)
-    every_query = can_branch_on(seen) and bool(queries.all())
-    if every_query and bool(keys.all()):
+    branch = can_branch_on(mask)
+    every_query = branch and bool(queries.all())
+    every_key = branch and bool(keys.all())
+    if every_query and every_key:
         return None
     zero = torch.zeros((), dtype=q.dtype, device=q.device)
-    return (torch.where(queries, q, zero), torch.where(keys, k, zero), torch.where(keys, v, zero),
+    return (q if every_query else torch.where(queries, q, zero),   # (a copy of q: 1.2 ms at 2 x 8 x 1024 x 64)
+            k if every_key else torch.where(keys, k, zero), v if every_key else torch.where(keys, v, zero),
             None if every_query else queries)
+
+
+def _seen_keys_and_queries(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whether the 4-d ``mask`` lets any query see each key (``(B or 1, H or 1, Lk)``) and each
+    query see any key (``(B or 1, H or 1, Lq, 1)``): ``amax`` over the mask's bytes (a bool
+    mask) or values (a float one; NaN counts as seen), a tenth to a fortieth of the time of
+    ``any`` over a bool copy (1 ms for a 1024 x 1024 float mask on the CPU)."""
+    if mask.numel() == 0:   # (amax refuses an empty axis)
+        seen = mask if mask.dtype == torch.bool else mask != float("-inf")
+        return seen.any(-2), seen.any(-1, keepdim=True)
+    if mask.dtype == torch.bool:
+        values, hidden = mask.view(torch.uint8), 0.0
+    else:
+        values, hidden = mask, float("-inf")
+    return values.amax(-2) != hidden, values.amax(-1, keepdim=True) != hidden
 
 
 def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
