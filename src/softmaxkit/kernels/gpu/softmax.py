@@ -128,6 +128,19 @@ def _log_kept(x_row, offs, n, y):
 
 
 @triton.jit
+def _backward_tile(y_row, g_row, x_row, offs, n, LOG: tl.constexpr):
+    """A tile's output and incoming gradient (float32), and the entries that pass a gradient
+    (nonzero probability; log-softmax: :func:`_log_kept`)."""
+    y = tl.load(y_row + offs, mask=offs < n, other=float("-inf") if LOG else 0.0).to(tl.float32)
+    g = tl.load(g_row + offs, mask=offs < n, other=0.0).to(tl.float32)
+    if LOG:
+        kept = _log_kept(x_row, offs, n, y)
+    else:
+        kept = y != 0
+    return y, g, kept
+
+
+@triton.jit
 def _softmax_backward_kernel(y_ptr, g_ptr, x_ptr, dx_ptr, limit_ptr, n, scale, BLOCK: tl.constexpr,
                              LOG: tl.constexpr, PRECISE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
@@ -139,25 +152,17 @@ def _softmax_backward_kernel(y_ptr, g_ptr, x_ptr, dx_ptr, limit_ptr, n, scale, B
     # probability) made the log-softmax gradient's error 8x torch's on an H200
     acc = tl.zeros((), tl.float64)
     for start in range(0, n, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        y = tl.load(y_row + offs, mask=offs < n, other=float("-inf") if LOG else 0.0).to(tl.float32)
-        g = tl.load(g_row + offs, mask=offs < n, other=0.0).to(tl.float32)
-        if LOG:
-            kept = _log_kept(x_row, offs, n, y)
-            acc += tl.sum(tl.where(kept, g, 0.0).to(tl.float64), axis=0)
-        else:
-            acc += tl.sum(tl.where(y != 0, y * g, 0.0).to(tl.float64), axis=0)
+        y, g, kept = _backward_tile(y_row, g_row, x_row, start + tl.arange(0, BLOCK), n, LOG)
+        acc += tl.sum(tl.where(kept, g if LOG else y * g, 0.0).to(tl.float64), axis=0)
     total = acc.to(tl.float32)
     limit = tl.load(limit_ptr + row)
     for start in range(0, n, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        y = tl.load(y_row + offs, mask=offs < n, other=float("-inf") if LOG else 0.0).to(tl.float32)
-        g = tl.load(g_row + offs, mask=offs < n, other=0.0).to(tl.float32)
+        y, g, kept = _backward_tile(y_row, g_row, x_row, offs, n, LOG)
         if LOG:
-            kept = _log_kept(x_row, offs, n, y)
             inner = tl.where(kept, g - _exp(y, PRECISE) * total, 0.0)
         else:
-            inner = tl.where(y != 0, y * g - y * total, 0.0)
+            inner = tl.where(kept, y * g - y * total, 0.0)
         dx = tl.where(inner == 0, 0.0, inner * scale)   # (a one-hot row at a scale of inf)
         # a row whose maximum is +inf: its output is the limit, whose gradient is 0
         dx = tl.where(limit != 0, 0.0, dx)
