@@ -403,7 +403,7 @@ def test_seen_keys_and_queries_equal_any_over_the_visible_entries():
     1024 x 1024 float mask) equal ``any`` of the visible entries: NaN counts as visible,
     ``-inf`` and False as hidden, empty axes give nothing seen; and a padding mask that leaves
     every query a key returns ``q`` itself (no copy)."""
-    from softmaxkit.attention.inputs import _seen_keys_and_queries, zero_unseen
+    from softmaxkit.attention.inputs import _seen_keys_and_queries, hide_keys, zero_unseen
 
     g = torch.Generator().manual_seed(0)
     base = torch.randn(2, 3, 5, 7, generator=g)
@@ -420,5 +420,43 @@ def test_seen_keys_and_queries_equal_any_over_the_visible_entries():
     q, k, v = (torch.randn(2, 3, 5, 4, generator=g) for _ in range(3))
     padding = torch.ones(2, 1, 1, 5, dtype=torch.bool)
     padding[1, ..., 3:] = False
-    q2, k2, v2, seen = zero_unseen(q, k, v, padding)
-    assert q2 is q and seen is None and k2[1, :, 3:].eq(0).all() and v2[1, :, 3:].eq(0).all()
+    q2, keys, seen = zero_unseen(q, k, v, padding)
+    assert q2 is q and seen is None and keys.shape == (2, 1, 5, 1) and keys[1, 0, 3:].eq(False).all()
+    k2, v2 = hide_keys(k, v, keys)
+    assert k2[1, :, 3:].eq(0).all() and v2[1, :, 3:].eq(0).all() and torch.equal(k2[0], k[0])
+
+
+@pytest.mark.parametrize("garbage", [float("nan"), float("inf"), 1e30, -3e38])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_key_padding_on_sdpa_keeps_garbage_in_hidden_slots_out(garbage, dtype):
+    """SDPA takes the hidden keys and values as they are only when they cannot reach the result
+    (2026-12-04: zeroing them copied k and v, 2 ms of 15): a NaN, an infinity or a finite value
+    whose score overflows in a hidden slot still gives the dense reference's output and
+    gradients, on every row."""
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    padding = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    padding[1, ..., 4:] = False
+    for target in ("k", "v", "none"):
+        kk, vv = k.clone(), v.clone()
+        if target == "k":
+            kk[1, :, 4:] = garbage
+        elif target == "v":
+            vv[1, :, 4:] = garbage
+        leaves = [t.to(dtype).requires_grad_() for t in (q, kk, vv)]
+        out = sk.attention(*leaves, "softmax", attn_mask=padding)
+        grads = torch.autograd.grad(out.float().sum(), leaves)
+        clean = [t.to(dtype).double().requires_grad_() for t in (q, k, v)]
+        expected = sk.attention(*clean, "softmax", attn_mask=padding, method="dense")
+        expected_grads = torch.autograd.grad(expected.sum(), clean)
+        tol = {torch.bfloat16: {"atol": 3e-2, "rtol": 3e-2}, torch.float32: {"atol": 1e-5, "rtol": 1e-4},
+               torch.float64: {}}[dtype]
+        torch.testing.assert_close(out.double(), expected, **tol)
+        for got, want in zip(grads, expected_grads):
+            want = want.clone()
+            assert torch.isfinite(got).all()
+            if target != "none":   # (the hidden slots' gradients are 0 where they are zeroed)
+                got = got.double().clone()
+                got[1, :, 4:] = 0
+                want[1, :, 4:] = 0
+            torch.testing.assert_close(got.double(), want, **tol)

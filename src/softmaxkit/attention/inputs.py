@@ -179,10 +179,12 @@ def check_mask(attn_mask, shape, layout: str = "(B, H, Lq, Lk)",
 
 
 def zero_unseen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask):
-    """``(q, k, v, seen)`` (checked by :func:`prepare`) with 0 for each key and value that
-    ``attn_mask`` hides from every query of its head, and each query that it lets see no key
-    (``seen``, ``(B or 1, H or 1, Lq, 1)``, False there; None when every query sees a key);
-    None when there is none (or no mask).
+    """``(q, keys, seen)`` for ``q, k, v`` (checked by :func:`prepare`): ``q`` with 0 for each
+    query that ``attn_mask`` lets see no key (``seen``, ``(B or 1, H or 1, Lq, 1)``, False there;
+    None when every query sees a key), and ``keys`` (``(B or 1, H or 1, Lk, 1)``, False for each
+    key that it hides from every query of its head; None when it hides none), which
+    :func:`hide_keys` applies to ``k`` and ``v``; None when there is no such query or key (or no
+    mask).
     Their weights are exactly 0, but ``0 * NaN`` is NaN: garbage in such a slot (a preallocated
     key/value cache read past its length, ``torch.empty``'s contents) reached every output and
     gradient of the head (torch's SDPA too). They are constants of the result, so their
@@ -203,8 +205,13 @@ def zero_unseen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask):
         return None
     zero = torch.zeros((), dtype=q.dtype, device=q.device)
     return (q if every_query else torch.where(queries, q, zero),   # (a copy of q: 1.2 ms at 2 x 8 x 1024 x 64)
-            k if every_key else torch.where(keys, k, zero), v if every_key else torch.where(keys, v, zero),
-            None if every_query else queries)
+            None if every_key else keys, None if every_query else queries)
+
+
+def hide_keys(k: torch.Tensor, v: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k`` and ``v`` with 0 where ``keys`` (:func:`zero_unseen`) is False."""
+    zero = torch.zeros((), dtype=k.dtype, device=k.device)
+    return torch.where(keys, k, zero), torch.where(keys, v, zero)
 
 
 def _seen_keys_and_queries(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
