@@ -169,7 +169,9 @@ def grid_table(shapes, repeats: int, budget: float | None = None) -> Table:
     return table
 
 
-def _judge(table: Table) -> None:
+def judge_grid(table: Table, kernel: str) -> None:
+    """The claim, status and verdict of a dispatch grid whose last two columns are torch / auto
+    and auto / best (``kernel``: what the best is taken over besides torch)."""
     speedups = [row[-2] for row in table.rows]
     worst = [row[-1] for row in table.rows]
     limit = 1 / TARGET_CELL
@@ -177,7 +179,7 @@ def _judge(table: Table) -> None:
     median = statistics.median(speedups) if speedups else float("nan")
     cells_ok = not failing
     median_ok = median >= TARGET_MEDIAN
-    table.claim = (f"auto is never measurably slower than the better of torch and the numba kernel "
+    table.claim = (f"auto is never measurably slower than the better of torch and {kernel} "
                    f"(every cell auto / best <= {limit:.3f}, i.e. >= {TARGET_CELL} of the better), and "
                    f"the median of torch / auto over the grid is >= {TARGET_MEDIAN}.")
     table.status = ("held" if cells_ok and median_ok else "partly" if cells_ok or median_ok
@@ -188,6 +190,10 @@ def _judge(table: Table) -> None:
     table.verdict = (f"{len(table.rows) - len(failing)} of {len(table.rows)} cells within {limit:.3f} of the better "
                      f"(worst auto / best {max(worst):.2f}); median torch / auto {median:.2f}."
                      + (f" Cells over the limit: {detail}." if failing else ""))
+
+
+def _judge(table: Table) -> None:
+    judge_grid(table, "the numba kernel")
     h = machine_header()
     table.notes = (f"{h['cpu']}, {h['threads']} threads, torch {h['torch']}, numba {h['numba']}. Each time is "
                    "the fastest of interleaved rounds in one process (see interleaved_times); 'kernel' is the "

@@ -17,7 +17,6 @@ it does in the loop).
 from __future__ import annotations
 
 import gc
-import statistics
 
 import torch
 
@@ -25,18 +24,13 @@ import softmaxkit as sk
 
 from .._table import Table
 from ..kernels import dispatch
-from .dispatch import FULL_SHAPES, OPS, PASSES, QUICK_SHAPES, TARGET_CELL, TARGET_MEDIAN, interleaved_times
+from .dispatch import _TORCH, FULL_SHAPES, OPS, PASSES, QUICK_SHAPES, _callable, _sk, interleaved_times, judge_grid
 
 DTYPES = (torch.float32, torch.bfloat16)
 #: (the tests run the grid on CPU tensors under Triton's interpreter)
 DEVICE = "cuda"
 QUEUE = 10
 ROUND_BUDGET = 0.03
-
-
-def _torch_op(op):
-    fn = {"softmax": torch.softmax, "log_softmax": torch.log_softmax, "logsumexp": torch.logsumexp}[op]
-    return lambda x: fn(x, -1)
 
 
 def _kernel_op(op):
@@ -47,26 +41,13 @@ def _kernel_op(op):
 
 
 def _aten_op(op):
-    reference = {"softmax": sk.softmax, "log_softmax": sk.log_softmax, "logsumexp": sk.logsumexp}[op]
-
+    reference = getattr(sk, op)
     return lambda x: dispatch._run_aten(op, reference, x, -1, None, {})
 
 
-def _sk_op(op):
-    fn = getattr(sk, op)
-    return lambda x: fn(x, dim=-1)
-
-
 def _queued(fn, x, pass_):
-    """``QUEUE`` calls and one synchronisation."""
-    if pass_ == "fwd":
-        def one():
-            fn(x)
-    else:
-        g = torch.randn_like(fn(x).detach())
-
-        def one():
-            torch.autograd.grad(fn(x), x, g)
+    """``QUEUE`` calls (forward, or forward and backward) and one synchronisation."""
+    one = _callable(fn, x, pass_)
 
     def call():
         for _ in range(QUEUE):
@@ -94,8 +75,7 @@ def grid_table(shapes, repeats: int, budget: float) -> Table:
                 for op in OPS:
                     picked = dispatch.plan(op, x, -1, None)
                     kernel = _kernel_op(op)
-                    fns = [_queued(_torch_op(op), x, pass_), _queued(_aten_op(op), x, pass_),
-                           _queued(_sk_op(op), x, pass_)]
+                    fns = [_queued(_TORCH[op], x, pass_), _queued(_aten_op(op), x, pass_), _queued(_sk(op), x, pass_)]
                     if kernel is not None:
                         fns.append(_queued(kernel, x, pass_))
                     times = [t / QUEUE * 1e6 for t in interleaved_times(fns, repeats, budget)]
@@ -108,19 +88,7 @@ def grid_table(shapes, repeats: int, budget: float) -> Table:
                 gc.collect()
                 if DEVICE == "cuda":
                     torch.cuda.empty_cache()
-    speedups = [row[-2] for row in table.rows]
-    limit = 1 / TARGET_CELL
-    failing = [row for row in table.rows if row[-1] > limit]
-    median = statistics.median(speedups) if speedups else float("nan")
-    table.claim = (f"on the GPU too, auto is never measurably slower than the better of torch and the Triton "
-                   f"kernel (auto / best <= {limit:.3f} in every cell), median torch / auto >= {TARGET_MEDIAN}.")
-    table.status = ("held" if not failing and median >= TARGET_MEDIAN
-                    else "partly" if not failing or median >= TARGET_MEDIAN else "did not hold")
-    detail = ", ".join(f"{r[2]} {r[3]} {r[4]} {r[0]} ({r[-1]:.2f})" for r in failing[:6])
-    if len(failing) > 6:
-        detail += f" and {len(failing) - 6} more"
-    table.verdict = (f"{len(table.rows) - len(failing)} of {len(table.rows)} cells within {limit:.3f} of the better; "
-                     f"median torch / auto {median:.2f}." + (f" Over the limit: {detail}." if failing else ""))
+    judge_grid(table, "the Triton kernel")
     table.notes = (f"torch {torch.__version__}. Times per call: {QUEUE} calls queued and one synchronisation, the "
                    "fastest of interleaved rounds. 'aten route' is aten as auto runs it where it does not take "
                    "the kernel (a look at one column for rows to recompute: it waits for the GPU).")
