@@ -112,3 +112,43 @@ def test_entmax_family_gradient_under_compile_fullgraph(call):
         results.append((out.detach(), xi.grad, alpha.grad))
     for eager, compiled in zip(*results):
         torch.testing.assert_close(compiled, eager)
+
+
+#: (rows, n): one long row, rows past the kernels' parallel size, short rows past the lanes' minimum
+CAPTURED_SHAPES = [(1, 20000), (8, 20000), (64, 128)]
+
+
+@pytest.mark.parametrize("shape", CAPTURED_SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("name", NAMES)
+def test_a_tensor_the_transform_does_not_wrap(name, shape):
+    """``torch.func.grad`` / ``vmap`` of a function that reads scores it closes over, which
+    require grad: the transform is active and wraps what aten returns though ``x`` itself is
+    not wrapped (the softmax lanes read aten's output by address: "Cannot access data pointer
+    of Tensor that doesn't have storage"; the kernels' autograd Functions have no
+    ``setup_context``: functorch refused them)."""
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(*shape, generator=g) * 3).requires_grad_()
+    params = params_for(name, shape[-1])
+    with sk.use_backend("reference"):
+        expected = sk.normalize(x.detach(), name, **params)
+    weights = torch.randn(expected.shape, generator=g)
+    got = torch.func.grad(lambda w: (w * sk.normalize(x, name, **params)).sum())(weights)
+    torch.testing.assert_close(got, expected, equal_nan=True)
+    batch = torch.stack([weights, 2 * weights])
+    got = torch.func.vmap(lambda w: w * sk.normalize(x, name, **params))(batch)
+    torch.testing.assert_close(got, batch * expected, equal_nan=True)
+
+
+OTHER_OPS = {"log_softmax": lambda x: sk.log_softmax(x), "logsumexp": lambda x: sk.logsumexp(x),
+             "softmax_topk": lambda x: sk.softmax_topk(x, 50)[0],
+             "soft_pool2d": lambda x: sk.ops.soft_pool2d(x.view(2, 4, 100, 200), 2)}
+
+
+@pytest.mark.parametrize("op", OTHER_OPS)
+def test_a_tensor_the_transform_does_not_wrap_other_ops(op):
+    x = (torch.randn(8, 20000, generator=torch.Generator().manual_seed(2)) * 3).requires_grad_()
+    fn = lambda: OTHER_OPS[op](x)  # noqa: E731
+    with sk.use_backend("reference"):
+        expected = fn().detach()
+    weights = torch.rand(expected.shape)
+    torch.testing.assert_close(torch.func.grad(lambda w: (w * fn()).sum())(weights), expected)

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad
 
-from .._checks import backward_in_torch_ops, has_no_data, is_functorch_wrapped, under_transform
+from .._checks import backward_in_torch_ops, has_no_data, is_functorch_wrapped, transforms_active, under_transform
 from . import memory
 from .cpu._intrinsics import CPU_VENDOR, VECTOR_ISA
 from .temperature import times_inverse_temperature
@@ -997,8 +997,9 @@ def _lane_shape(x, dim):
     them to the full path. Compiling is asked before the backend: dynamo folds it to True,
     and cannot trace the context variable's ``get`` (``fullgraph=True`` failed)."""
     if (type(x) is not torch.Tensor or type(dim) is not int or _is_compiling()
-            or _current.get().backend != "auto" or forward_ad._current_level >= 0):
-        return None   # (forward-mode AD: aten's tangent at -inf scores is not the reference's 0)
+            or _current.get().backend != "auto" or forward_ad._current_level >= 0 or transforms_active()):
+        return None   # (forward-mode AD: aten's tangent at -inf scores is not the reference's 0; a
+        # torch.func transform wraps what aten returns even from a tensor it does not wrap)
     if x.dtype not in _READ or not x.is_cpu or x.layout is not _STRIDED or x.is_nested or not x.is_contiguous():
         return None
     shape = x.shape   # (one read: x.size(-1) costs twice shape[-1])
@@ -1230,8 +1231,7 @@ def _kernel_forward(op, x, scale=1.0, algorithm=None):
     gradient is recorded, through :func:`softmaxkit.kernels.cpu.functions.forward_only`;
     None (the full path then runs) when a gradient is wanted, the tensor is seen through a
     transform, or a row needs the reference."""
-    if (x.requires_grad and torch.is_grad_enabled()) or forward_ad._current_level >= 0 \
-            or is_functorch_wrapped(x):
+    if (x.requires_grad and torch.is_grad_enabled()) or under_transform() or is_functorch_wrapped(x):
         return None
     from .cpu import functions
     return functions.forward_only(x, _KERNEL_MODES[op], scale, algorithm)

@@ -6,9 +6,8 @@ import math
 
 import numpy as np
 import torch
-from torch.autograd import forward_ad
 
-from .._checks import backward_in_torch_ops, check_int_in_range, is_functorch_wrapped
+from .._checks import backward_in_torch_ops, check_int_in_range, is_functorch_wrapped, under_transform
 from .._rows import compute_dtype
 from ..functional import softmax
 from ..kernels.dispatch import numba_available
@@ -73,7 +72,7 @@ def _kernel_applies(x) -> bool:
     """The numba kernels run on plain CPU tensors, outside ``torch.compile``, ``torch.func``
     transforms and forward-mode AD (the reference runs there)."""
     return (x.device.type == "cpu" and x.layout == torch.strided and not torch.compiler.is_compiling()
-            and forward_ad._current_level < 0 and not is_functorch_wrapped(x) and numba_available())
+            and not under_transform() and not is_functorch_wrapped(x) and numba_available())
 
 
 class _SoftPool2d(torch.autograd.Function):
