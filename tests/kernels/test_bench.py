@@ -107,8 +107,9 @@ def test_crossovers_time_aten_as_auto_runs_it():
 
 
 def test_dispatch_cell_over_the_limit_is_measured_again(monkeypatch):
-    """A cell whose auto time is over the limit is measured a second time and each callable
-    keeps its faster time; a cell within the limit is measured once."""
+    """A cell whose auto time is over the limit is measured again (at most REMEASURES more
+    times, stopping once within) and each callable keeps its fastest time; a cell within the
+    limit is measured once; a cell where auto stays slower is measured REMEASURES + 1 times."""
     from softmaxkit.bench import dispatch as bench_dispatch
 
     x = torch.randn(2, 64)
@@ -122,10 +123,16 @@ def test_dispatch_cell_over_the_limit_is_measured_again(monkeypatch):
             return next(it)
         return timed
 
-    monkeypatch.setattr(bench_dispatch, "interleaved_times", fake([(1.0, 2.0, 1.5), (1.2, 0.9, 0.95)]))
-    assert bench_dispatch._cell_times("softmax", x, "fwd", 1, None) == [1.0, 0.9, 0.95]
+    monkeypatch.setattr(bench_dispatch, "interleaved_times", fake([(1.0, 2.0, 1.5), (1.2, 0.9, 0.93)]))
+    assert bench_dispatch._cell_times("softmax", x, "fwd", 1, None) == [1.0, 0.9, 0.93]
     assert calls == [3, 3]
     calls.clear()
     monkeypatch.setattr(bench_dispatch, "interleaved_times", fake([(1.0, 2.0, 1.02)]))
     assert bench_dispatch._cell_times("softmax", x, "fwd", 1, None) == [1.0, 2.0, 1.02]
     assert calls == [3]
+    calls.clear()
+    slower = [(1.0, 2.0, 1.3), (0.9, 2.0, 1.2), (1.1, 1.9, 1.25), (0.1, 0.1, 0.1)]
+    monkeypatch.setattr(bench_dispatch, "interleaved_times", fake(slower))
+    assert bench_dispatch.REMEASURES == 2
+    assert bench_dispatch._cell_times("softmax", x, "fwd", 1, None) == [0.9, 1.9, 1.2]
+    assert calls == [3, 3, 3]

@@ -123,20 +123,27 @@ def interleaved_times(fns, repeats: int, budget: float | None = None) -> list[fl
     return [min(t) for t in times]
 
 
+#: How many more times a cell over the limit is measured (see :func:`_cell_times`).
+REMEASURES = 2
+
+
 def _cell_times(op, x, pass_, repeats, budget):
     """Seconds of torch, the kernel and ``auto`` (:func:`interleaved_times`) on one cell. A
-    cell over the limit is measured once more, with new callables, and each callable keeps
-    the faster of its two times: a callable's memory (where its incoming gradient and its
-    outputs land) stays with it for the whole measurement, and where ``auto`` runs the very
-    call the kernel column runs the two differed by 0.83-1.39 in a grid (quartiles
-    0.99-1.04; 2026-12-04, 2 shared cores). A cell where ``auto`` loses loses twice."""
+    cell over the limit is measured again, up to :data:`REMEASURES` times, with new callables,
+    and each callable keeps its fastest time over the measurements: a callable's memory (where
+    its incoming gradient and its outputs land) stays with it for the whole measurement, and
+    where ``auto`` runs the very call the kernel column runs the two differed by 0.83-1.39 in
+    a grid (quartiles 0.99-1.04; 2026-12-04, 2 shared cores). Every callable gets the same
+    measurements, so a cell where ``auto`` is slower stays over the limit: it loses each time."""
     def measure():
         # auto is the default backend: called as a user calls it, with no context manager
         fns = [_callable(_TORCH[op], x, pass_), _kernel_callable(op, x, pass_), _callable(_sk(op), x, pass_)]
         return interleaved_times(fns, repeats, budget)
 
     times = list(measure())
-    if times[2] > min(times[:2]) / TARGET_CELL:
+    for _ in range(REMEASURES):
+        if times[2] <= min(times[:2]) / TARGET_CELL:
+            break
         gc.collect()
         times = [min(a, b) for a, b in zip(times, measure())]
     return times
