@@ -884,15 +884,21 @@ def _recompute_non_finite_rows(y, d, drop_at_zeros=False):
     (``g_j - <y, g>`` overflowing, ``0 * inf`` at that entry alone) cannot slip past the column."""
     if drop_at_zeros:
         y.register_hook(functools.partial(_drop_grad_where, y.detach() == 0))
-    y.grad_fn.register_hook(functools.partial(_recompute_where_not_finite, y.detach(), d))
+    y.grad_fn.register_hook(functools.partial(_recompute_where_not_finite, y.detach(), d, drop_at_zeros))
 
 
-def _recompute_where_not_finite(y, d, grad_inputs, grad_outputs):
+def _recompute_where_not_finite(y, d, zeros_dropped, grad_inputs, grad_outputs):
+    """The hook of :func:`_recompute_non_finite_rows`. Without ``zeros_dropped`` every entry of
+    aten's gradient is looked at, not one column: a huge finite incoming gradient (above
+    ``finfo.max / 2``) can overflow ``g_j - <y, g>`` at one entry, and where ``y_j = 0`` that
+    entry alone is ``0 * inf = NaN``, where the reference's is 0."""
     dx, (grad,) = grad_inputs[0], grad_outputs
     if dx is None or grad is None:
         return None
     try:
-        if not _first_column_has_nan(dx, d, inf_too=True):
+        if zeros_dropped and not _first_column_has_nan(dx, d, inf_too=True):
+            return None
+        if not zeros_dropped and all_finite(dx):
             return None
     except RuntimeError:   # a batched gradient (vmap): no data-dependent branch, recompute
         pass
@@ -1102,7 +1108,9 @@ class _AtenSoftmax(torch.autograd.Function):
     """aten's softmax / log-softmax (last axis, contiguous), forward and backward; with ``huge``
     (large inputs) each writes into a fresh output backed by huge pages
     (:mod:`softmaxkit.kernels.memory`): on a large input most of aten's own time is page
-    faults on its fresh output. A log-softmax gets the reference's gradient at ``-inf``
+    faults on its fresh output. A softmax's backward is the numba kernel's where numba is
+    installed (exact in one pass; aten's needs a look at every entry after it, see
+    :func:`_recompute_where_not_finite`). A log-softmax gets the reference's gradient at ``-inf``
     scores (see :func:`_minus_inf_scores`) from aten's backward after a pass that looks for
     them (with numba, :class:`_KernelSoftmax` runs instead)."""
 
@@ -1127,6 +1135,9 @@ class _AtenSoftmax(torch.autograd.Function):
                     return grad - torch.exp(y) * grad.sum(-1, keepdim=True), None, None
                 return log_softmax_backward_hiding(y, grad, ctx.hidden), None, None
             return softmax_backward_dropping_zeros(y, grad), None, None
+        if not ctx.log and y.is_cpu and y.dtype in _CTYPES and numba_available():
+            # the kernel's one pass: the reference's gradient, where aten's needs a look at every entry
+            return (_FUNCTIONS or _cpu_functions()).backward_from_output(y, grad, PROBS), None, None
         grad = grad.contiguous()
         dx = memory.empty_like(y)
         if ctx.log:
@@ -1135,7 +1146,7 @@ class _AtenSoftmax(torch.autograd.Function):
                 dx.masked_fill_(ctx.hidden, 0)   # see _hide_minus_inf_scores
         else:
             torch.ops.aten._softmax_backward_data.out(grad, y, -1, y.dtype, grad_input=dx)
-            if _first_column_has_nan(dx, y.dim() - 1, inf_too=True):   # see _recompute_non_finite_rows
+            if not all_finite(dx):   # see _recompute_where_not_finite
                 dx = softmax_backward_dropping_zeros(y, grad)
         return dx, None, None
 

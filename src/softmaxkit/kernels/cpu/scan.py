@@ -76,13 +76,17 @@ def _call(kernel, *args):
 
 
 @njit(cache=True, nogil=True)
-def _all_finite(address, count, like):
-    values = carray(_pointer(address, like), (count,))
+def _finite(values):
     finite = True
-    for i in range(count):   # no early exit: a vectorised AND (NaN and +-inf give v - v NaN)
+    for i in range(values.shape[0]):   # no early exit: a vectorised AND (NaN and +-inf give v - v NaN)
         v = values[i]
         finite = finite & (v - v == 0)
     return finite
+
+
+@njit(cache=True, nogil=True)
+def _all_finite(address, count, like):
+    return _finite(carray(_pointer(address, like), (count,)))
 
 
 @njit(cache=True, nogil=True)
@@ -106,8 +110,13 @@ def reaches_floor(t: torch.Tensor, floor: float) -> bool:
 def all_finite(t: torch.Tensor) -> bool:
     """Whether every entry of ``t`` (CPU, float32 or float64, C-contiguous) is finite: the
     log-sum-exp lane's check of its result, read in place (numpy's ``isfinite(...).all()``
-    cost about 8 us a call, more than a small log-sum-exp)."""
-    return _call(_all_finite, t.data_ptr(), t.numel(), _LIKE[t.dtype])
+    cost about 8 us a call, more than a small log-sum-exp); on every thread from
+    :data:`PARALLEL_NUMEL` entries."""
+    count = t.numel()
+    if count < PARALLEL_NUMEL:
+        return _call(_all_finite, t.data_ptr(), count, _LIKE[t.dtype])
+    sync_threads()
+    return _call(runnable(_all_finite_parallel), t.data_ptr(), count, _LIKE[t.dtype])
 
 
 #: Bits of :func:`nan_or_floor`'s result.
@@ -139,6 +148,15 @@ def _not_above_parallel(address, count, like, floor):
     for c in prange((count + _CHUNK - 1) // _CHUNK):
         found += _any_not_above(values[c * _CHUNK:min(count, (c + 1) * _CHUNK)], floor)
     return found > 0
+
+
+@parallel_njit(cache=True, nogil=True)
+def _all_finite_parallel(address, count, like):
+    values = carray(_pointer(address, like), (count,))
+    bad = 0
+    for c in prange((count + _CHUNK - 1) // _CHUNK):
+        bad += not _finite(values[c * _CHUNK:min(count, (c + 1) * _CHUNK)])
+    return bad == 0
 
 
 @njit(cache=True, nogil=True)
