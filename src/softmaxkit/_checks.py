@@ -33,12 +33,19 @@ is_functorch_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor
 #: Whether a ``torch.func`` transform is active, whichever tensors it wraps.
 transforms_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 
+#: How many ``TorchDispatchMode``s are active: ``make_fx``'s tracer (which records the torch ops
+#: it sees: a kernel's work, done outside them, left an empty tensor in the graph),
+#: ``FlopCounterMode``, a fake-tensor mode.
+dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+
 
 def under_transform() -> bool:
-    """Whether a ``torch.func`` transform (``grad``, ``vmap``, ``jvp``...) or a forward-mode AD
-    level is active: kernels, autograd Functions without a forward derivative and branches on
-    values step aside for plain differentiable torch ops there."""
-    return transforms_active() or torch.autograd.forward_ad._current_level >= 0
+    """Whether a ``torch.func`` transform (``grad``, ``vmap``, ``jvp``...), a forward-mode AD
+    level or a ``TorchDispatchMode`` (:data:`dispatch_modes`) is active: kernels, autograd
+    Functions without a forward derivative and branches on values step aside for plain
+    differentiable torch ops there."""
+    return (transforms_active() or torch.autograd.forward_ad._current_level >= 0
+            or (not torch.compiler.is_compiling() and dispatch_modes() > 0))   # (dynamo cannot trace the count)
 
 
 def can_branch_on(t: torch.Tensor) -> bool:
@@ -46,8 +53,8 @@ def can_branch_on(t: torch.Tensor) -> bool:
     not under a ``torch.func`` transform (even when ``t`` itself is not wrapped: the branch
     usually combines it with tensors that are, a ``vmap`` over the mask alone), not on a tensor
     without data (meta, fake)."""
-    return not (torch.compiler.is_compiling() or transforms_active() or is_functorch_wrapped(t)
-                or has_no_data(t))
+    return not (torch.compiler.is_compiling() or transforms_active() or dispatch_modes() > 0
+                or is_functorch_wrapped(t) or has_no_data(t))
 
 
 def backward_in_torch_ops(grad: torch.Tensor | None) -> bool:

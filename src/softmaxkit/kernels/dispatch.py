@@ -51,7 +51,14 @@ import numpy as np
 import torch
 from torch.autograd import forward_ad
 
-from .._checks import backward_in_torch_ops, has_no_data, is_functorch_wrapped, transforms_active, under_transform
+from .._checks import (
+    backward_in_torch_ops,
+    dispatch_modes,
+    has_no_data,
+    is_functorch_wrapped,
+    transforms_active,
+    under_transform,
+)
 from . import memory
 from .cpu._intrinsics import CPU_VENDOR, VECTOR_ISA
 from .temperature import times_inverse_temperature
@@ -990,8 +997,10 @@ def _scans() -> dict:
 _READ = {dtype: kind.from_address for dtype, kind in _CTYPES.items()}
 _STRIDED = torch.strided
 #: (the function itself, which dynamo folds to True while it traces: read through
-#: ``torch.compiler`` it costs a microsecond more once a large op has evicted the lookups)
-_is_compiling = torch.compiler.is_compiling
+#: ``torch.compiler`` it costs a microsecond more once a large op has evicted the lookups;
+#: dynamo's own, one frame: ``is_compiling`` is two, 2-3 us once evicted. Other tracers
+#: (make_fx, export) hand the lanes tensor subclasses, which they refuse.)
+_is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 
 
 def _lane_shape(x, dim):
@@ -1003,9 +1012,11 @@ def _lane_shape(x, dim):
     them to the full path. Compiling is asked before the backend: dynamo folds it to True,
     and cannot trace the context variable's ``get`` (``fullgraph=True`` failed)."""
     if (type(x) is not torch.Tensor or type(dim) is not int or _is_compiling()
-            or _current.get().backend != "auto" or forward_ad._current_level >= 0 or transforms_active()):
+            or _current.get().backend != "auto" or forward_ad._current_level >= 0 or transforms_active()
+            or dispatch_modes()):
         return None   # (forward-mode AD: aten's tangent at -inf scores is not the reference's 0; a
-        # torch.func transform wraps what aten returns even from a tensor it does not wrap)
+        # torch.func transform wraps what aten returns even from a tensor it does not wrap; a
+        # dispatch mode such as make_fx's tracer sees torch ops, not the kernels' work)
     if x.dtype not in _READ or not x.is_cpu or x.layout is not _STRIDED or x.is_nested or not x.is_contiguous():
         return None
     shape = x.shape   # (one read: x.size(-1) costs twice shape[-1])
