@@ -788,12 +788,25 @@ def all_finite(out) -> bool:
         if out.numel() == 1:
             return math.isfinite(_CTYPES[out.dtype].from_address(out.data_ptr()).value)
         finite = (_SCANS or _scans()).get("all finite")
-        if finite is not None and out.is_contiguous():
-            return finite(out)
+        if finite is not None:
+            flat = out if out.is_contiguous() else _dense_memory(out)
+            if flat is not None:
+                return finite(flat)
     if not out.is_floating_point() or out.numel() == 0:
         return bool(torch.isfinite(out).all())
     low, high = torch.aminmax(out.detach())
     return math.isfinite(float(low)) and math.isfinite(float(high))
+
+
+def _dense_memory(t):
+    """``t``'s entries as one contiguous run when they fill their memory with no gap (a
+    permutation of a contiguous tensor: a transpose, a ``movedim``), else None."""
+    expected = 1
+    for stride, size in sorted((s, n) for s, n in zip(t.stride(), t.shape) if n != 1):
+        if stride != expected:
+            return None
+        expected *= size
+    return t.as_strided((t.numel(),), (1,))
 
 
 def _drop_grad_where(hidden, grad):
