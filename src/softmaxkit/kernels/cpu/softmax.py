@@ -511,6 +511,27 @@ def _visible_sum(y, g):
 
 
 @njit(fastmath=_FAST, cache=True, error_model="numpy")
+def _log_backward_without_hidden(y, g, dx, scale):
+    """The log-softmax row gradient ``dx = scale (g - e^y sum g)`` of a row with no ``-inf``
+    output, the common row, whose sum reads only ``g``: True when done; False (``dx`` to be
+    rewritten) when the sum is not finite or an output is ``-inf`` (the sum must leave its
+    ``g`` out). A separate look for ``-inf`` outputs before the sum read ``y`` twice: 1.2-1.3x
+    aten's backward on 8 x 50257, whose rows stream from L3."""
+    wide_vectors()
+    s = g[0] - g[0]
+    for i in range(g.shape[0]):
+        s += g[i]
+    if not np.isfinite(s):
+        return False
+    neg_inf = cast_like(-np.inf, scale)
+    hidden = False
+    for i in range(y.shape[0]):   # one vectorised OR of the comparisons alongside
+        dx[i] = scale * (g[i] - exp_nonpositive_fast(y[i]) * s)
+        hidden = hidden | (y[i] == neg_inf)
+    return not hidden
+
+
+@njit(fastmath=_FAST, cache=True, error_model="numpy")
 def _support_dot(y, g):
     """``<y, g>`` over ``y != 0``."""
     wide_vectors()
@@ -535,6 +556,8 @@ def _backward_row(yr, gr, dr, scale, mode):
         for i in range(yr.shape[0]):   # (a select, not 0 * (g - c): a huge finite g_i - c overflows)
             dr[i] = scale * yr[i] * (gr[i] - c) if yr[i] != zero else zero
     else:
+        if _log_backward_without_hidden(yr, gr, dr, scale):
+            return
         c = _visible_sum(yr, gr)
         neg_inf = cast_like(-np.inf, scale)
         finite = np.isfinite(c)
