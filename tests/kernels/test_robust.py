@@ -451,3 +451,54 @@ def test_a_kernel_output_can_be_modified_in_place_as_torchs_own(op):
             out.sum().backward()
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         torch.softmax(x.clone().requires_grad_(), -1).mul_(2).sum().backward()
+
+
+# Found by the hostile sweep of 2026-12-04 (evening).
+
+@pytest.mark.parametrize("shape", [(8, 4), (300, 512), (2, 300000)], ids=["small", "kernel", "long"])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax", "logsumexp"])
+def test_a_row_holding_a_nan_has_a_nan_gradient_at_every_visible_entry(op, shape):
+    """The reference gave 0 at entries of probability 0 in a NaN row (a ``-1e9`` fill whose
+    ``exp`` underflowed, a ``+inf`` entry standing in as a constant), aten and the kernels NaN
+    throughout; now every backend gives NaN at every visible entry of the row, 0 at hidden
+    ones, and leaves the other rows alone."""
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(5), dtype=F64)
+    x[::2, 0], x[::2, 1], x[::2, 2] = float("inf"), float("nan"), -1e9
+    x[1::2, 2] = -1e9
+    mask = torch.ones(shape[-1], dtype=torch.bool)
+    mask[3] = False
+    for kwargs in ({}, {"mask": mask}):
+        grads = {}
+        for backend in ("reference", "numba", "auto"):
+            leaf = x.clone().requires_grad_()
+            with sk.use_backend(backend):
+                out = getattr(sk, op)(leaf, **kwargs)
+            grads[backend], = torch.autograd.grad(out, leaf, torch.ones_like(out))
+        for backend, grad in grads.items():
+            hidden = ~mask if kwargs else torch.zeros_like(mask)
+            assert grad[::2][:, ~hidden].isnan().all(), backend
+            assert grad[::2][:, hidden].eq(0).all(), backend
+            assert not grad[1::2].isnan().any(), backend
+            torch.testing.assert_close(grad[1::2], grads["reference"][1::2])
+
+
+@pytest.mark.parametrize("n", [1 << 18, 1 << 20])
+@pytest.mark.parametrize("op", ["log_softmax", "softmax"])
+def test_long_peaked_float32_row_gradient_is_as_accurate_as_the_reference(op, n):
+    """A long float32 row dominated by one entry: the gradient there carries the whole error of
+    the row's sum. The kernel's backward summed the row in one running float32 sum, 43 ulps of
+    sum(g) off at 2^20 entries (the reference: 1); it now sums blocks and adds them in float64."""
+    g = torch.Generator().manual_seed(0)
+    x, upstream = torch.randn(1, n, generator=g) * 1e4, torch.randn(1, n, generator=g)
+    leaf64 = x.double().requires_grad_()
+    truth, = torch.autograd.grad(getattr(torch, op)(leaf64, -1), leaf64, upstream.double())
+    errors = {}
+    for backend in ("reference", "numba"):
+        leaf = x.clone().requires_grad_()
+        with sk.use_backend(backend):
+            out = getattr(sk, op)(leaf)
+        got, = torch.autograd.grad(out, leaf, upstream)
+        errors[backend] = float((got.double() - truth).abs().max())
+    # at least one ulp of sum(g), the scale of the error at the top entry
+    floor = float(torch.finfo(F32).eps * upstream.double().sum().abs())
+    assert errors["numba"] <= 2 * max(errors["reference"], floor), errors

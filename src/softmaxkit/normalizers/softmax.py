@@ -49,6 +49,23 @@ def _exp_terms(z: torch.Tensor, visible: torch.Tensor):
     return e, e.sum(-1, keepdim=True), m, inf_rows
 
 
+def _nan_gradient_in_nan_rows(out: torch.Tensor, z: torch.Tensor, visible: torch.Tensor,
+                              d: torch.Tensor) -> torch.Tensor:
+    """``out`` whose gradient is NaN at every visible entry of a row holding a visible NaN (its
+    sum ``d`` NaN), as aten's and the kernels' backward give it: the exact 0 of an entry whose
+    ``exp`` underflowed there (a ``-1e9`` fill), or the constant standing for a ``+inf``
+    entry, would pass 0. Selected by ``where``, with a finite factor elsewhere, so that no NaN
+    reaches other rows' gradients."""
+    if not torch.is_grad_enabled():
+        return out
+    nan_rows = torch.isnan(d)
+    factor = torch.where(nan_rows & visible, torch.full_like(z, float("nan")), torch.zeros_like(z))
+    carrier = (z - z.detach()) * factor
+    if out.shape[-1] != z.shape[-1]:   # a reduced row (log-sum-exp, keepdim)
+        carrier = carrier.sum(-1, keepdim=True)
+    return torch.where(nan_rows, out + carrier, out)
+
+
 def infinite_limit(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """Uniform weights over the visible ``+inf`` entries of each row (the limit of a
     normalised row whose maximum grows to ``+inf``)."""
@@ -76,7 +93,7 @@ def softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     d = e.sum(-1, keepdim=True)
     q = e / nonzero_or_one(d)
     zero = (q == 0) & ~torch.isnan(d)   # (a visible NaN makes its whole row NaN)
-    p = torch.where(zero, torch.zeros_like(e), q)
+    p = _nan_gradient_in_nan_rows(torch.where(zero, torch.zeros_like(e), q), z, visible, d)
     return torch.where(inf_rows, infinite_limit(z.detach(), visible), p)
 
 
@@ -88,6 +105,7 @@ def log_softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     out = torch.where(inf_rows, torch.log(infinite_limit(z.detach(), visible)), out)
     # z = -inf at a visible entry (x / T overflowing) of a row without NaN: probability 0, log -inf
     dead = (z == float("-inf")) & ~torch.isnan(d)
+    out = _nan_gradient_in_nan_rows(out, z, visible, d)
     return torch.where(visible & ~dead, out, torch.full_like(out, float("-inf")))
 
 
@@ -100,7 +118,7 @@ def logsumexp_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     e = torch.where((e / nonzero_or_one(d) == 0) & ~torch.isnan(d), e.detach(), e)
     d = e.sum(-1, keepdim=True)
     any_visible = visible.any(-1, keepdim=True)
-    out = m + torch.log(nonzero_or_one(d))
+    out = _nan_gradient_in_nan_rows(m + torch.log(nonzero_or_one(d)), z, visible, d)
     out = torch.where(any_visible, out, torch.full_like(out, float("-inf")))
     return torch.where(inf_rows, torch.full_like(out, float("inf")), out)
 
