@@ -488,55 +488,37 @@ normalize_rows_at_serial = serial_twin(normalize_rows_at)
 
 # ---- backward -------------------------------------------------------------------------
 
-# The backward's row sums add each block of BLOCK entries in the row's dtype (vectorised), and
-# the blocks' sums in float64, as the forward does: one running float32 sum over a row of 2^20
-# entries put a peaked row's log-softmax gradient 43 ulps of sum(g) off (the reference: 1).
-
-@njit(fastmath=_FAST, cache=True, error_model="numpy")
-def _dot(a, b):
-    wide_vectors()
-    n = a.shape[0]
-    total = 0.0
-    for k in range((n + BLOCK - 1) // BLOCK):   # (a loop over range(start, end) is not vectorised)
-        start = k * BLOCK
-        s = a[0] - a[0]
-        for j in range(min(BLOCK, n - start)):
-            i = start + j
-            s += a[i] * b[i]
-        total += s
-    return cast_like(total, a[0])
+#: What :func:`_row_sum` adds: ``g``, ``y g``, ``g`` where ``y > -inf`` (log-softmax's visible
+#: entries), ``y g`` where ``y != 0`` (softmax's support).
+_G, _YG, _G_VISIBLE, _YG_SUPPORT = 0, 1, 2, 3
 
 
-@njit(fastmath=_FAST, cache=True, error_model="numpy")
-def _sum(g):
-    wide_vectors()
-    n = g.shape[0]
-    total = 0.0
-    for k in range((n + BLOCK - 1) // BLOCK):   # (a loop over range(start, end) is not vectorised)
-        start = k * BLOCK
-        s = g[0] - g[0]
-        for j in range(min(BLOCK, n - start)):
-            i = start + j
-            s += g[i]
-        total += s
-    return cast_like(total, g[0])
-
-
-@njit(fastmath=_FAST, cache=True, error_model="numpy")
-def _visible_sum(y, g):
-    """``sum g`` over ``y > -inf``: the gradient arriving at a ``-inf`` output is dropped, NaN
-    included (an entropy ``where(isfinite(logp), p logp, 0)`` sends NaN there)."""
+@njit(fastmath=_FAST, cache=True, error_model="numpy", inline="always")
+def _row_sum(y, g, kind):
+    """A backward row sum (``kind``: see :data:`_G`): each block of BLOCK entries added in the
+    row's dtype (vectorised), the blocks' sums in float64, as the forward does (one running
+    float32 sum over a row of 2^20 entries put a peaked row's log-softmax gradient 43 ulps of
+    sum(g) off; the reference: 1). ``kind`` is a constant at each call, so each inlined copy
+    keeps one branch of the loop. A ``-inf`` output's gradient is dropped, NaN included (an
+    entropy ``where(isfinite(logp), p logp, 0)`` sends NaN there)."""
     wide_vectors()
     zero = cast_like(0.0, g[0])
     neg_inf = cast_like(-np.inf, y[0])
-    n = y.shape[0]
+    n = g.shape[0]
     total = 0.0
     for k in range((n + BLOCK - 1) // BLOCK):   # (a loop over range(start, end) is not vectorised)
         start = k * BLOCK
         s = zero
         for j in range(min(BLOCK, n - start)):
             i = start + j
-            s += g[i] if y[i] != neg_inf else zero
+            if kind == _G:
+                s += g[i]
+            elif kind == _YG:
+                s += y[i] * g[i]
+            elif kind == _G_VISIBLE:
+                s += g[i] if y[i] != neg_inf else zero
+            else:
+                s += y[i] * g[i] if y[i] != zero else zero
         total += s
     return cast_like(total, g[0])
 
@@ -548,7 +530,7 @@ def _log_backward_without_hidden(y, g, dx, scale):
     rewritten) when the sum is not finite or an output is ``-inf`` (the sum must leave its
     ``g`` out). A separate look for ``-inf`` outputs before the sum read ``y`` twice: 1.2-1.3x
     aten's backward on 8 x 50257, whose rows stream from L3."""
-    s = _sum(g)
+    s = _row_sum(y, g, _G)
     if not np.isfinite(s):
         return False
     wide_vectors()
@@ -560,40 +542,23 @@ def _log_backward_without_hidden(y, g, dx, scale):
     return not hidden
 
 
-@njit(fastmath=_FAST, cache=True, error_model="numpy")
-def _support_dot(y, g):
-    """``<y, g>`` over ``y != 0``."""
-    wide_vectors()
-    zero = cast_like(0.0, g[0])
-    n = y.shape[0]
-    total = 0.0
-    for k in range((n + BLOCK - 1) // BLOCK):   # (a loop over range(start, end) is not vectorised)
-        start = k * BLOCK
-        s = zero
-        for j in range(min(BLOCK, n - start)):
-            i = start + j
-            s += y[i] * g[i] if y[i] != zero else zero
-        total += s
-    return cast_like(total, g[0])
-
-
 @njit(fastmath=_FAST, cache=True, error_model="numpy", inline="always")
 def _backward_row(yr, gr, dr, scale, mode):
     """One row of :func:`backward_rows` (not flagged special)."""
     wide_vectors()
     if mode == PROBS:
-        c = _dot(yr, gr)
+        c = _row_sum(yr, gr, _YG)
         if not np.isfinite(c):
             # a NaN row, or a NaN or infinite gradient: at entries of weight 0 it is dropped, as
             # the reference drops it, and those entries keep the reference's 0 (not 0 * inf)
-            c = _support_dot(yr, gr)
+            c = _row_sum(yr, gr, _YG_SUPPORT)
         zero = cast_like(0.0, scale)
         for i in range(yr.shape[0]):   # (a select, not 0 * (g - c): a huge finite g_i - c overflows)
             dr[i] = scale * yr[i] * (gr[i] - c) if yr[i] != zero else zero
     else:
         if _log_backward_without_hidden(yr, gr, dr, scale):
             return
-        c = _visible_sum(yr, gr)
+        c = _row_sum(yr, gr, _G_VISIBLE)
         neg_inf = cast_like(-np.inf, scale)
         finite = np.isfinite(c)
         for i in range(yr.shape[0]):
