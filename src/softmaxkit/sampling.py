@@ -224,8 +224,17 @@ def _top_probs(scaled: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor
     except NotImplementedError:
         values, indices = _blocked_topk(scaled, k)
         return torch.exp(values - torch.logsumexp(scaled, dim=-1, keepdim=True)), indices
-    probs, order = probs.sort(dim=-1, descending=True, stable=True)
-    return probs, indices.gather(-1, order)
+    return _by_score(scaled, probs, indices)
+
+
+def _by_score(scaled: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor):
+    """``probs`` at ``indices`` ordered by their score in ``scaled``, largest first, ties by index:
+    the order softmax keeps, without the backend's rounding of near-equal probabilities (one
+    ulp apart on a flat row, they sorted differently on the numba kernel and the reference,
+    and the same generator drew other tokens)."""
+    indices, by_index = indices.sort(dim=-1)
+    order = scaled.gather(-1, indices).argsort(dim=-1, descending=True, stable=True)
+    return probs.gather(-1, by_index).gather(-1, order), indices.gather(-1, order)
 
 
 def _check_sampling_args(temperature, top_k, top_p, min_p) -> None:
@@ -297,7 +306,8 @@ def _nucleus_candidates(scaled: torch.Tensor, top_p: float):
         probs, indices = _top_probs(scaled, k)
         if bool((probs.sum(-1) >= top_p * (1 + 1e-6)).all()):
             return probs, indices
-    return F.softmax(scaled, dim=-1).sort(dim=-1, descending=True, stable=True)
+    order = scaled.argsort(dim=-1, descending=True, stable=True)
+    return F.softmax(scaled, dim=-1).gather(-1, order), order
 
 
 def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
