@@ -881,8 +881,8 @@ def _reference_softmax_grad(y, d=-1):
     ``y (g - <y, g>)`` is the reference's, exactly 0 at a probability 0). Up to
     :data:`SERIAL_SCAN_NUMEL` entries a scan looks for zero probabilities while ``y`` is in
     cache and only then hooks ``y``'s node (with none, a non-finite gradient is non-finite
-    wherever the reference's is); above, the node is hooked with no scan: the hook reads
-    each row's first gradient entry, a fixed ~15 us and no pass over the data."""
+    wherever the reference's is); above, the node is hooked with no scan in the forward: the
+    hook looks at every entry of aten's gradient (a parallel scan, while it is in cache)."""
     if not y.requires_grad or not y.numel():
         return y
     if y.numel() > SERIAL_SCAN_NUMEL:
