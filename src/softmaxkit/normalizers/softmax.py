@@ -54,16 +54,16 @@ def _nan_gradient_in_nan_rows(out: torch.Tensor, z: torch.Tensor, visible: torch
     """``out`` whose gradient is NaN at every visible entry of a row holding a visible NaN (its
     sum ``d`` NaN), as aten's and the kernels' backward give it: the exact 0 of an entry whose
     ``exp`` underflowed there (a ``-1e9`` fill), or the constant standing for a ``+inf``
-    entry, would pass 0. Selected by ``where``, with a finite factor elsewhere, so that no NaN
-    reaches other rows' gradients."""
-    if not torch.is_grad_enabled():
+    entry, would pass 0. The carrier is the row's sum of visible scores (gradient 1 at each),
+    times NaN in those rows and 0 elsewhere: one pass over the scores, no NaN in other rows.
+    (A full-size carrier took the reference's softmax forward+backward from 3.7 to 4.7 ms at
+    64 x 4096.)"""
+    if not (torch.is_grad_enabled() and z.requires_grad):
         return out
     nan_rows = torch.isnan(d)
-    factor = torch.where(nan_rows & visible, torch.full_like(z, float("nan")), torch.zeros_like(z))
-    carrier = (z - z.detach()) * factor
-    if out.shape[-1] != z.shape[-1]:   # a reduced row (log-sum-exp, keepdim)
-        carrier = carrier.sum(-1, keepdim=True)
-    return torch.where(nan_rows, out + carrier, out)
+    total = z.masked_fill(~visible, 0).sum(-1, keepdim=True)
+    factor = torch.where(nan_rows, torch.full_like(total, float("nan")), torch.zeros_like(total))
+    return out + torch.where(nan_rows, (total - total.detach()) * factor, torch.zeros_like(total))
 
 
 def infinite_limit(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
