@@ -160,7 +160,7 @@ def _from_cache(shape, dtype: torch.dtype, nbytes: int) -> torch.Tensor:
     weakref.finalize(view, _CACHE.give_back, block).atexit = False
     # (set_, not .view(dtype).view(shape): a view would have a base, and autograd refuses an
     # in-place op on a view that a custom Function returns)
-    return torch.empty(0, dtype=dtype).set_(torch.from_numpy(view).untyped_storage(), 0, shape)
+    return torch.empty(0, dtype=dtype).set_(torch.from_numpy(view).untyped_storage(), 0, shape)  # type: ignore[call-overload]  # (an untyped storage: torch takes it)
 
 
 def cache_limit() -> int:
