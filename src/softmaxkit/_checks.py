@@ -111,6 +111,10 @@ def check_dim(x: torch.Tensor, dim: object, name: str = "dim") -> int:
     return dim % ndim
 
 
+#: The least int that ``float()`` refuses (it rounds to 2^1024).
+_FLOAT_INT_LIMIT = 2**1024 - 2**970
+
+
 def _check_kind(value: object, name: str, allow_tensor: bool) -> None:
     if isinstance(value, torch.Tensor):
         if not allow_tensor:
@@ -119,6 +123,8 @@ def _check_kind(value: object, name: str, allow_tensor: bool) -> None:
             raise TypeError(f"{name} must be a floating-point tensor or a number, got dtype {value.dtype}")
     elif isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    elif isinstance(value, int) and not abs(value) < _FLOAT_INT_LIMIT:   # (math.isnan(value) would raise OverflowError)
+        raise ValueError(f"{name} must be within the range of a float, got an int of {value.bit_length()} bits")
 
 
 def check_number(value: object, name: str, *, allow_tensor: bool = True) -> None:

@@ -256,7 +256,16 @@ def shift_invariant_slope_grad(z: torch.Tensor, x: torch.Tensor, ref: torch.Tens
     sums rounding errors times 1e38 (a temperature gradient of 1e31, inf or NaN), where the
     first is 0. ``ref``: one value per row, near the row's largest ``z``. An entry whose
     ``x - ref`` overflows has weight 0 and adds nothing. The value of ``z`` is unchanged, and so
-    are its gradient in ``x`` and the second derivatives."""
+    are its gradient in ``x`` and the second derivatives.
+
+    Only a slope shared by the row can take the shift: a row whose slope varies along it (a
+    temperature per entry) gets ``sum_j dL/dz_j x_j`` over the finite ``x_j``, as ``x * a``
+    would. (Shared is told by value, row by row: a per-head parameter often arrives expanded
+    to the scores' shape.)"""
+    if slope.dim() and slope.shape[-1] != 1:
+        a = slope.detach()
+        shared = (a == a[..., :1]).all(-1, keepdim=True)
+        ref = torch.where(shared, ref.detach(), torch.zeros((), dtype=ref.dtype, device=ref.device))
     return z + relative_to(x, ref) * (slope - slope.detach())
 
 

@@ -90,3 +90,57 @@ def test_second_derivative_of_logsumexp_at_a_plus_inf_row_is_zero_on_every_backe
         assert torch.equal(gg[0], torch.zeros(3, dtype=torch.float64))
         results[backend] = gg
     torch.testing.assert_close(results["numba"], results["reference"])
+
+
+def test_a_temperature_that_varies_along_the_row_has_its_own_gradient():
+    """Found by a hostile sweep (2026-12-04): the temperature's gradient was taken relative to
+    the row's largest score (exact only for a temperature shared by the row), so a temperature
+    per entry (broadcastable to x, as documented) got a wrong gradient; SSMax's ``s`` too."""
+    import math
+
+    x = torch.randn(3, 5, dtype=torch.float64)
+    for shape in ((3, 5), (1, 5), (3, 1), ()):
+        t = (torch.rand(shape, dtype=torch.float64) + 0.5).requires_grad_()
+        for fn in (sk.softmax, sk.log_softmax):
+            for dim in (0, 1):
+                assert torch.autograd.gradcheck(lambda t: fn(x, dim=dim, temperature=t), (t,))
+        s = t.detach().clone().requires_grad_()
+        assert torch.autograd.gradcheck(lambda s: sk.ssmax(x, s=s), (s,))
+        assert torch.autograd.gradcheck(lambda t: sk.normalize(x, "softmax", temperature=t), (t,))
+    x = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
+    t = torch.tensor([[1.0, 2.0, 4.0]], dtype=torch.float64, requires_grad=True)
+    g = torch.tensor([[1.0, 0.0, 0.0]], dtype=torch.float64)
+    (got,) = torch.autograd.grad(sk.softmax(x, temperature=t), t, g)
+    (want,) = torch.autograd.grad(torch.softmax(x / t, -1), t, g)
+    torch.testing.assert_close(got, want)
+    (got,) = torch.autograd.grad(sk.ssmax(x, s=t), t, g)
+    (want,) = torch.autograd.grad(torch.softmax(x * t * math.log(3), -1), t, g)
+    torch.testing.assert_close(got, want)
+
+
+def test_a_numpy_temperature_is_inverted_in_float64_and_keepdim_may_be_a_numpy_bool():
+    """Found by a hostile sweep (2026-12-04): ``1.0 / np.float16(0.7)`` stays float16 under
+    NumPy 2's promotion (2.7% off, and an overflow warning for float64 scores); and a NumPy
+    ``bool_`` keepdim reached ``torch.logsumexp`` on the aten lane, which refused it."""
+    import warnings
+
+    import numpy as np
+
+    x = torch.linspace(-30, 30, 7)
+    for backend in ("auto", "reference", "numba"):
+        with sk.use_backend(backend), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for t, scores in ((np.float16(0.7), x), (np.float32(0.7), x.double())):
+                want = torch.softmax(scores / float(t), -1)
+                torch.testing.assert_close(sk.softmax(scores, temperature=t), want, rtol=1e-6, atol=0)
+                torch.testing.assert_close(sk.log_softmax(scores, temperature=t), want.log())
+            for shape in ((4, 5), (64, 4096)):
+                assert sk.logsumexp(torch.randn(shape), keepdim=np.bool_(True)).shape == (shape[0], 1)
+
+
+def test_an_int_temperature_beyond_the_float_range_is_refused_by_name():
+    import pytest
+
+    with pytest.raises(ValueError, match="temperature"):
+        sk.softmax(torch.randn(2, 3), temperature=10**400)
+    assert torch.allclose(sk.softmax(torch.randn(2, 3), temperature=10**300), torch.full((2, 3), 1 / 3))

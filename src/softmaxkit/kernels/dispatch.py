@@ -1347,7 +1347,7 @@ def _run_aten(op, reference, x, dim, mask, params):
         # the -inf scores (log-softmax's entries that pass no gradient) are those of x and the
         # mask: a finite x / T that overflows to -inf is none
         scores = z if mask is None else z.masked_fill(~mask, float("-inf"))
-        z = scores if temperature == 1 else times_inverse_temperature(scores, 1.0 / temperature)
+        z = scores if temperature == 1 else times_inverse_temperature(scores, 1.0 / float(temperature))
         out = _aten_op(op, z, d, scores)
         # A row aten does not define as the reference (a NaN, a +inf, nothing visible)
         # comes out all NaN; every other row has no NaN. One column tells them apart.

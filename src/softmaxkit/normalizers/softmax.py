@@ -127,8 +127,8 @@ def _over_temperature(rows: Rows, temperature: float | torch.Tensor) -> torch.Te
     scale: float | torch.Tensor
     if isinstance(temperature, torch.Tensor):   # 1 / T in the wider dtype (a float32 T of float64 x)
         scale = temperature.to(torch.promote_types(temperature.dtype, rows.x.dtype)).reciprocal()
-    else:
-        scale = 1.0 / temperature
+    else:   # (a NumPy float16 / float32 T: inverted in float64, not in its own precision)
+        scale = 1.0 / float(temperature)
     aligned = rows.align(scale, "temperature")
     if not (isinstance(aligned, torch.Tensor) and aligned.requires_grad):
         return _scaled(rows, aligned)
@@ -269,7 +269,7 @@ def logsumexp(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None,
     A row with nothing visible gives ``-inf`` (the log of an empty sum), with zero gradient.
     """
     if type(keepdim) is not bool:
-        check_bool(keepdim, "keepdim")
+        keepdim = check_bool(keepdim, "keepdim")
     if mask is None:
         out = dispatch.logsumexp_lane(x, dim, keepdim)
         if out is not None:
