@@ -155,3 +155,14 @@ def test_an_output_from_the_cache_is_not_a_view():
     y.mul_(2)   # (on a view: "a view created inside a custom Function" error here)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         y.sum().backward()   # as torch.softmax's: its backward reads the output
+
+
+def test_the_memory_benchmark_counts_an_output_the_cache_would_hand_back():
+    """``peak_memory_bytes`` empties the cache first: a reused block is already resident, and
+    the output would not show in the figure (sk's memory against torch's looked smaller)."""
+    from softmaxkit.bench._measure import peak_memory_bytes
+
+    x = torch.randn(BIG)
+    sk.softmax(x)   # its block goes to the cache
+    assert memory.cached_bytes() > 0
+    assert peak_memory_bytes(lambda: sk.softmax(x)) >= ROWS * COLS * 4 * 0.9

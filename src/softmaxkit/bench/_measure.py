@@ -22,6 +22,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..kernels import memory
+
 #: 1.4826 x the median absolute deviation estimates a normal distribution's standard deviation.
 _MAD_TO_SIGMA = 1.4826
 
@@ -138,14 +140,16 @@ def _status_kib(field: str) -> int:
 def peak_memory_bytes(fn: Callable[[], object]) -> int:
     """Extra peak resident memory (bytes) while running ``fn()`` on the CPU.
 
-    Hands freed heap memory back to the kernel (glibc's ``malloc_trim``: otherwise a
-    block freed by an earlier call stays resident and is reused unseen), resets the
+    Hands freed heap memory back to the kernel (glibc's ``malloc_trim``, and softmaxkit's
+    cache of large outputs: otherwise a block freed by an earlier call stays resident and
+    is reused unseen), resets the
     kernel's high-water mark (``/proc/self/clear_refs``), runs ``fn`` and reads ``VmHWM``
     minus the resident size before the call. Counts only touched pages, which is what a
     computation costs. On CUDA tensors use ``torch.cuda.max_memory_allocated``.
     """
     gc.collect()
     _release_free_heap()
+    memory.empty_cache()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     before = _status_kib("VmRSS")
