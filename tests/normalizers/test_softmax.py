@@ -144,3 +144,30 @@ def test_an_int_temperature_beyond_the_float_range_is_refused_by_name():
     with pytest.raises(ValueError, match="temperature"):
         sk.softmax(torch.randn(2, 3), temperature=10**400)
     assert torch.allclose(sk.softmax(torch.randn(2, 3), temperature=10**300), torch.full((2, 3), 1 / 3))
+
+
+def test_a_per_entry_temperature_beside_an_overflowing_fill_keeps_every_other_weight():
+    """Found by a hostile sweep (2026-12-04): a row where a finite ``x / T`` overflows (an
+    additive ``finfo.min`` fill over ``T < 1``) is computed as ``(x - max) / T``, which is
+    ``x / T`` up to the row's constant only where ``T`` is the row's own: with a temperature
+    per entry the other weights came out wrong (0.03 / 0.60 / 0.37 for 0.16 / 0.74 / 0.10)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 9, generator=gen) * 3
+    hidden = torch.rand(6, 9, generator=gen) < 0.3
+    hidden[:, 0] = False
+    t = torch.rand(6, 9, generator=gen) * 2 + 0.05
+    filled = x.masked_fill(hidden, torch.finfo(torch.float32).min)
+    want = torch.softmax(x.double().masked_fill(hidden, float("-inf")) / t.double(), -1)
+    for backend in ("auto", "reference"):
+        with sk.use_backend(backend):
+            torch.testing.assert_close(sk.softmax(filled, temperature=t).double(), want, rtol=1e-5, atol=1e-7)
+            want_log = torch.log_softmax(filled.double() / t.double(), -1).float()   # a fill: -inf or finite
+            torch.testing.assert_close(sk.log_softmax(filled, temperature=t), want_log, rtol=1e-5, atol=1e-5)
+    x = torch.tensor([[-1e308, 0.0, 1.0]], dtype=torch.float64, requires_grad=True)
+    t = torch.tensor([[0.1, 1.0, 2.0]], dtype=torch.float64, requires_grad=True)
+    p = sk.softmax(x, temperature=t)
+    visible = torch.tensor([[False, True, True]])
+    q = sk.softmax(x, mask=visible, temperature=t)
+    torch.testing.assert_close(p, q)
+    for a, b in zip(torch.autograd.grad(p[0, 2], (x, t)), torch.autograd.grad(q[0, 2], (x, t))):
+        torch.testing.assert_close(a, b)

@@ -164,7 +164,39 @@ def _scaled(rows: Rows, aligned: float | torch.Tensor) -> torch.Tensor:
     shifted = torch.where(torch.isnan(shifted), torch.zeros_like(shifted), shifted)   # 0 * inf at the maxima
     held = times_inverse_temperature(rows.safe_x - rows.safe_x.detach(), aligned)   # 0, gradient g / T
     fixed = torch.where(finite_m, shifted, torch.where(over, held, z))
+    if isinstance(aligned, torch.Tensor) and aligned.dim() and aligned.shape[-1] != 1:
+        # (x - m) / T is x / T up to the row's constant only where T is the row's own
+        a = aligned.detach()
+        shared = (a == a[..., :1]).all(-1, keepdim=True)
+        if not can_branch_on(z) or not bool(shared.all()):
+            fixed = torch.where(shared, fixed, _scaled_per_entry(rows, aligned, z))
     return torch.where(lost, fixed, z)
+
+
+def _scaled_per_entry(rows: Rows, aligned: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """``x / T`` up to a per-row constant, for rows whose ``T`` varies along the row and where
+    a finite ``x / T`` overflowed: ``(x 2^-e / T - c) 2^e``, with ``2^e`` (per row) bringing the
+    largest ``|x / T|`` within float64's range and ``c`` the largest scaled visible score, in
+    float64. An entry still beyond the range after the shift is far below the row's largest
+    (``-inf``: probability 0); the gradient is that of ``x / T`` (``c`` detached). Entries
+    that are not finite keep ``z``."""
+    finite = rows.visible & torch.isfinite(rows.x)
+    x = rows.safe_x.double()
+    a = aligned.double().clamp(max=torch.finfo(torch.float64).max)   # (a T below 1 / finfo.max)
+    exponent = (torch.frexp(x.detach())[1] + torch.frexp(a.detach())[1]).masked_fill(~finite, 0)
+    e = (exponent.amax(-1, keepdim=True) - 1000).clamp_min(0).double()   # 2^1000 x 2 still fits
+    scaled = _times_power_of_two(x, -e) * a
+    top = scaled.detach().masked_fill(~finite, float("-inf")).amax(-1, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return torch.where(finite, _times_power_of_two(scaled - top, e).to(z.dtype), z)
+
+
+def _times_power_of_two(t: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """``t 2^e`` (``e`` whole numbers, float64, up to about +-2000) in two exact steps: one
+    factor ``2^e`` would leave float64's range. (``torch.ldexp``'s gradient is 0 for a
+    negative integer exponent: it takes ``2^e`` in integers.)"""
+    half = torch.floor(e / 2)
+    return t * torch.exp2(half) * torch.exp2(e - half)
 
 
 
