@@ -731,3 +731,29 @@ def test_sparse_softmax_k_range_names_the_real_row_length_of_one_key(k):
     q, kk, v = torch.randn(1, 1, 3, 4), torch.randn(1, 1, 1, 4), torch.randn(1, 1, 1, 4)
     with pytest.raises(ValueError, match="between 1 and 1"):
         sk.attention(q, kk, v, "sparse_softmax", k=k)
+
+
+@pytest.mark.xfail(strict=True, reason="known problem (CHANGELOG): a fix that reran the tile's kernel "
+                   "with g' cost 25% of the learnable-parameter fused backward")
+@pytest.mark.parametrize("dtype", [torch.float32, F64])
+@pytest.mark.parametrize(("name", "param", "value"), [("softmax", "temperature", (0.7, 1.3)), ("ssmax", "s", (1.2, 0.3))])
+def test_a_learnable_parameter_leaves_the_gradient_of_a_query_a_fill_hides_whole(name, param, value, dtype):
+    """Found by a hostile sweep (2026-12-04): on the fused path a learnable per-head parameter
+    runs the row kernel without ``g'``, and a query row that a ``finfo.min`` fill hides whole,
+    on a head where ``g`` overflows, gets ``dq`` 0 there (dense, and fused with the parameter
+    not learnable: the uniform row's gradient)."""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=gen, dtype=dtype) for _ in range(3))
+    mask = torch.zeros(4, 4, dtype=dtype)
+    mask[1] = torch.finfo(dtype).min
+
+    def grads(method, learnable):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        theta = torch.tensor(value, dtype=dtype).view(1, 2, 1, 1).requires_grad_(learnable)
+        out = sk.attention(*leaves, name, attn_mask=mask, method=method, **{param: theta})
+        return torch.autograd.grad(out.sum() + (out ** 2).sum(), leaves)
+
+    want = grads("dense", True)
+    for learnable in (False, True):
+        for got, ref in zip(grads("fused", learnable), want):
+            torch.testing.assert_close(got, ref)
