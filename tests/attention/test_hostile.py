@@ -757,3 +757,27 @@ def test_a_learnable_parameter_leaves_the_gradient_of_a_query_a_fill_hides_whole
     for learnable in (False, True):
         for got, ref in zip(grads("fused", learnable), want):
             torch.testing.assert_close(got, ref)
+
+
+@pytest.mark.parametrize("dtype", [F64])
+def test_multimax_t_gradient_beside_a_query_a_fill_hides_whole(dtype):
+    """Found by a hostile sweep (2026-12-04): on the fused path MultiMax's learnable ``t`` took
+    the modulator's derivative at the ``finfo.min`` fills of a hidden query row, where ``g``
+    overflowed and is held (constant in ``t``): 1e291 for the dense path's -0.27 (which finite
+    differences confirm). (float32: dense recomputes such rows in float64, where a float32 fill's
+    quadratic term does not overflow: another value; see CHANGELOG.)"""
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 4, 8, generator=gen, dtype=dtype) for _ in range(3))
+    mask = torch.zeros(4, 4, dtype=dtype)
+    mask[1] = torch.finfo(dtype).min
+
+    def t_grad(method):
+        t = torch.full((4, 1, 2, 1, 1), 0.2, dtype=dtype, requires_grad=True)
+        out = sk.attention(q, k, v, "multimax", attn_mask=mask, method=method, t=t)
+        w = torch.linspace(-1, 1, out.numel(), dtype=dtype).view_as(out)
+        return torch.autograd.grad((out * w).sum(), t)[0]
+
+    want = t_grad("dense")
+    assert torch.isfinite(want).all()
+    tol = 1e-4 if dtype == torch.float32 else 1e-9
+    torch.testing.assert_close(t_grad("fused"), want, rtol=tol, atol=tol)

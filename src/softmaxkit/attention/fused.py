@@ -689,8 +689,9 @@ class _FusedAttention(torch.autograd.Function):
                 if wanted:
                     with torch.enable_grad():
                         pblk = _block_params(plan, leaves, blk)
-                        val = forms.call(piece, _param_scores(plan, raw, kind, p), pblk, blk.count)
-                        dpar = torch.autograd.grad(val, [leaves[n] for n in wanted], ds, allow_unused=True)
+                        scores, ds_held = _param_chain(plan, piece, raw, kind, p, params, blk.count, ds)
+                        val = forms.call(piece, scores, pblk, blk.count)
+                        dpar = torch.autograd.grad(val, [leaves[n] for n in wanted], ds_held, allow_unused=True)
                 if not linear:
                     with torch.no_grad():
                         ds.mul_(forms.call(dpiece, raw, params, blk.count))
@@ -730,6 +731,23 @@ def _param_scores(plan: _Plan, raw: torch.Tensor, kind: str, weights: torch.Tens
         return x
     shifted = forms.relative_to(x, forms.score_at_largest(x, weights, None))
     return torch.where(weights != 0, shifted, torch.zeros_like(shifted))
+
+
+def _param_chain(plan: _Plan, piece, raw: torch.Tensor, kind: str, weights: torch.Tensor, params: dict, count,
+                 grad: torch.Tensor):
+    """``(scores, incoming gradient)`` of the parameters' chain rule (:func:`_param_scores`). For
+    a ``softmax_of`` form that is not linear, an entry whose ``g`` overflowed (MultiMax's
+    quadratic term at a ``finfo.min`` fill: held at the range, constant in the parameters, as
+    on the dense path) passes the parameters nothing, and its score is 0 there (the
+    parameters' derivative at the fill overflows: ``t``'s gradient was about 1e291)."""
+    x = _param_scores(plan, raw, kind, weights)
+    if kind != "softmax_of" or getattr(plan.form, "linear", False):
+        return x, grad
+    with torch.no_grad():
+        held = ~torch.isfinite(forms.call(piece, x, params, count))
+    if not bool(held.any()):
+        return x, grad
+    return x.masked_fill(held, 0.0), grad.masked_fill(held, 0.0)
 
 
 def _param_grads(dparams: dict, names: list, tensors, needs) -> list:
@@ -1012,9 +1030,10 @@ def _tile_backward(plan: _Plan, s: torch.Tensor, dp: torch.Tensor, blk: _Block, 
         targets = [leaves[n] for n in wanted]
         with torch.enable_grad():
             pblk = _block_params(plan, leaves, blk)
-            val = forms.call(piece, _param_scores(plan, raw, plan.kind, s), pblk, _count(blk))
+            scores, dp_held = _param_chain(plan, piece, raw, plan.kind, s, params, _count(blk), dp)
+            val = forms.call(piece, scores, pblk, _count(blk))
             if val.requires_grad:
-                dpar = torch.autograd.grad(val, targets, dp, allow_unused=True)
+                dpar = torch.autograd.grad(val, targets, dp_held, allow_unused=True)
             if pieces.sink_logit is not None:
                 dsink = _sink_logit_grads(pieces.sink_logit(pblk), raw, blk, dd, targets)
                 dpar = dsink if dpar is None else [_sum_grads(a, b) for a, b in zip(dpar, dsink)]
