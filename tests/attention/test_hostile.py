@@ -733,14 +733,12 @@ def test_sparse_softmax_k_range_names_the_real_row_length_of_one_key(k):
         sk.attention(q, kk, v, "sparse_softmax", k=k)
 
 
-@pytest.mark.xfail(strict=True, reason="known problem (CHANGELOG): a fix that reran the tile's kernel "
-                   "with g' cost 25% of the learnable-parameter fused backward")
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 @pytest.mark.parametrize(("name", "param", "value"), [("softmax", "temperature", (0.7, 1.3)), ("ssmax", "s", (1.2, 0.3))])
 def test_a_learnable_parameter_leaves_the_gradient_of_a_query_a_fill_hides_whole(name, param, value, dtype):
     """Found by a hostile sweep (2026-12-04): on the fused path a learnable per-head parameter
     runs the row kernel without ``g'``, and a query row that a ``finfo.min`` fill hides whole,
-    on a head where ``g`` overflows, gets ``dq`` 0 there (dense, and fused with the parameter
+    on a head where ``g`` overflows, got ``dq`` 0 there (dense, and fused with the parameter
     not learnable: the uniform row's gradient)."""
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 4, 8, generator=gen, dtype=dtype) for _ in range(3))

@@ -689,7 +689,7 @@ class _FusedAttention(torch.autograd.Function):
                 if wanted:
                     with torch.enable_grad():
                         pblk = _block_params(plan, leaves, blk)
-                        scores, ds_held = _param_chain(plan, piece, raw, kind, p, params, blk.count, ds)
+                        scores, ds_held, _ = _param_chain(plan, piece, raw, kind, p, params, blk.count, ds)
                         val = forms.call(piece, scores, pblk, blk.count)
                         dpar = torch.autograd.grad(val, [leaves[n] for n in wanted], ds_held, allow_unused=True)
                 if not linear:
@@ -735,19 +735,20 @@ def _param_scores(plan: _Plan, raw: torch.Tensor, kind: str, weights: torch.Tens
 
 def _param_chain(plan: _Plan, piece, raw: torch.Tensor, kind: str, weights: torch.Tensor, params: dict, count,
                  grad: torch.Tensor):
-    """``(scores, incoming gradient)`` of the parameters' chain rule (:func:`_param_scores`). For
-    a ``softmax_of`` form that is not linear, an entry whose ``g`` overflowed (MultiMax's
+    """``(scores, incoming gradient, held)`` of the parameters' chain rule (:func:`_param_scores`).
+    For a ``softmax_of`` form that is not linear, an entry whose ``g`` overflowed (MultiMax's
     quadratic term at a ``finfo.min`` fill: held at the range, constant in the parameters, as
     on the dense path) passes the parameters nothing, and its score is 0 there (the
-    parameters' derivative at the fill overflows: ``t``'s gradient was about 1e291)."""
+    parameters' derivative at the fill overflows: ``t``'s gradient was about 1e291); ``held``
+    marks those entries (None: there are none)."""
     x = _param_scores(plan, raw, kind, weights)
     if kind != "softmax_of" or getattr(plan.form, "linear", False):
-        return x, grad
+        return x, grad, None
     with torch.no_grad():
         held = ~torch.isfinite(forms.call(piece, x, params, count))
     if not bool(held.any()):
-        return x, grad
-    return x.masked_fill(held, 0.0), grad.masked_fill(held, 0.0)
+        return x, grad, None
+    return x.masked_fill(held, 0.0), grad.masked_fill(held, 0.0), held
 
 
 def _param_grads(dparams: dict, names: list, tensors, needs) -> list:
@@ -1030,7 +1031,7 @@ def _tile_backward(plan: _Plan, s: torch.Tensor, dp: torch.Tensor, blk: _Block, 
         targets = [leaves[n] for n in wanted]
         with torch.enable_grad():
             pblk = _block_params(plan, leaves, blk)
-            scores, dp_held = _param_chain(plan, piece, raw, plan.kind, s, params, _count(blk), dp)
+            scores, dp_held, held = _param_chain(plan, piece, raw, plan.kind, s, params, _count(blk), dp)
             val = forms.call(piece, scores, pblk, _count(blk))
             if val.requires_grad:
                 dpar = torch.autograd.grad(val, targets, dp_held, allow_unused=True)
@@ -1038,6 +1039,8 @@ def _tile_backward(plan: _Plan, s: torch.Tensor, dp: torch.Tensor, blk: _Block, 
                 dsink = _sink_logit_grads(pieces.sink_logit(pblk), raw, blk, dd, targets)
                 dpar = dsink if dpar is None else [_sum_grads(a, b) for a, b in zip(dpar, dsink)]
         dp.mul_(forms.call(dpiece, raw, params, _count(blk)))
+        if held is not None:   # g' overflowed where g did (0 * inf): the dense path's 0 there
+            dp.masked_fill_(held & ~torch.isfinite(dp), 0.0)
     return dp, dpar
 
 

@@ -243,7 +243,7 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
         # equal weights, and g'(x) p (dp - D) as the dense path's gradient where g' and that
         # product are finite; 0 elsewhere (MultiMax's quadratic g' overflows at the fill)
         all_held = free == 0 and extra == ninf
-        if infinite != 0 or (all_held and not apply_d):
+        if infinite != 0:
             for j in range(row.shape[0]):
                 row[j] = row[j] * inv
                 drow[j] = zero
@@ -252,9 +252,12 @@ def softmax_of_backward(s, dp, dd, lim, hidden, cnt, par, rows_per_head, check_n
                 p = row[j] * inv
                 row[j] = p
                 slope = dg(raw[j], n, hp)
-                d = slope * (p * (drow[j] - d0))
+                before = p * (drow[j] - d0)
+                d = slope * before
                 finite = abs(slope) <= biggest and abs(d) <= biggest
-                drow[j] = d if p != zero and finite else zero
+                # without apply_d the caller multiplies by g' (a learnable parameter's path)
+                kept = d if apply_d else before
+                drow[j] = kept if p != zero and finite else zero
         else:
             for j in range(row.shape[0]):
                 p = row[j] * inv
