@@ -263,10 +263,16 @@ def shift_invariant_slope_grad(z: torch.Tensor, x: torch.Tensor, ref: torch.Tens
     would. (Shared is told by value, row by row: a per-head parameter often arrives expanded
     to the scores' shape.)"""
     if slope.dim() and slope.shape[-1] != 1:
-        a = slope.detach()
-        shared = (a == a[..., :1]).all(-1, keepdim=True)
-        ref = torch.where(shared, ref.detach(), torch.zeros((), dtype=ref.dtype, device=ref.device))
+        ref = torch.where(shared_along_rows(slope), ref.detach(), torch.zeros((), dtype=ref.dtype, device=ref.device))
     return z + relative_to(x, ref) * (slope - slope.detach())
+
+
+def shared_along_rows(a: torch.Tensor) -> torch.Tensor:
+    """Per row (last axis, keepdim), whether ``a`` (a parameter in the rows' layout, size > 1
+    along the last axis) holds one value along the row, told by value: a per-head parameter
+    often arrives expanded to the scores' shape."""
+    a = a.detach()
+    return (a == a[..., :1]).all(-1, keepdim=True)
 
 
 def relative_to(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

@@ -140,6 +140,11 @@ class _BlockCache:
                 return
             self.free.append(block)
             self.free_bytes += block.nbytes
+            self.trim()
+
+    def trim(self) -> None:
+        """Drop the oldest unused blocks until at most :attr:`limit` bytes are kept."""
+        with self.lock:
             while self.free_bytes > self.limit:
                 self.free_bytes -= self.free.pop(0).nbytes
 
@@ -175,8 +180,7 @@ def set_cache_limit(nbytes: int) -> None:
         raise ValueError(f"nbytes must be a non-negative int, got {nbytes!r}")
     with _CACHE.lock:
         _CACHE.limit = nbytes
-        while _CACHE.free_bytes > nbytes:
-            _CACHE.free_bytes -= _CACHE.free.pop(0).nbytes
+        _CACHE.trim()
 
 
 def cached_bytes() -> int:

@@ -16,7 +16,7 @@ import torch
 
 from .._checks import can_branch_on, check_bool, check_positive
 from .._rows import Rows, nonzero_or_one, prepare_rows
-from ..forms import SoftmaxOf, score_at_largest, shift_invariant_slope_grad
+from ..forms import SoftmaxOf, score_at_largest, shared_along_rows, shift_invariant_slope_grad
 from ..kernels import dispatch
 from ..kernels.temperature import times_inverse_temperature
 from ..registry import Example, builtin
@@ -166,8 +166,7 @@ def _scaled(rows: Rows, aligned: float | torch.Tensor) -> torch.Tensor:
     fixed = torch.where(finite_m, shifted, torch.where(over, held, z))
     if isinstance(aligned, torch.Tensor) and aligned.dim() and aligned.shape[-1] != 1:
         # (x - m) / T is x / T up to the row's constant only where T is the row's own
-        a = aligned.detach()
-        shared = (a == a[..., :1]).all(-1, keepdim=True)
+        shared = shared_along_rows(aligned)
         if not can_branch_on(z) or not bool(shared.all()):
             fixed = torch.where(shared, fixed, _scaled_per_entry(rows, aligned, z))
     return torch.where(lost, fixed, z)
