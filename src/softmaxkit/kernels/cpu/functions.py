@@ -114,8 +114,12 @@ def backward_from_output(y: torch.Tensor, grad: torch.Tensor, mode: int) -> torc
     addresses, as :func:`forward_only` does."""
     if not y.numel():
         return torch.zeros_like(y)
-    y = y.detach().contiguous()
-    g = grad.detach().to(y.dtype).contiguous()
+    # (the kernel reads addresses: no detach; each conversion only where needed, 1.6 us a call)
+    if not y.is_contiguous():
+        y = y.contiguous()
+    g = grad if grad.dtype is y.dtype else grad.to(y.dtype)
+    if not g.is_contiguous():
+        g = g.contiguous()
     n = y.shape[-1]
     rows = y.numel() // n
     dx = memory.empty_like(y) if rows * n * y.element_size() >= memory.MIN_BYTES else torch.empty_like(y)
