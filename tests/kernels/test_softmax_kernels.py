@@ -133,10 +133,11 @@ def test_double_backward_float64():
             assert torch.autograd.gradgradcheck(OPS[name], (x,))
 
 
+@pytest.mark.parametrize("n", [700, 5000])   # rows of one block and of more (the two algorithms)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("mode", [0, 1, 2])   # PROBS, LOG_PROBS, LSE
-def test_forward_only_is_the_full_forward_or_declines(mode, dtype):
-    x, special = adversarial(n=700, dtype=dtype)
+def test_forward_only_is_the_full_forward_or_declines(mode, dtype, n):
+    x, special = adversarial(n=n, dtype=dtype)
     full = (functions.softmax, functions.log_softmax, functions.logsumexp)[mode]
     rows = [x[r:r + 1] for r in range(x.shape[0])] + [x, x.reshape(2, 5, -1)]
     compared = 0
@@ -151,6 +152,19 @@ def test_forward_only_is_the_full_forward_or_declines(mode, dtype):
             torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
             compared += 1
     assert compared >= 2 * 8   # the ordinary single rows at least
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_forward_only_with_gradient_declines_a_row_at_its_plus_inf_limit(rows):
+    """A ``+inf`` score's row is its limit (equal weights on the ``+inf`` entries), whose
+    gradient is zero: a caller that differentiates the output (``gradient``) gets None, on
+    one row (the serial entry, looked up by dtype from the second call) and on several."""
+    x = torch.randn(rows, 3000)
+    x[-1, 7] = float("inf")
+    for _ in range(2):
+        assert functions.forward_only(x, 0, gradient=True) is None
+        out = functions.forward_only(x, 0)
+        assert out is not None and out[-1, 7] == 1 and out[-1].sum() == 1
 
 
 def test_forward_only_takes_no_gradient_and_keeps_the_input():

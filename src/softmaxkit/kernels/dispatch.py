@@ -1014,6 +1014,9 @@ _STRIDED = torch.strided
 #: dynamo's own, one frame: ``is_compiling`` is two, 2-3 us once evicted. Other tracers
 #: (make_fx, export) hand the lanes tensor subclasses, which they refuse.)
 _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+#: (bound once: a lookup in torch's namespace per call costs about a microsecond once a large
+#: op has evicted it from the caches)
+_grad_enabled, _num_threads = torch.is_grad_enabled, torch.get_num_threads
 
 
 def _lane_shape(x, dim):
@@ -1085,9 +1088,9 @@ def softmax_lane(x, dim, log=False):
         return None
     rows, n = lane
     op = "log_softmax" if log else "softmax"
-    grad = x.requires_grad and torch.is_grad_enabled()
+    grad = x.requires_grad and _grad_enabled()
     if (rows > 1 or _ONE_ROW_WINS or n >= (ONE_LONG_ROW if op in _LONG_ROW_OPS else LONG_FLOAT32_ROW)) \
-            and _wins(op, x.dtype, rows, n, grad, torch.get_num_threads()):
+            and _wins(op, x.dtype, rows, n, grad, _num_threads()):
         if not grad:
             return _forward_only(x, LOG_PROBS if log else PROBS)
         return _kernel_softmax(x, log)
@@ -1309,8 +1312,8 @@ def logsumexp_lane(x, dim, keepdim=False):
     lane = _lane_shape(x, dim)
     if lane is None or is_functorch_wrapped(x):
         return None
-    grad = x.requires_grad and torch.is_grad_enabled()
-    if _wins("logsumexp", x.dtype, lane[0], lane[1], grad, torch.get_num_threads()):
+    grad = x.requires_grad and _grad_enabled()
+    if _wins("logsumexp", x.dtype, lane[0], lane[1], grad, _num_threads()):
         out = _kernel_logsumexp(x) if grad else _forward_only(x, LSE)
         return out if out is None or not keepdim else out.unsqueeze(-1)
     if grad:   # aten's own gradient uses the rounded lse
