@@ -523,3 +523,40 @@ def test_a_huge_finite_gradient_at_a_zero_probability_passes_nothing(case, threa
     assert row[1:].eq(0).all()
     # (a kernel's probability 1 may be 1 - eps: then its entry is eps |g|, not 0)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=4 * torch.finfo(dtype).eps * 0.9 * torch.finfo(dtype).max)
+
+
+@pytest.mark.parametrize("dtype, gap", [(torch.float32, 88.0), (torch.float64, 709.0)])
+@pytest.mark.parametrize("shape", [(1, 32000), (64, 4096), (3, 5, 700)])
+@pytest.mark.parametrize("dead_row", [False, True])   # True: the numba Function of the full path
+@pytest.mark.parametrize("backend", BACKENDS + ["auto"])
+def test_logsumexp_infinite_upstream_reaches_a_subnormal_probability(backend, dead_row, shape, dtype, gap):
+    """An entry ``gap`` below its row's maximum has a subnormal probability, which the kernels'
+    fast ``exp`` flushes to 0: under an infinite incoming gradient the reference's ``p * inf`` is
+    ``inf`` there, and the kernels' backward gave 0 (found by a fuzz of auto against the
+    reference, 2026-12-04). A row with nothing visible sends the call to the full path."""
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(7), dtype=dtype)
+    x[..., 3] = x.amax(-1) - gap   # exp a subnormal, and so its quotient by a sum below 6e4
+    if dead_row:
+        x.view(-1, shape[-1])[-1] = -math.inf
+    upstream = torch.full(shape[:-1], math.inf, dtype=dtype)
+    got = _grads(lambda t: sk.logsumexp(t, dim=-1), x, backend, lambda out: upstream)
+    want = _grads(lambda t: sk.logsumexp(t, dim=-1), x, "reference", lambda out: upstream)
+    live = got.reshape(-1, shape[-1])[:-1] if dead_row else got
+    assert (live[..., 3] == math.inf).all()
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype, gap", [(torch.float32, 103.5), (torch.float64, 744.0)])
+@pytest.mark.parametrize("backend", BACKENDS + ["auto"])
+def test_infinite_upstream_elsewhere_leaves_an_underflowed_quotient_zero(backend, dtype, gap):
+    """An entry whose ``exp`` is a subnormal but whose probability rounds to 0 (ten equal scores,
+    one ``gap`` below) is a constant of its row: an infinite incoming gradient at another entry
+    gives it 0, as the kernels and aten's lane do; the reference passed it ``e_j * inf`` through
+    the row's sum (NaN; found by a fuzz of auto against the reference, 2026-12-04)."""
+    x = torch.zeros(3, 11, dtype=dtype)
+    x[:, -1] = -gap
+    upstream = torch.ones(3, 11, dtype=dtype)
+    upstream[:, 0] = math.inf
+    grad = _grads(lambda t: sk.softmax(t, dim=-1), x, backend, lambda out: upstream)
+    assert (grad[:, -1] == 0).all()
+    assert grad[:, 0].isnan().all() and (grad[:, 1:-1] == -math.inf).all()

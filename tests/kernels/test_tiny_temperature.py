@@ -153,3 +153,23 @@ def test_a_temperature_whose_reciprocal_underflows_keeps_an_infinite_score(backe
             torch.testing.assert_close(out[1:], expected)
             torch.testing.assert_close(sk.log_softmax(x, temperature=temperature)[0, :2],
                                        torch.full((2,), -math.log(2)))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 300])   # the kernel's serial entry, the aten path, the parallel kernel
+@pytest.mark.parametrize("dtype", [F32, torch.float64])
+@pytest.mark.parametrize("op", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("backend", ["auto", "numba", "reference"])
+def test_a_fill_that_overflows_over_the_temperature_leaves_the_other_scores_exact(backend, op, dtype, rows):
+    """Scores near 1000 beside ``finfo.min`` fills, over ``T = 0.01``: the fills' ``x / T`` is
+    ``-inf``, so the reference takes the row as ``(x - max) / T`` (float64's view). The aten
+    path and the numba softmax took the others' rounded ``x / T`` instead: probabilities
+    0.524 / 0.476 came out 0.5234 / 0.4766 (the log-softmax kernel already left such rows to
+    the reference; aten's log-softmax was 0.005 off at -24.7)."""
+    fill = torch.finfo(dtype).min
+    x = torch.full((rows, 3000), fill, dtype=dtype)
+    x[:, :3] = torch.tensor([1000.001, 1000.0, 999.75], dtype=dtype)
+    with sk.use_backend(backend):
+        out = getattr(sk, op)(x, dim=-1, temperature=0.01)
+    z = (x.double() - x.double().amax(-1, keepdim=True)) / 0.01
+    expected = getattr(torch, op)(z, -1).to(dtype)
+    torch.testing.assert_close(out, expected)

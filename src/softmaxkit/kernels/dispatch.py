@@ -850,11 +850,12 @@ class _LogSumExpGrad(torch.autograd.Function):
         return _probs_times_grad(torch.softmax(z, ctx.d, out=memory.empty_like(z)), grad), None, None
 
 
-def _probs_times_grad(p, grad, differentiable=False):
+def _probs_times_grad(p, grad, differentiable=False, finite=None):
     """Log-sum-exp's gradient ``p * grad`` (``p`` the softmax, ``grad`` broadcast along the
     normalised axis): an entry of probability 0 passes no incoming gradient, even an infinite
-    or NaN one. In place on ``p`` unless ``differentiable`` (a graph of the gradient)."""
-    if differentiable or not all_finite(grad):
+    or NaN one. In place on ``p`` unless ``differentiable`` (a graph of the gradient);
+    ``finite``: whether ``grad`` is known to be finite (None: looked at)."""
+    if differentiable or not (all_finite(grad) if finite is None else finite):
         return torch.where(p == 0, 0, p * grad)
     return p.mul_(grad)
 
@@ -1250,10 +1251,14 @@ class _KernelLogSumExp(torch.autograd.Function):
         grad = grad.unsqueeze(-1)
         if backward_in_torch_ops(grad):   # create_graph or batched gradients: torch ops, differentiable
             return _probs_times_grad(torch.softmax(x, -1), grad, differentiable=True)
-        p = _forward_only(x, PROBS)
-        if p is None:   # (not met: every row's maximum is finite) aten's softmax is exact there too
+        finite = all_finite(grad)
+        # an infinite or NaN incoming gradient reaches a subnormal probability, which the
+        # kernel's exp flushes to 0 (and 0 passes nothing): aten's softmax keeps it, as the
+        # reference does (inf, where the kernel's gave 0)
+        p = _forward_only(x, PROBS) if finite else None
+        if p is None:   # (with a finite gradient, not met: every row's maximum is finite)
             p = torch.softmax(x, -1)
-        return _probs_times_grad(p, grad)
+        return _probs_times_grad(p, grad, finite=finite)
 
 
 def _kernel_logsumexp(x):
@@ -1352,11 +1357,21 @@ def _run_aten(op, reference, x, dim, mask, params):
         scores = z if mask is None else z.masked_fill(~mask, float("-inf"))
         z = scores if temperature == 1 else times_inverse_temperature(scores, 1.0 / float(temperature))
         out = _aten_op(op, z, d, scores)
+        # A finite score whose x / T overflowed (a finfo.min fill over T < 1): the reference
+        # takes that row as (x - max) / T, exact where the rounded x / T of the others is
+        # not (T = 0.01: a log-probability of -24.6826 came out -24.6875 here)
+        overflowed = None
+        if temperature < 1:
+            overflowed = (torch.isinf(z) & torch.isfinite(scores)).any(d, keepdim=True)
+            if not bool(overflowed.any()):
+                overflowed = None
         # A row aten does not define as the reference (a NaN, a +inf, nothing visible)
         # comes out all NaN; every other row has no NaN. One column tells them apart.
-        if out.shape[d] == 0 or not _first_column_has_nan(out, d):
+        if overflowed is None and (out.shape[d] == 0 or not _first_column_has_nan(out, d)):
             return out.to(x.dtype) if half else out
         bad = torch.isnan(out.narrow(d, 0, 1))
+        if overflowed is not None:
+            bad = bad | overflowed
     # rare: recompute without those rows (their NaN would reach the gradient), then put
     # the reference's rows in
     out = _aten_op(op, torch.where(bad, torch.zeros((), dtype=z.dtype), z), d, scores)

@@ -88,8 +88,12 @@ def softmax_rows(z: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     the row), as the kernels' backward has it."""
     e, _, _, inf_rows = _exp_terms(z, visible)
     # an entry of probability 0 is a constant of its row: its gradient is exactly 0, even
-    # where a NaN or an infinite incoming gradient makes the row's <p, g> non-finite
-    e = torch.where(e == 0, e.detach(), e)
+    # where a NaN or an infinite incoming gradient makes the row's <p, g> non-finite. That
+    # is also an entry whose exp is a subnormal but whose quotient rounds to 0: through the
+    # row's sum it took e_j * inf (or NaN) where the kernels and aten's lane give 0
+    with torch.no_grad():
+        constant = (e == 0) | (e / nonzero_or_one(e.sum(-1, keepdim=True)) == 0)
+    e = torch.where(constant, e.detach(), e)
     d = e.sum(-1, keepdim=True)
     q = e / nonzero_or_one(d)
     zero = (q == 0) & ~torch.isnan(d)   # (a visible NaN makes its whole row NaN)

@@ -273,8 +273,14 @@ class _LogSumExpFunction(torch.autograd.Function):
         # even an infinite or NaN one (the reference's: they are constants there)
         keep = (special == 0) & ~todo.reshape(-1)
         row_grad = torch.where(keep, grad.reshape(-1), 0).unsqueeze(-1)
-        dx = p.mul_(row_grad) if all_finite(row_grad) else torch.where(p == 0, 0, p * row_grad)
-        return dx.reshape(x.shape), None
+        if all_finite(row_grad):
+            return p.mul_(row_grad).reshape(x.shape), None
+        # an infinite or NaN gradient reaches a subnormal probability, which the kernel's exp
+        # flushes to 0: those rows take aten's softmax, which keeps it, as the reference does
+        # (not a row with nothing visible, whose probabilities are all 0)
+        hit = ~torch.isfinite(row_grad.squeeze(-1)) & torch.isfinite(lse.reshape(-1))
+        p[hit] = torch.softmax(x.reshape(p.shape)[hit], -1)
+        return torch.where(p == 0, 0, p * row_grad).reshape(x.shape), None
 
 
 def softmax(x: torch.Tensor, temperature: float = 1.0, algorithm: str | None = None):

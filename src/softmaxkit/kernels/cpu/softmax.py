@@ -144,6 +144,20 @@ def _write_log_probs(x, out, scale, shift, log_sum):
     return overflow
 
 
+@njit(fastmath=_FAST, cache=True, error_model="numpy")
+def _overflows_when_scaled(x, scale):
+    """Whether a finite score's ``x * scale`` is ``-inf`` (a finfo.min fill over ``T < 1``).
+    The reference computes such a row as ``(x - max) / T``, exact where the other entries'
+    rounded ``x / T`` is not (T = 0.01, scores near 1000: probabilities 0.1% apart); the
+    row is left to it."""
+    wide_vectors()
+    neg_inf = cast_like(-np.inf, scale)
+    found = False
+    for i in range(x.shape[0]):
+        found = found | ((x[i] * scale == neg_inf) & (x[i] != neg_inf))
+    return found
+
+
 # nnan (for the vectorised max reductions) is safe: exp_parts propagates a NaN to its
 # mantissa, which makes the block's pair sum NaN, and that sends the row to _careful_row.
 @njit(fastmath=_FAST | {"nnan"}, cache=True, error_model="numpy")
@@ -400,7 +414,8 @@ def _normalize_row(x, out, lse, special, scale, algorithm, mode, r):
         else:
             ok = _online_probs(xr, outr, scale, np.empty((n + BLOCK - 1) // BLOCK, x.dtype))
         if ok:
-            special[r] = 0
+            # (as log-probabilities, whose -inf tells; here the 0 does not)
+            special[r] = _SPECIAL_TODO if scale > 1 and _overflows_when_scaled(xr, scale) else 0
             return
     else:
         if algorithm == THREE_PASS:
