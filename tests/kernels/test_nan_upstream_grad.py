@@ -560,3 +560,20 @@ def test_infinite_upstream_elsewhere_leaves_an_underflowed_quotient_zero(backend
     grad = _grads(lambda t: sk.softmax(t, dim=-1), x, backend, lambda out: upstream)
     assert (grad[:, -1] == 0).all()
     assert grad[:, 0].isnan().all() and (grad[:, 1:-1] == -math.inf).all()
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("dtype, gap", [(torch.float32, 100.0), (torch.float64, 740.0)])
+def test_log_softmax_infinite_upstream_where_exp_y_underflows_but_the_probability_does_not(dtype, gap, rows):
+    """1000 equal maxima and one score ``gap`` below: its ``e^{x - max}`` is a subnormal, its
+    ``e^y = e^{x - max} / 1000`` rounds to 0. Under an infinite incoming gradient the reference's
+    ``p * inf`` is ``inf`` there (``-inf`` in ``dx``); the numba backward took ``0 * inf = NaN``
+    (found by a fuzz of auto against the reference, 2026-12-04)."""
+    x = torch.zeros(rows, 1001, dtype=dtype)
+    x[:, -1] = -gap
+    upstream = torch.ones(rows, 1001, dtype=dtype)
+    upstream[:, 0] = math.inf
+    got = _grads(lambda t: sk.log_softmax(t, dim=-1), x, "numba", lambda out: upstream)
+    want = _grads(lambda t: sk.log_softmax(t, dim=-1), x, "reference", lambda out: upstream)
+    assert (want[:, -1] == -math.inf).all()
+    torch.testing.assert_close(got, want, equal_nan=True)

@@ -574,14 +574,37 @@ def _backward_row(yr, gr, dr, scale, mode):
         if _log_backward_without_hidden(yr, gr, dr, scale):
             return
         c = _row_sum(yr, gr, _G_VISIBLE)
+        if not np.isfinite(c):
+            _log_backward_non_finite_sum(yr, gr, dr, scale, c)
+            return
         neg_inf = cast_like(-np.inf, scale)
-        finite = np.isfinite(c)
-        for i in range(yr.shape[0]):
-            # y <= 0 (to rounding); with an infinite sum, libm's e^y, which keeps a subnormal
-            # probability (the fast one flushes it to 0, and 0 * inf is NaN, not the reference's -inf)
-            e = exp_nonpositive_fast(yr[i]) if finite else np.exp(yr[i])
-            v = scale * (gr[i] - e * c)
+        for i in range(yr.shape[0]):   # y <= 0 (to rounding)
+            v = scale * (gr[i] - exp_nonpositive_fast(yr[i]) * c)
             dr[i] = v if yr[i] != neg_inf else cast_like(0.0, scale)
+
+
+@njit(cache=True, error_model="numpy")
+def _log_backward_non_finite_sum(y, g, dx, scale, c):
+    """A log-softmax row's ``dx = scale (g - e^y c)`` where ``c``, the sum of its incoming
+    gradient, is infinite or NaN. ``e^y`` is libm's, which keeps a subnormal probability (the
+    fast one flushes it, and ``0 * inf`` is NaN where the reference has ``-inf``). The
+    reference's ``e^y c`` is ``e^{x - max} / d * c``: where ``e^y`` rounds to 0 but
+    ``e^{x - max}`` does not (a subnormal within a factor ``d`` of the smallest), it is ``c``
+    itself; ``x - max`` is ``y`` less the row's largest ``y`` (``-log d``), to rounding."""
+    neg_inf = cast_like(-np.inf, scale)
+    top = neg_inf
+    for i in range(y.shape[0]):
+        if y[i] > top:
+            top = y[i]
+    for i in range(y.shape[0]):
+        if y[i] == neg_inf:
+            dx[i] = cast_like(0.0, scale)
+            continue
+        e = np.exp(y[i])
+        if e == 0 and np.exp(y[i] - top) != 0:
+            dx[i] = scale * (g[i] - c)
+        else:
+            dx[i] = scale * (g[i] - e * c)
 
 
 @parallel_njit(fastmath=_FAST, cache=True, error_model="numpy")
