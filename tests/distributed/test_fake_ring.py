@@ -418,3 +418,46 @@ def test_ranks_that_disagree_get_a_clear_error(fn, what):
     _, errors = run_ranks(2, rank_fn, timeout=20.0)
     for err in errors:
         assert isinstance(err, ValueError) and what in str(err), err
+
+
+def test_ulysses_double_backward_equals_one_process():
+    """Hostile sweep 2026-12-04: the all-to-alls' backward was the raw exchange (no graph), so a
+    backward with create_graph=True silently dropped every second-order term through it (a
+    Hessian-vector product 4.3 off of 6.3)."""
+    q, k, v, w = _problem(length=8)
+    b0 = torch.full((1, 4, 1, 1), -0.5, dtype=torch.float64)
+
+    def second(qq, kk, vv, b, out, ww):
+        gq, _ = torch.autograd.grad((out * ww).sum(), (qq, b), create_graph=True)
+        return torch.autograd.grad((gq ** 2).sum() + (qq ** 2).sum(), (qq, kk, vv, b))
+
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v, b0)]
+    ref = sk.attention(*ref_in[:3], "sigmoid", is_causal=True, method="dense", bias_offset=ref_in[3])
+    want = second(*ref_in, ref, w)
+
+    def rank_fn(comm):
+        local = [shard_sequence(t, comm.rank, 2).clone().requires_grad_() for t in (q, k, v)]
+        b = b0.clone().requires_grad_()
+        out = ulysses_attention(*local, "sigmoid", group=comm, is_causal=True, layout="zigzag", bias_offset=b)
+        return second(*local, b, out, shard_sequence(w, comm.rank, 2))
+
+    results, errors = run_ranks(2, rank_fn)
+    assert errors == [None, None], errors
+    for i in range(3):
+        assert (unshard_sequence([r[i] for r in results]) - want[i]).abs().max() < 1e-10, i
+    assert all((r[3] - want[3]).abs().max() < 1e-10 for r in results)
+
+
+def test_ring_double_backward_is_a_clear_error():
+    """Hostile sweep 2026-12-04: create_graph=True raised "a leaf Variable that requires grad is
+    being used in an in-place operation" from inside the ring's backward."""
+    q, k, v, _ = _problem(length=8)
+
+    def rank_fn(comm):
+        local = shard_sequence(q, comm.rank, 2).clone().requires_grad_()
+        out = context_parallel_attention(local, shard_sequence(k, comm.rank, 2), shard_sequence(v, comm.rank, 2),
+                                         "softpick", group=comm, is_causal=True)
+        torch.autograd.grad(out.sum(), local, create_graph=True)
+
+    _, errors = run_ranks(2, rank_fn)
+    assert all(isinstance(e, RuntimeError) and "first derivatives only" in str(e) for e in errors), errors

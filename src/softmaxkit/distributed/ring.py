@@ -689,6 +689,10 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        if torch.is_grad_enabled():   # create_graph=True: the ring's tile backward builds no graph
+            raise RuntimeError("context_parallel_attention has first derivatives only: a backward with "
+                               "create_graph=True (a gradient penalty, a Hessian-vector product) is not "
+                               "supported; ulysses_attention has one where softmaxkit.attention's local path does")
         ring = ctx.ring
         q, k, v, kept_out, *tensors = ctx.saved_tensors
         needs = ctx.needs_input_grad

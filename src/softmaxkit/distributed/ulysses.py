@@ -48,6 +48,10 @@ def _heads_to_seq(comm: Comm, x: torch.Tensor, heads: list, seq: list) -> torch.
     return torch.cat(recv, dim=1)
 
 
+# The backward of each exchange is the opposite exchange *as a Function*, so that a backward
+# with create_graph=True (a gradient penalty, a Hessian-vector product) records it: the raw
+# exchange made a gradient without a graph, and the second derivative silently lost every
+# term that went through it.
 class _SeqToHeads(torch.autograd.Function):
     @staticmethod
     def forward(ctx, comm, x, heads, seq):
@@ -57,7 +61,7 @@ class _SeqToHeads(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         comm, heads, seq = ctx.args
-        return None, _heads_to_seq(comm, g.contiguous(), heads, seq), None, None
+        return None, _HeadsToSeq.apply(comm, g.contiguous(), heads, seq), None, None
 
 
 class _HeadsToSeq(torch.autograd.Function):
@@ -69,7 +73,20 @@ class _HeadsToSeq(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         comm, heads, seq = ctx.args
-        return None, _seq_to_heads(comm, g.contiguous(), heads, seq), None, None
+        return None, _SeqToHeads.apply(comm, g.contiguous(), heads, seq), None, None
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """The sum over the ranks, on every rank; its own adjoint."""
+
+    @staticmethod
+    def forward(ctx, comm, x):
+        ctx.comm = comm
+        return comm.all_reduce_sum_(x.contiguous().clone())
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, _AllReduceSum.apply(ctx.comm, g)
 
 
 class _SumGrad(torch.autograd.Function):
@@ -82,7 +99,7 @@ class _SumGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return None, ctx.comm.all_reduce_sum_(g.contiguous().clone())
+        return None, _AllReduceSum.apply(ctx.comm, g)
 
 
 def head_split(heads: int, kv_heads: int, size: int) -> tuple[list[int], list[int], int]:
