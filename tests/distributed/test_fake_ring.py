@@ -461,3 +461,38 @@ def test_ring_double_backward_is_a_clear_error():
 
     _, errors = run_ranks(2, rank_fn)
     assert all(isinstance(e, RuntimeError) and "first derivatives only" in str(e) for e in errors), errors
+
+
+@pytest.mark.parametrize("name", ["softpick", "adaptive_softmax", "clipped_softmax", "relu_l1"])
+def test_ring_with_a_plus_inf_in_the_mask_equals_one_process(name):
+    """Hostile sweep 2026-12-04: a +inf in a float mask (that key takes its row's whole weight,
+    which softmaxkit.attention computes on its dense path) gave NaN rows and NaN dk, dv on the
+    ring; such masks go to Ulysses now. Only rank 0's rows hold the +inf: every rank follows."""
+    mask = torch.zeros(1, 1, 8, 8, dtype=torch.float64)
+    mask[..., 0, 5] = float("inf")   # rows 0, 1: rank 0's (zigzag)
+    mask[..., 1, 3] = mask[..., 1, 6] = float("inf")
+    errs = compare(name, 2, layout="zigzag", length=8, b=1, h=2, hkv=2, mask=mask, params=params_for(name, 8))
+    assert max(errs) < 1e-10, errs
+
+
+@pytest.mark.parametrize("fn", [context_parallel_attention, ulysses_attention])
+def test_a_learned_bias_gets_its_gradient(fn):
+    """Hostile sweep 2026-12-04: a float attn_mask that requires grad got no gradient (the ring
+    and Ulysses' exchange took it as a constant): with nothing else to differentiate, backward
+    raised "element 0 of tensors does not require grad"."""
+    q, k, v, w = _problem(length=8, b=1, h=2, hkv=1)
+    bias = torch.randn(1, 2, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    ref = sk.attention(*ref_in[:3], "softpick", attn_mask=ref_in[3], method="dense")
+    (ref * w).sum().backward()
+
+    def rank_fn(comm):
+        local = [shard_sequence(t, comm.rank, 2).clone().requires_grad_() for t in (q, k, v, bias)]
+        out = fn(*local[:3], "softpick", group=comm, attn_mask=local[3], layout="zigzag")
+        (out * shard_sequence(w, comm.rank, 2)).sum().backward()
+        return [out.detach()] + [t.grad for t in local]
+
+    results, errors = run_ranks(2, rank_fn)
+    assert errors == [None, None], errors
+    for i, want in enumerate([ref.detach()] + [t.grad for t in ref_in]):
+        assert (unshard_sequence([r[i] for r in results]) - want).abs().max() < 1e-10, i

@@ -45,7 +45,7 @@ import torch
 from torch.autograd.graph import get_gradient_edge
 
 from .. import registry
-from .._checks import check_bool, check_floating
+from .._checks import can_branch_on, check_bool, check_floating
 from .._rows import compute_dtype
 from ..attention.inputs import Tile
 from ..attention.inputs import check_mask as check_attention_mask
@@ -801,6 +801,20 @@ def _check_blocks(block_size) -> tuple[int, int]:
     return pair
 
 
+def _needs_whole_rows(attn_mask) -> bool:
+    """Whether a float ``attn_mask`` needs :func:`softmaxkit.attention`'s dense path, which the
+    ring cannot run: a ``+inf`` (that key takes its row's whole weight; the ring's running
+    shifts formed ``inf - inf``, NaN in the rows and in every gradient of ``k`` and ``v``), or a
+    learned bias (one that requires grad: the ring takes the mask as a constant and gave it
+    no gradient). :func:`ulysses_attention` runs such masks, whole rows on each rank."""
+    if not isinstance(attn_mask, torch.Tensor) or not attn_mask.is_floating_point():
+        return False
+    if attn_mask.requires_grad and torch.is_grad_enabled():
+        return True
+    return (attn_mask.numel() > 0 and can_branch_on(attn_mask)
+            and bool(attn_mask.detach().amax() == float("inf")))
+
+
 def _count(ring: _Ring, b: int, h: int, qpos: torch.Tensor, lk_total: int, dtype, device) -> torch.Tensor:
     """Visible keys per local query, ``(B, H, Lq, 1)``."""
     qpos = qpos.to(device)
@@ -853,6 +867,9 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
           query's partial sums) per bisection step, tens of them.
         * normalizers without a streaming form (sparse_softmax, as_entmax, entmax with a
           tensor alpha) raise ``ValueError``: use :func:`ulysses_attention`.
+        * a float ``attn_mask`` with a ``+inf`` on some rank (that key takes its row's whole
+          weight) or that requires grad (a learned bias) is also delegated to
+          :func:`ulysses_attention`, which runs :func:`softmaxkit.attention`'s dense path there.
 
     Layout (``layout=``): ``"zigzag"`` (default): the sequence is cut into ``2P`` equal
     chunks and rank ``r`` holds chunks ``r`` and ``2P - 1 - r`` concatenated, which gives
@@ -901,7 +918,13 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                                  layout=layout, scale=scale, **params)
     check_params(normalizer, params, b, h, cdt, q.device)
     comm = resolve(group)
-    lengths = gather_lengths(comm, [lq, k.shape[2]], call_signature(q, k, v, is_causal, layout, normalizer))
+    lengths = gather_lengths(comm, [lq, k.shape[2], int(_needs_whole_rows(attn_mask))],
+                             call_signature(q, k, v, is_causal, layout, normalizer))
+    if any(x[2] for x in lengths):   # (decided by every rank alike: each one joins the all-to-alls)
+        from .ulysses import ulysses_attention
+
+        return ulysses_attention(q, k, v, normalizer, group=comm, is_causal=is_causal, attn_mask=attn_mask,
+                                 layout=layout, scale=scale, **params)
     q_lengths, k_lengths = [x[0] for x in lengths], [x[1] for x in lengths]
     q_segs = ring_segments(layout, q_lengths, "q")
     k_segs = ring_segments(layout, k_lengths, "k and v")

@@ -110,8 +110,8 @@ def head_split(heads: int, kv_heads: int, size: int) -> tuple[list[int], list[in
     if heads < size:
         raise ValueError(f"ulysses_attention shards heads across ranks: it needs at least as many query heads as "
                          f"ranks, got H = {heads} heads for P = {size} ranks (context_parallel_attention hands it "
-                         "normalizers that do not stream, such as the sparse ones: use fewer ranks, or a "
-                         "streamable normalizer)")
+                         "normalizers that do not stream, such as the sparse ones, and float masks with +inf or "
+                         "that require grad: use fewer ranks, or a streamable normalizer)")
     repeat = 1 if kv_heads >= size else heads // kv_heads
     kv = kv_heads * repeat
     groups = heads // kv
@@ -127,9 +127,10 @@ def _mask_to_heads(comm, mask, b, h, heads, q_lengths):
         split = [1] * comm.size
     else:
         x, split = mask.expand(b, h, -1, -1), heads
-    as_bytes = x.dtype == torch.bool
-    out = _seq_to_heads(comm, (x.to(torch.uint8) if as_bytes else x).contiguous(), split, q_lengths)
-    return out.bool() if as_bytes else out
+    if x.dtype == torch.bool:
+        return _seq_to_heads(comm, x.to(torch.uint8).contiguous(), split, q_lengths).bool()
+    # a float mask through the differentiable exchange: a learned bias gets its gradient
+    return _SeqToHeads.apply(comm, x.contiguous(), split, q_lengths)
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: str = "softmax", *, group=None,
@@ -160,7 +161,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, norm
         group: a ``torch.distributed`` process group (default: the default group).
         is_causal: causal over global positions (aligned to the end of the keys).
         attn_mask: this rank's query rows against every key in global order, broadcastable
-            to ``(B, H, Lq_local, Lk_total)`` (bool, True = visible, or float, added).
+            to ``(B, H, Lq_local, Lk_total)`` (bool, True = visible, or float, added; a float
+            mask that requires grad, a learned bias, gets its gradient).
         layout: ``"contiguous"`` or ``"zigzag"`` (see :func:`context_parallel_attention`).
         scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
 
