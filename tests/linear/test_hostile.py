@@ -157,3 +157,23 @@ def test_linear_attention_layer_takes_a_generator_for_its_projection():
         sk.nn.LinearAttention(16, 2, method="performer", seed=1.5)
     with pytest.raises(ValueError, match="seed or generator"):
         sk.nn.LinearAttention(16, 2, method="performer", seed=1, generator=torch.Generator())
+
+
+@pytest.mark.parametrize("method", ["linear", "performer", "cosformer", "inline", "mala", "soft"])
+@pytest.mark.parametrize("lq,lk", [(0, 5), (4, 0)])
+def test_an_empty_result_is_attached_to_the_inputs(method, lq, lk):
+    """Hostile sweep 2026-12-04: with no query or no key the output was a new tensor without a
+    grad_fn, and its backward raised "element 0 of tensors does not require grad"."""
+    q = torch.randn(2, 4, lq, 3, dtype=torch.float64)
+    if lq:
+        q[0, 0, 0, 0] = float("nan")   # its gradient is still 0
+    q.requires_grad_()
+    k = torch.randn(2, 2, lk, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, lk, 5, dtype=torch.float64, requires_grad=True)
+    out = sk.linear_attention(q, k, v, method)
+    assert out.shape == (2, 4, lq, 5) and out.dtype == torch.float64
+    out.sum().backward()
+    assert all(t.grad is not None and torch.equal(t.grad, torch.zeros_like(t)) for t in (q, k, v))
+    if method != "soft":
+        state = LinearAttentionState(method, **({"max_len": 8} if method == "cosformer" else {}))
+        state.step(q[:, :, :0], k[:, :, :0], v[:, :, :0]).sum().backward()

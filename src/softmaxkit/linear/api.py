@@ -96,6 +96,20 @@ def _combine(spec, ctx, parts, den_shift):
     return spec.combine(*parts, ctx)
 
 
+def _empty_output(inp, lq: int, dv: int) -> torch.Tensor:
+    """Zeros ``(B, H, Lq, Dv)`` for a call with no query or no key, still attached to ``q``, ``k``
+    and ``v`` (sums over their empty slices: exact zeros, gradients of zero even where they hold
+    NaN), so that a backward through it runs as through any other output."""
+    q, k, v = inp.given_q, inp.given_k, inp.given_v
+    zero = (q[..., :0].sum(-1, keepdim=True).to(inp.q.dtype)              # (B, H, Lq, 1)
+            + k[..., :0, :0].sum((-2, -1), keepdim=True).to(inp.q.dtype)   # (B, Hkv, 1, 1)
+            .repeat_interleave(inp.kv_groups, dim=1)
+            + v[..., :0, :].sum(-2, keepdim=True).to(inp.q.dtype)         # (B, Hkv, 1, Dv)
+            .repeat_interleave(inp.kv_groups, dim=1))
+    b, h = q.shape[:2]
+    return zero.expand(b, h, lq, dv).to(inp.out_dtype)
+
+
 def _plus(a, b):
     """``a + b`` for log scales, None when ``a`` is (unscaled features)."""
     return None if a is None else a + b
@@ -193,7 +207,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: 
     ctx = spec.check(merged, inp.q.shape[-1], inp.q.dtype, inp.q.device)
     ctx["scale"] = inp.scale
     if lq == 0 or lk == 0:
-        return inp.q.new_zeros(b, h, lq, dv).to(inp.out_dtype)
+        return _empty_output(inp, lq, dv)
     if not spec.kernelised:
         if per_query is not None:
             raise ValueError(f"method {method!r} takes only key-padding masks (attn_mask of size 1 over the "
@@ -302,7 +316,7 @@ class LinearAttentionState:
         if self.sums is not None and tuple(self.sums.n.shape) != (b, h):
             raise ValueError(f"this state holds (batch, heads) = {tuple(self.sums.n.shape)}, got {(b, h)}")
         if t == 0:
-            return inp.q.new_zeros(b, h, 0, inp.v.shape[-1]).to(inp.out_dtype)
+            return _empty_output(inp, 0, inp.v.shape[-1])
         pos = torch.arange(self.position, self.position + t, device=inp.q.device, dtype=inp.q.dtype)
         parts, last, den_shift = _run_causal(self.spec, self.ctx, inp.q, inp.k, inp.v, visible, pos, pos,
                                              self.sums, self.chunk)
