@@ -129,6 +129,12 @@ class LinearAttention(nn.Module):
 
     def step(self, x: torch.Tensor, state: LinearAttentionState) -> torch.Tensor:
         """Decode ``T`` new tokens ``x`` ``(B, T, dim)`` causally after those in ``state``."""
+        if not isinstance(state, LinearAttentionState):
+            raise TypeError(f"state must be a LinearAttentionState (from new_state()), got {type(state).__name__}")
+        if state.spec.name != self.method:
+            raise ValueError(f"state decodes method {state.spec.name!r}, this layer {self.method!r}: "
+                             "take the state from this layer's new_state()")
+        check_sequence_inputs(x, x, self.dim)
         q = self._split(self.q_proj(x), self.heads)
         k = self._split(self.k_proj(x), self.kv_heads)
         v = self._split(self.v_proj(x), self.kv_heads)
