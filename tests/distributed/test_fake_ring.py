@@ -496,3 +496,19 @@ def test_a_learned_bias_gets_its_gradient(fn):
     assert errors == [None, None], errors
     for i, want in enumerate([ref.detach()] + [t.grad for t in ref_in]):
         assert (unshard_sequence([r[i] for r in results]) - want).abs().max() < 1e-10, i
+
+
+def test_scale_and_block_size_errors_name_them():
+    """Hostile sweep 2026-12-04: block_size=4.0 raised "'float' object is not iterable", and a NaN
+    scale a TypeError (softmaxkit.attention: ValueError)."""
+    q, k, v, _ = _problem(length=8)
+    comm = ThreadComm.group(1)[0]
+    for fn in (context_parallel_attention, ulysses_attention):
+        with pytest.raises(ValueError, match="scale must be finite"):
+            fn(q, k, v, "softmax", group=comm, scale=float("nan"))
+        with pytest.raises(TypeError, match="scale must be a number"):
+            fn(q, k, v, "softmax", group=comm, scale="0.5")
+    with pytest.raises(TypeError, match="block_size"):
+        context_parallel_attention(q, k, v, "softmax", group=comm, block_size=4.0)
+    with pytest.raises(ValueError, match="block_size"):
+        context_parallel_attention(q, k, v, "softmax", group=comm, block_size=(4, 0))

@@ -45,7 +45,7 @@ import torch
 from torch.autograd.graph import get_gradient_edge
 
 from .. import registry
-from .._checks import can_branch_on, check_bool, check_floating
+from .._checks import can_branch_on, check_bool, check_finite, check_floating
 from .._rows import compute_dtype
 from ..attention.inputs import Tile
 from ..attention.inputs import check_mask as check_attention_mask
@@ -751,8 +751,7 @@ def check_qkv(q, k, v):
 def check_scale(scale, d: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(d) if d else 1.0
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise TypeError(f"scale must be a finite number or None, got {scale!r}")
+    check_finite(scale, "scale", allow_tensor=False)   # (as softmaxkit.attention: ValueError for NaN / inf)
     return float(scale)
 
 
@@ -795,6 +794,9 @@ def check_mask(attn_mask, shape):
 def _check_blocks(block_size) -> tuple[int, int]:
     if block_size is None:
         return DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, tuple, list)):
+        raise TypeError(f"block_size must be a positive int or a pair (block_q, block_k), got "
+                        f"{type(block_size).__name__}")
     pair = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
     if len(pair) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in pair):
         raise ValueError(f"block_size must be a positive int or a pair (block_q, block_k), got {block_size!r}")
