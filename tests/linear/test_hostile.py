@@ -177,3 +177,22 @@ def test_an_empty_result_is_attached_to_the_inputs(method, lq, lk):
     if method != "soft":
         state = LinearAttentionState(method, **({"max_len": 8} if method == "cosformer" else {}))
         state.step(q[:, :, :0], k[:, :, :0], v[:, :, :0]).sum().backward()
+
+
+def test_integer_parameters_take_numpy_ints_and_refuse_floats_with_a_type_error():
+    """Hostile sweep 2026-12-04: chunk_size took a numpy int, but max_len, rank, newton_iters and
+    nb_features refused one ("must be a positive int, got np.int64(10)", a ValueError), and
+    refused a float with a ValueError."""
+    q = k = v = torch.randn(1, 1, 6, 4, dtype=torch.float64)
+    pairs = [("cosformer", "max_len", 10), ("soft", "rank", 2), ("soft", "newton_iters", 30),
+             ("performer", "nb_features", 8)]
+    for method, name, value in pairs:
+        seed = {"generator": torch.Generator().manual_seed(0)} if method == "performer" else {}
+        a = sk.linear_attention(q, k, v, method, **{name: np.int64(value)}, **seed)
+        seed = {"generator": torch.Generator().manual_seed(0)} if method == "performer" else {}
+        torch.testing.assert_close(a, sk.linear_attention(q, k, v, method, **{name: value}, **seed), rtol=0, atol=0)
+        with pytest.raises(TypeError, match=name):
+            sk.linear_attention(q, k, v, method, **{name: float(value)})
+    assert draw_projection(np.int64(8), np.int64(4)).shape == (8, 4)
+    with pytest.raises(ValueError, match="newton_iters must be an int >= 0"):
+        sk.linear.newton_pinv(torch.eye(2), -1)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 
 from ..attention.inputs import prepare
 from . import cosformer, elu, inline, mala, performer, soft
-from ._spec import LinearMethod
+from ._spec import LinearMethod, check_count
 from .chunked import DEFAULT_CHUNK, Sums, causal_chunked, causal_chunked_shifted, common_shift, dense, one_pass
 
 _METHODS: dict[str, LinearMethod] = {m.name: m for m in (
@@ -50,14 +49,8 @@ def _params(spec: LinearMethod, params: dict) -> dict:
 
 
 def _chunk(chunk_size) -> int:
-    if chunk_size is None:
-        return DEFAULT_CHUNK
-    if isinstance(chunk_size, bool) or not hasattr(chunk_size, "__index__"):
-        raise TypeError(f"chunk_size must be a positive int or None, got {type(chunk_size).__name__}")
-    chunk_size = operator.index(chunk_size)
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
-    return chunk_size
+    chunk_size = check_count(chunk_size, "chunk_size", allow_none=True)
+    return DEFAULT_CHUNK if chunk_size is None else chunk_size
 
 
 def _key_visibility(attn_mask, inp):
