@@ -512,3 +512,20 @@ def test_scale_and_block_size_errors_name_them():
         context_parallel_attention(q, k, v, "softmax", group=comm, block_size=4.0)
     with pytest.raises(ValueError, match="block_size"):
         context_parallel_attention(q, k, v, "softmax", group=comm, block_size=(4, 0))
+
+
+def test_shard_sequence_checks_its_arguments():
+    """Hostile sweep 2026-12-04: a float rank raised "list indices must be integers", True passed
+    as rank 1, negative lengths summing to the total reached narrow()'s RuntimeError, float
+    lengths its TypeError, a dim out of range an IndexError."""
+    x = torch.arange(12.0).view(1, 1, 12, 1)
+    for kwargs, err, match in [({"rank": 0.5}, TypeError, "rank"), ({"rank": True}, TypeError, "rank"),
+                               ({"world_size": 0}, ValueError, "world_size"), ({"dim": 5}, ValueError, "dim=5"),
+                               ({"lengths": [-2, 14], "layout": "contiguous"}, ValueError, "lengths"),
+                               ({"lengths": [6.0, 6.0], "layout": "contiguous"}, TypeError, "lengths")]:
+        args = {"rank": 0, "world_size": 2, **kwargs}
+        with pytest.raises(err, match=match):
+            shard_sequence(x, args.pop("rank"), args.pop("world_size"), **args)
+    with pytest.raises(ValueError, match="got none"):
+        unshard_sequence([])
+    assert torch.equal(unshard_sequence([shard_sequence(x, r, 2, dim=-2) for r in range(2)], dim=-2), x)

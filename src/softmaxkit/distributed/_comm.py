@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .._checks import check_dim, check_int_in_range
+
 __all__ = [
     "LAYOUTS",
     "Comm",
@@ -305,10 +307,12 @@ def shard_sequence(x: torch.Tensor, rank: int, world_size: int, *, layout: str =
     given ``lengths``; ``"zigzag"``: chunks ``r`` and ``2P - 1 - r`` of ``2P`` equal chunks.
     """
     check_layout(layout)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    world_size = check_int_in_range(world_size, "world_size", 1)
+    rank = check_int_in_range(rank, "rank", 0, world_size - 1)
+    dim = check_dim(x, dim)
     total = x.shape[dim]
     if lengths is not None:
+        lengths = [check_int_in_range(n, "lengths", 0) for n in lengths]
         if layout != "contiguous" or len(lengths) != world_size or sum(lengths) != total:
             raise ValueError(f"lengths must be {world_size} contiguous piece lengths summing to {total}, "
                              f"got {list(lengths)} with layout={layout!r}")
@@ -320,6 +324,9 @@ def shard_sequence(x: torch.Tensor, rank: int, world_size: int, *, layout: str =
 def unshard_sequence(shards: Sequence[torch.Tensor], *, layout: str = "zigzag", dim: int = 2) -> torch.Tensor:
     """The whole sequence from every rank's shard (in rank order), undoing :func:`shard_sequence`."""
     check_layout(layout)
+    if not shards:
+        raise ValueError("unshard_sequence needs every rank's shard, got none")
+    dim = check_dim(shards[0], dim)
     segs = ring_segments(layout, [s.shape[dim] for s in shards], "the shards")
     pieces = []
     for shard, seg in zip(shards, segs):
