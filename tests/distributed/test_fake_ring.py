@@ -529,3 +529,22 @@ def test_shard_sequence_checks_its_arguments():
     with pytest.raises(ValueError, match="got none"):
         unshard_sequence([])
     assert torch.equal(unshard_sequence([shard_sequence(x, r, 2, dim=-2) for r in range(2)], dim=-2), x)
+
+
+@pytest.mark.parametrize("what", ["number of tokens", "dtype", "reduction", "label_smoothing"])
+def test_vocab_parallel_ranks_that_disagree_get_a_clear_error(what):
+    """Hostile sweep 2026-12-04: a rank with another token count or dtype aborted gloo (SIGABRT);
+    another reduction or label smoothing gave each rank its own loss, and a mixed gradient."""
+    def rank_fn(comm):
+        r = comm.rank
+        n = 5 + r if what == "number of tokens" else 5
+        dtype = torch.float32 if (what == "dtype" and r == 1) else torch.float64
+        hidden = torch.randn(n, 4, dtype=dtype)
+        weight = torch.randn(3, 4, dtype=dtype)
+        kwargs = {"reduction": "sum" if (what == "reduction" and r == 1) else "mean",
+                  "label_smoothing": 0.1 if (what == "label_smoothing" and r == 1) else 0.0}
+        return vocab_parallel_linear_cross_entropy(hidden, weight, torch.randint(0, 6, (n,)), group=comm, **kwargs)
+
+    _, errors = run_ranks(2, rank_fn, timeout=20.0)
+    for err in errors:
+        assert isinstance(err, ValueError) and what in str(err), err

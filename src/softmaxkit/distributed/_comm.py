@@ -240,8 +240,8 @@ def gather_lengths(comm: Comm, lengths: Sequence[int], agreed: dict) -> list[lis
     n = len(lengths)
     differ = [name for i, name in enumerate(agreed) if len({row[n + i] for row in rows}) > 1]
     if differ:
-        raise ValueError(f"the ranks disagree on {', '.join(differ)}: every rank must call with the same batch, "
-                         "heads, head dims, dtype, is_causal, layout and normalizer (only the sequence shards differ)")
+        raise ValueError(f"the ranks disagree on {', '.join(differ)}: every rank must call with the same "
+                         f"{', '.join(agreed)} (only the shards differ)")
     return [row[:n] for row in rows]
 
 

@@ -29,7 +29,7 @@ from ..losses.linear_cross_entropy import (
     default_chunk_size,
     default_vocab_block,
 )
-from ._comm import Comm, resolve
+from ._comm import Comm, gather_lengths, resolve
 
 __all__ = ["vocab_parallel_linear_cross_entropy"]
 
@@ -195,7 +195,12 @@ def vocab_parallel_linear_cross_entropy(hidden: torch.Tensor, weight_shard: torc
     z_penalty = check_in_range(z_penalty, "z_penalty", 0.0)
     reduction = check_reduction(reduction)
     comm = resolve(group)
-    shards = [x[0] for x in comm.all_gather_ints([weight_shard.shape[0]])]
+    # the shard sizes, once the ranks agree on what the all-reduces' sizes and the loss depend on:
+    # another token count or dtype aborted gloo (SIGABRT), another reduction gave each rank its own loss
+    agreed = {"number of tokens": target.numel(), "hidden dim": hidden.shape[-1], "dtype": str(hidden.dtype),
+              "reduction": reduction, "ignore_index": ignore_index, "label_smoothing": repr(label_smoothing),
+              "z_penalty": repr(z_penalty)}
+    shards = [x[0] for x in gather_lengths(comm, [weight_shard.shape[0]], agreed)]
     vocab = sum(shards)
     offset = sum(shards[:comm.rank])
     bad = (target != ignore_index) & ((target < 0) | (target >= vocab))
