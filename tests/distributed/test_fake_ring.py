@@ -548,3 +548,28 @@ def test_vocab_parallel_ranks_that_disagree_get_a_clear_error(what):
     _, errors = run_ranks(2, rank_fn, timeout=20.0)
     for err in errors:
         assert isinstance(err, ValueError) and what in str(err), err
+
+
+@pytest.mark.parametrize("what", ["block_size", "parameters", "scale", "which inputs require grad"])
+def test_ranks_that_disagree_on_tiles_parameters_or_gradients_get_a_clear_error(what):
+    """Hostile sweep 2026-12-04: ranks with other tile sizes cut their travelling blocks into
+    other regions (a size mismatch: gloo aborts); a per-head tensor parameter on one rank and a
+    number on another hung the ring's backward until the timeout (Ulysses: an IndexError); a
+    rank whose inputs needed no gradient skipped the backward ring that the others waited in;
+    another scale silently gave each rank another attention."""
+    q, k, v, _ = _problem(length=16, b=1)
+
+    def rank_fn(comm):
+        r = comm.rank
+        sh = [shard_sequence(t, r, 2).clone().requires_grad_(what != "which inputs require grad" or r == 0)
+              for t in (q, k, v)]
+        s = torch.full((1, 4, 1, 1), 0.5, dtype=torch.float64, requires_grad=True)
+        kwargs = {"s": s if (what != "parameters" or r == 0) else 0.5,
+                  "scale": 0.3 if (what == "scale" and r == 1) else None,
+                  "block_size": (4, 4 if (what != "block_size" or r == 0) else 8)}
+        out = context_parallel_attention(*sh, "ssmax", group=comm, is_causal=True, **kwargs)
+        out.sum().backward()
+
+    _, errors = run_ranks(2, rank_fn, timeout=20.0)
+    for err in errors:
+        assert isinstance(err, ValueError) and what in str(err), err

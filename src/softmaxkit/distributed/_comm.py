@@ -246,11 +246,36 @@ def gather_lengths(comm: Comm, lengths: Sequence[int], agreed: dict) -> list[lis
 
 
 def call_signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, layout: str,
-                   normalizer: str) -> dict:
-    """What every rank's attention call must share (for :func:`gather_lengths`)."""
-    return {"batch": q.shape[0], "heads": q.shape[1], "kv heads": k.shape[1], "head dim": q.shape[-1],
-            "value dim": v.shape[-1], "dtype": str(q.dtype), "is_causal": int(is_causal), "layout": layout,
-            "normalizer": normalizer}
+                   normalizer: str, params: dict | None = None, scale: float | None = None, **extra) -> dict:
+    """What every rank's attention call must share (for :func:`gather_lengths`): shapes, dtype,
+    visibility, the normalizer and, when given, its parameters (numbers by value, tensors by
+    whether they need a gradient: the backward sums those over the ranks), the scale, which
+    inputs need a gradient (a rank without one skips the backward that the others run), and
+    ``extra`` (the ring's tile sizes, which cut the blocks that travel)."""
+    out = {"batch": q.shape[0], "heads": q.shape[1], "kv heads": k.shape[1], "head dim": q.shape[-1],
+           "value dim": v.shape[-1], "dtype": str(q.dtype), "is_causal": int(is_causal), "layout": layout,
+           "normalizer": normalizer}
+    if params is not None:
+        out["parameters"] = ";".join(f"{n}={_describe(val)}" for n, val in sorted(params.items()))
+    if scale is not None:
+        out["scale"] = repr(float(scale))
+    grad = torch.is_grad_enabled()
+    out["which inputs require grad"] = "".join(str(int(grad and t.requires_grad)) for t in (q, k, v))
+    return {**out, **extra}
+
+
+def _describe(value) -> str:
+    """A parameter's value as the ranks compare it (a number by value; a tensor by whether it
+    needs a gradient, its values are not exchanged)."""
+    if isinstance(value, torch.Tensor):
+        return f"tensor(grad={bool(value.requires_grad and torch.is_grad_enabled())})"
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return repr(value)
+    if isinstance(value, (int, float)):
+        return repr(float(value))
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(_describe(x) for x in value) + ")"
+    return type(value).__name__
 
 
 def check_layout(layout) -> str:

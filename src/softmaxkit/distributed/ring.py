@@ -919,9 +919,11 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return ulysses_attention(q, k, v, normalizer, group=group, is_causal=is_causal, attn_mask=attn_mask,
                                  layout=layout, scale=scale, **params)
     check_params(normalizer, params, b, h, cdt, q.device)
+    block_q, block_k = _check_blocks(block_size)
     comm = resolve(group)
     lengths = gather_lengths(comm, [lq, k.shape[2], int(_needs_whole_rows(attn_mask))],
-                             call_signature(q, k, v, is_causal, layout, normalizer))
+                             call_signature(q, k, v, is_causal, layout, normalizer, merged, scale,
+                                            block_size=f"{block_q},{block_k}"))
     if any(x[2] for x in lengths):   # (decided by every rank alike: each one joins the all-to-alls)
         from .ulysses import ulysses_attention
 
@@ -934,7 +936,6 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk_total))
     if additive is not None:
         additive = additive.to(cdt)
-    block_q, block_k = _check_blocks(block_size)
     fixed = {n: val for n, val in merged.items() if n not in tensor_names}
     ring = _Ring(comm, rule, fixed, tensor_names, scale, is_causal, lk_total - lq_total, q_segs[comm.rank],
                  k_segs, k_lengths, h // k.shape[1], bool_mask, additive, block_q=block_q, block_k=block_k,

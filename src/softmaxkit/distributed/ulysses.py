@@ -175,10 +175,11 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, norm
     b, h, lq, d = q.shape
     hk = k.shape[1]
     scale = check_scale(scale, d)
-    _, tensor_names = check_params(normalizer, params, b, h, compute_dtype(q.dtype), q.device,
-                                   validate=False)  # softmaxkit.attention checks the values
+    merged, tensor_names = check_params(normalizer, params, b, h, compute_dtype(q.dtype), q.device,
+                                        validate=False)  # softmaxkit.attention checks the values
     comm = resolve(group)
-    lengths = gather_lengths(comm, [lq, k.shape[2]], call_signature(q, k, v, is_causal, layout, normalizer))
+    lengths = gather_lengths(comm, [lq, k.shape[2]],
+                             call_signature(q, k, v, is_causal, layout, normalizer, merged, scale))
     q_lengths, k_lengths = [x[0] for x in lengths], [x[1] for x in lengths]
     q_segs = ring_segments(layout, q_lengths, "q")
     k_segs = ring_segments(layout, k_lengths, "k and v")
