@@ -531,7 +531,8 @@ def test_shard_sequence_checks_its_arguments():
     assert torch.equal(unshard_sequence([shard_sequence(x, r, 2, dim=-2) for r in range(2)], dim=-2), x)
 
 
-@pytest.mark.parametrize("what", ["number of tokens", "dtype", "reduction", "label_smoothing"])
+@pytest.mark.parametrize("what", ["number of tokens", "dtype", "reduction", "label_smoothing",
+                                  "whether hidden requires grad"])
 def test_vocab_parallel_ranks_that_disagree_get_a_clear_error(what):
     """Hostile sweep 2026-12-04: a rank with another token count or dtype aborted gloo (SIGABRT);
     another reduction or label smoothing gave each rank its own loss, and a mixed gradient."""
@@ -539,7 +540,7 @@ def test_vocab_parallel_ranks_that_disagree_get_a_clear_error(what):
         r = comm.rank
         n = 5 + r if what == "number of tokens" else 5
         dtype = torch.float32 if (what == "dtype" and r == 1) else torch.float64
-        hidden = torch.randn(n, 4, dtype=dtype)
+        hidden = torch.randn(n, 4, dtype=dtype, requires_grad=what == "whether hidden requires grad" and r == 0)
         weight = torch.randn(3, 4, dtype=dtype)
         kwargs = {"reduction": "sum" if (what == "reduction" and r == 1) else "mean",
                   "label_smoothing": 0.1 if (what == "label_smoothing" and r == 1) else 0.0}

@@ -199,7 +199,9 @@ def vocab_parallel_linear_cross_entropy(hidden: torch.Tensor, weight_shard: torc
     # another token count or dtype aborted gloo (SIGABRT), another reduction gave each rank its own loss
     agreed = {"number of tokens": target.numel(), "hidden dim": hidden.shape[-1], "dtype": str(hidden.dtype),
               "reduction": reduction, "ignore_index": ignore_index, "label_smoothing": repr(label_smoothing),
-              "z_penalty": repr(z_penalty)}
+              "z_penalty": repr(z_penalty),
+              # (the backward sums hidden's gradient over the ranks: a rank without one would skip it)
+              "whether hidden requires grad": int(torch.is_grad_enabled() and hidden.requires_grad)}
     shards = [x[0] for x in gather_lengths(comm, [weight_shard.shape[0]], agreed)]
     vocab = sum(shards)
     offset = sum(shards[:comm.rank])
