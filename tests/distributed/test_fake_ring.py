@@ -574,3 +574,32 @@ def test_ranks_that_disagree_on_tiles_parameters_or_gradients_get_a_clear_error(
     _, errors = run_ranks(2, rank_fn, timeout=20.0)
     for err in errors:
         assert isinstance(err, ValueError) and what in str(err), err
+
+
+@pytest.mark.parametrize("fn", [context_parallel_attention, ulysses_attention])
+@pytest.mark.parametrize("name", ["softmax", "adaptive_softmax", "softpick", "sparsemax"])
+def test_a_rank_may_hold_no_query_or_no_key(fn, name):
+    """Hostile sweep 2026-12-04: an empty local shard (one decoding query, on the last rank; more
+    ranks than tokens) raised ValueError on that rank alone, and the others waited in the first
+    exchange until the timeout. Empty shards are computed like any other."""
+    g = torch.Generator().manual_seed(0)
+    for lq, lk in (([0, 1, 2], [5, 4, 0]), ([0, 0, 3], [5, 0, 2]), ([0, 0, 0], [1, 2, 3]), ([1, 2, 3], [0, 0, 0])):
+        q = torch.randn(1, 3, sum(lq), 4, generator=g, dtype=torch.float64)
+        k = torch.randn(1, 3, sum(lk), 4, generator=g, dtype=torch.float64)
+        v = torch.randn(1, 3, sum(lk), 3, generator=g, dtype=torch.float64)
+        ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref = sk.attention(*ref_in, name, is_causal=True, method="dense")
+        ref.sum().backward()
+
+        def rank_fn(comm, lq=lq, lk=lk, q=q, k=k, v=v):
+            local = [shard_sequence(t, comm.rank, 3, layout="contiguous", lengths=n).clone().requires_grad_()
+                     for t, n in ((q, lq), (k, lk), (v, lk))]
+            out = fn(*local, name, group=comm, is_causal=True, layout="contiguous")
+            out.sum().backward()
+            return [out.detach()] + [t.grad for t in local]
+
+        results, errors = run_ranks(3, rank_fn, timeout=20.0)
+        assert errors == [None] * 3, (lq, lk, errors)
+        for i, want in enumerate([ref.detach()] + [t.grad for t in ref_in]):
+            got = unshard_sequence([r[i] for r in results], layout="contiguous")
+            assert got.shape == want.shape and (got.numel() == 0 or (got - want).abs().max() < 1e-10), (lq, lk, i)

@@ -357,4 +357,5 @@ def unshard_sequence(shards: Sequence[torch.Tensor], *, layout: str = "zigzag", 
     for shard, seg in zip(shards, segs):
         pieces += [(g, shard.narrow(dim, loc, n)) for g, loc, n in seg]
     pieces.sort(key=lambda p: p[0])
-    return torch.cat([p for _, p in pieces], dim=dim)
+    # (every shard empty: no piece, the empty sequence)
+    return torch.cat([p for _, p in pieces] or [shards[0]], dim=dim)

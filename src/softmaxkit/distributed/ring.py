@@ -744,8 +744,8 @@ def check_qkv(q, k, v):
                          f"{tuple(k.shape)}")
     if hk == 0 or h % hk:
         raise ValueError(f"the number of query heads ({h}) must be a multiple of the key/value heads ({hk})")
-    if q.shape[2] == 0 or lk == 0:
-        raise ValueError(f"every rank needs at least one query and one key, got local lengths {q.shape[2]} and {lk}")
+    # (a rank may hold no query or no key: its shard is empty, the others' are not; refusing it on
+    # that rank alone left the others waiting in the first exchange until the timeout)
 
 
 def check_scale(scale, d: int) -> float:
@@ -876,7 +876,8 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     Layout (``layout=``): ``"zigzag"`` (default): the sequence is cut into ``2P`` equal
     chunks and rank ``r`` holds chunks ``r`` and ``2P - 1 - r`` concatenated, which gives
     every rank the same causal work (all ranks need the same even local length);
-    ``"contiguous"``: rank ``r`` holds the ``r``-th piece, and pieces may differ in length.
+    ``"contiguous"``: rank ``r`` holds the ``r``-th piece, and pieces may differ in length
+    (a rank may hold no query or no key: one decoding query on the last rank).
     :func:`softmaxkit.distributed.shard_sequence` cuts a tensor either way.
 
     Visibility: ``is_causal`` uses global positions (query ``i`` sees key ``j <= i + Lk -
