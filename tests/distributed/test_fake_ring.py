@@ -603,3 +603,37 @@ def test_a_rank_may_hold_no_query_or_no_key(fn, name):
         for i, want in enumerate([ref.detach()] + [t.grad for t in ref_in]):
             got = unshard_sequence([r[i] for r in results], layout="contiguous")
             assert got.shape == want.shape and (got.numel() == 0 or (got - want).abs().max() < 1e-10), (lq, lk, i)
+
+
+def test_vocab_parallel_cross_entropy_with_an_empty_shard():
+    """Hostile sweep 2026-12-04: a rank holding no row of the output layer raised ValueError on
+    that rank alone (the others waited in the first all-gather until the timeout)."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, 4, generator=g, dtype=torch.float64)
+    weight = torch.randn(9, 4, generator=g, dtype=torch.float64)
+    target = torch.randint(0, 9, (7,), generator=g)
+    h_ref, w_ref = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref = sk.losses.linear_cross_entropy(h_ref, w_ref, target, label_smoothing=0.1, z_penalty=1e-2)
+    ref.backward()
+    shards = [4, 0, 5]
+
+    def rank_fn(comm):
+        a = sum(shards[:comm.rank])
+        h = hidden.clone().requires_grad_()
+        w = weight[a:a + shards[comm.rank]].clone().requires_grad_()
+        loss = vocab_parallel_linear_cross_entropy(h, w, target, group=comm, label_smoothing=0.1, z_penalty=1e-2)
+        loss.backward()
+        return loss.detach(), h.grad, w.grad
+
+    results, errors = run_ranks(3, rank_fn, timeout=20.0)
+    assert errors == [None] * 3, errors
+    for loss, gh, _ in results:
+        assert abs(loss - ref).item() < 1e-12 and (gh - h_ref.grad).abs().max() < 1e-12
+    assert results[1][2].shape == (0, 4)
+    assert (torch.cat([r[2] for r in results]) - w_ref.grad).abs().max() < 1e-12
+
+    def empty_everywhere(comm):
+        return vocab_parallel_linear_cross_entropy(hidden, weight[:0], target, group=comm)
+
+    _, errors = run_ranks(2, empty_everywhere, timeout=20.0)
+    assert all(isinstance(e, ValueError) and "no row" in str(e) for e in errors), errors
