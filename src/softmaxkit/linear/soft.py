@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import is_functorch_wrapped
+from .._checks import check_floating, is_functorch_wrapped
 from ._spec import LinearMethod, check_count, check_eps
 
 NORMALIZE = (None, "symmetric")
@@ -107,6 +107,11 @@ def newton_pinv(m: torch.Tensor, iters: int | None = None) -> torch.Tensor:
     ``torch.func`` transform runs as :class:`NewtonPinv`, whose ``vmap`` rule can test convergence).
     """
     iters = check_count(iters, "newton_iters", minimum=0, allow_none=True)
+    check_floating(m, "m")
+    if m.dim() < 2:
+        raise ValueError(f"m must be a matrix or a batch of matrices (..., r, c), got shape {tuple(m.shape)}")
+    if m.shape[-1] == 0 or m.shape[-2] == 0:   # (an empty matrix: its pseudo-inverse is the empty transpose)
+        return m.transpose(-2, -1).clone()
     if iters is None and is_functorch_wrapped(m):   # the convergence test reads values: on the unwrapped ones
         return NewtonPinv.apply(m, None)
     norm1 = m.abs().sum(-2).amax(-1)
