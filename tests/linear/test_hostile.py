@@ -196,3 +196,21 @@ def test_integer_parameters_take_numpy_ints_and_refuse_floats_with_a_type_error(
     assert draw_projection(np.int64(8), np.int64(4)).shape == (8, 4)
     with pytest.raises(ValueError, match="newton_iters must be an int >= 0"):
         sk.linear.newton_pinv(torch.eye(2), -1)
+
+
+def test_attention_weights_and_step_check_their_tensors_first():
+    """Hostile sweep 2026-12-04: attention_weights built its identity from k's shape before any
+    check (a list: AttributeError; a vector: IndexError), LinearAttentionState.step read q.dim()
+    first (a list: AttributeError), and sk.nn.LinearAttention took a non-tensor projection with
+    a ValueError."""
+    from softmaxkit.linear import attention_weights
+
+    q = torch.randn(1, 2, 4, 3)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        attention_weights(q, [[1.0]])
+    with pytest.raises(ValueError, match=r"k must have shape \(B, H, L, D\)"):
+        attention_weights(q, torch.ones(3))
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        LinearAttentionState("linear").step([1.0], q, q)
+    with pytest.raises(TypeError, match="projection"):
+        sk.nn.LinearAttention(8, 2, method="performer", projection=[1.0])

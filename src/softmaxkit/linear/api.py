@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from .._checks import check_floating
 from ..attention.inputs import prepare
 from . import cosformer, elu, inline, mala, performer, soft
 from ._spec import LinearMethod, check_count
@@ -237,6 +238,9 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, method: str = "linear", 
     """The ``(B, H, Lq, Lk)`` attention weights ``a_ij`` that :func:`linear_attention` applies to the
     values, for inspection (``O(Lq Lk)`` memory): the output with the identity matrix as
     values, so it is exactly the same computation. Zero on invisible keys."""
+    check_floating(k, "k")
+    if k.dim() != 4:   # (checked before the identity is built from its shape)
+        raise ValueError(f"k must have shape (B, H, L, D), got {tuple(k.shape)}")
     lk = k.shape[-2]
     eye = torch.eye(lk, dtype=k.dtype, device=k.device).expand(k.shape[0], k.shape[1], lk, lk)
     return linear_attention(q, k, eye, method, is_causal=is_causal, attn_mask=attn_mask, scale=scale, **params)
@@ -285,7 +289,7 @@ class LinearAttentionState:
         ``q`` ``(B, H, T, D)``, ``k``/``v`` ``(B, Hkv, T, D)``; ``key_mask`` bool ``(B, T)`` or
         broadcastable to ``(B, H, 1, T)``: False marks padding keys, never seen later either.
         """
-        if k.dim() == 4 and q.dim() == 4 and k.shape[-2] != q.shape[-2]:
+        if all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k)) and k.shape[-2] != q.shape[-2]:
             raise ValueError(f"step takes as many new keys as new queries, got {q.shape[-2]} and {k.shape[-2]}")
         mask = key_mask
         if isinstance(mask, torch.Tensor) and mask.dim() == 2:

@@ -68,7 +68,10 @@ class LinearAttention(nn.Module):
             self.register_buffer("projection", self._draw(seed, generator))
         elif "projection" in self.spec.params:   # a projection given: a buffer too (saved, moved with the module)
             given = self.params.pop("projection")
-            if not isinstance(given, torch.Tensor) or not given.is_floating_point() or given.dim() != 2 \
+            if not isinstance(given, torch.Tensor):
+                raise TypeError(f"projection must be a floating tensor (features, head_dim={head_dim}), got "
+                                f"{type(given).__name__}")
+            if not given.is_floating_point() or given.dim() != 2 \
                     or given.shape[1] != head_dim:
                 raise ValueError(f"projection must be a floating tensor (features, head_dim={head_dim}), got "
                                  f"{tuple(given.shape) if isinstance(given, torch.Tensor) else type(given).__name__}")
