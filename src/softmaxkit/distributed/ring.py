@@ -863,11 +863,11 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
           (adaptive_softmax, clipped_softmax) run two rings forward and two backward.
           Softpick's and normalized SA-softmax's global extremes are part of the
           per-query running state, so they are exact.
-        * the threshold family (sparsemax, entmax15, entmax with a number alpha) is
+        * the threshold family (sparsemax, entmax15, entmax and as_entmax with a number alpha) is
           **delegated to** :func:`ulysses_attention` (one all-to-all each way): a
           distributed threshold search would cost one ring (or one all-reduce of every
           query's partial sums) per bisection step, tens of them.
-        * normalizers without a streaming form (sparse_softmax, as_entmax, entmax with a
+        * normalizers without a streaming form (sparse_softmax, entmax or as_entmax with a
           tensor alpha) raise ``ValueError``: use :func:`ulysses_attention`.
         * a float ``attn_mask`` with a ``+inf`` on some rank (that key takes its row's whole
           weight) or that requires grad (a learned bias) is also delegated to
@@ -912,7 +912,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     rule = rule_for(normalizer, merged)
     if rule is None:
         raise ValueError(f"normalizer {normalizer!r} with these parameters cannot run on the ring: it has no "
-                         "streaming form with O(1) state per query (e.g. sparse_softmax's top-k, as_entmax, entmax "
+                         "streaming form with O(1) state per query (e.g. sparse_softmax's top-k, entmax or as_entmax "
                          "with a tensor alpha); use softmaxkit.distributed.ulysses_attention, which shards heads")
     if hasattr(rule, "search"):
         from .ulysses import ulysses_attention
