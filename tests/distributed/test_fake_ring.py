@@ -637,3 +637,14 @@ def test_vocab_parallel_cross_entropy_with_an_empty_shard():
 
     _, errors = run_ranks(2, empty_everywhere, timeout=20.0)
     assert all(isinstance(e, ValueError) and "no row" in str(e) for e in errors), errors
+
+
+def test_thread_comm_group_checks_its_arguments():
+    """Hostile sweep 2026-12-04: ThreadComm.group(0) returned no rank, group(1.5) raised "can't
+    multiply sequence by non-int", and a negative timeout was taken."""
+    with pytest.raises(ValueError, match="size"):
+        ThreadComm.group(0)
+    with pytest.raises(TypeError, match="size"):
+        ThreadComm.group(1.5)
+    with pytest.raises(ValueError, match="timeout"):
+        ThreadComm.group(2, timeout=-1.0)

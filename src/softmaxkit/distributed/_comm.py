@@ -171,7 +171,10 @@ class ThreadComm(Comm):
     @staticmethod
     def group(size: int, timeout: float = 60.0) -> list[ThreadComm]:
         """One communicator per rank of a new in-process group of ``size`` ranks."""
-        world = _ThreadWorld(size, timeout)
+        size = check_int_in_range(size, "size", 1)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        world = _ThreadWorld(size, float(timeout))
         return [ThreadComm(world, r) for r in range(size)]
 
     def _gather(self, value):
