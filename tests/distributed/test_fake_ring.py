@@ -418,3 +418,233 @@ def test_ranks_that_disagree_get_a_clear_error(fn, what):
     _, errors = run_ranks(2, rank_fn, timeout=20.0)
     for err in errors:
         assert isinstance(err, ValueError) and what in str(err), err
+
+
+def test_ulysses_double_backward_equals_one_process():
+    """Hostile sweep 2026-12-04: the all-to-alls' backward was the raw exchange (no graph), so a
+    backward with create_graph=True silently dropped every second-order term through it (a
+    Hessian-vector product 4.3 off of 6.3)."""
+    q, k, v, w = _problem(length=8)
+    b0 = torch.full((1, 4, 1, 1), -0.5, dtype=torch.float64)
+
+    def second(qq, kk, vv, b, out, ww):
+        gq, _ = torch.autograd.grad((out * ww).sum(), (qq, b), create_graph=True)
+        return torch.autograd.grad((gq ** 2).sum() + (qq ** 2).sum(), (qq, kk, vv, b))
+
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v, b0)]
+    ref = sk.attention(*ref_in[:3], "sigmoid", is_causal=True, method="dense", bias_offset=ref_in[3])
+    want = second(*ref_in, ref, w)
+
+    def rank_fn(comm):
+        local = [shard_sequence(t, comm.rank, 2).clone().requires_grad_() for t in (q, k, v)]
+        b = b0.clone().requires_grad_()
+        out = ulysses_attention(*local, "sigmoid", group=comm, is_causal=True, layout="zigzag", bias_offset=b)
+        return second(*local, b, out, shard_sequence(w, comm.rank, 2))
+
+    results, errors = run_ranks(2, rank_fn)
+    assert errors == [None, None], errors
+    for i in range(3):
+        assert (unshard_sequence([r[i] for r in results]) - want[i]).abs().max() < 1e-10, i
+    assert all((r[3] - want[3]).abs().max() < 1e-10 for r in results)
+
+
+def test_ring_double_backward_is_a_clear_error():
+    """Hostile sweep 2026-12-04: create_graph=True raised "a leaf Variable that requires grad is
+    being used in an in-place operation" from inside the ring's backward."""
+    q, k, v, _ = _problem(length=8)
+
+    def rank_fn(comm):
+        local = shard_sequence(q, comm.rank, 2).clone().requires_grad_()
+        out = context_parallel_attention(local, shard_sequence(k, comm.rank, 2), shard_sequence(v, comm.rank, 2),
+                                         "softpick", group=comm, is_causal=True)
+        torch.autograd.grad(out.sum(), local, create_graph=True)
+
+    _, errors = run_ranks(2, rank_fn)
+    assert all(isinstance(e, RuntimeError) and "first derivatives only" in str(e) for e in errors), errors
+
+
+@pytest.mark.parametrize("name", ["softpick", "adaptive_softmax", "clipped_softmax", "relu_l1"])
+def test_ring_with_a_plus_inf_in_the_mask_equals_one_process(name):
+    """Hostile sweep 2026-12-04: a +inf in a float mask (that key takes its row's whole weight,
+    which softmaxkit.attention computes on its dense path) gave NaN rows and NaN dk, dv on the
+    ring; such masks go to Ulysses now. Only rank 0's rows hold the +inf: every rank follows."""
+    mask = torch.zeros(1, 1, 8, 8, dtype=torch.float64)
+    mask[..., 0, 5] = float("inf")   # rows 0, 1: rank 0's (zigzag)
+    mask[..., 1, 3] = mask[..., 1, 6] = float("inf")
+    errs = compare(name, 2, layout="zigzag", length=8, b=1, h=2, hkv=2, mask=mask, params=params_for(name, 8))
+    assert max(errs) < 1e-10, errs
+
+
+@pytest.mark.parametrize("fn", [context_parallel_attention, ulysses_attention])
+def test_a_learned_bias_gets_its_gradient(fn):
+    """Hostile sweep 2026-12-04: a float attn_mask that requires grad got no gradient (the ring
+    and Ulysses' exchange took it as a constant): with nothing else to differentiate, backward
+    raised "element 0 of tensors does not require grad"."""
+    q, k, v, w = _problem(length=8, b=1, h=2, hkv=1)
+    bias = torch.randn(1, 2, 8, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v, bias)]
+    ref = sk.attention(*ref_in[:3], "softpick", attn_mask=ref_in[3], method="dense")
+    (ref * w).sum().backward()
+
+    def rank_fn(comm):
+        local = [shard_sequence(t, comm.rank, 2).clone().requires_grad_() for t in (q, k, v, bias)]
+        out = fn(*local[:3], "softpick", group=comm, attn_mask=local[3], layout="zigzag")
+        (out * shard_sequence(w, comm.rank, 2)).sum().backward()
+        return [out.detach()] + [t.grad for t in local]
+
+    results, errors = run_ranks(2, rank_fn)
+    assert errors == [None, None], errors
+    for i, want in enumerate([ref.detach()] + [t.grad for t in ref_in]):
+        assert (unshard_sequence([r[i] for r in results]) - want).abs().max() < 1e-10, i
+
+
+def test_scale_and_block_size_errors_name_them():
+    """Hostile sweep 2026-12-04: block_size=4.0 raised "'float' object is not iterable", and a NaN
+    scale a TypeError (softmaxkit.attention: ValueError)."""
+    q, k, v, _ = _problem(length=8)
+    comm = ThreadComm.group(1)[0]
+    for fn in (context_parallel_attention, ulysses_attention):
+        with pytest.raises(ValueError, match="scale must be finite"):
+            fn(q, k, v, "softmax", group=comm, scale=float("nan"))
+        with pytest.raises(TypeError, match="scale must be a number"):
+            fn(q, k, v, "softmax", group=comm, scale="0.5")
+    with pytest.raises(TypeError, match="block_size"):
+        context_parallel_attention(q, k, v, "softmax", group=comm, block_size=4.0)
+    with pytest.raises(ValueError, match="block_size"):
+        context_parallel_attention(q, k, v, "softmax", group=comm, block_size=(4, 0))
+
+
+def test_shard_sequence_checks_its_arguments():
+    """Hostile sweep 2026-12-04: a float rank raised "list indices must be integers", True passed
+    as rank 1, negative lengths summing to the total reached narrow()'s RuntimeError, float
+    lengths its TypeError, a dim out of range an IndexError."""
+    x = torch.arange(12.0).view(1, 1, 12, 1)
+    for kwargs, err, match in [({"rank": 0.5}, TypeError, "rank"), ({"rank": True}, TypeError, "rank"),
+                               ({"world_size": 0}, ValueError, "world_size"), ({"dim": 5}, ValueError, "dim=5"),
+                               ({"lengths": [-2, 14], "layout": "contiguous"}, ValueError, "lengths"),
+                               ({"lengths": [6.0, 6.0], "layout": "contiguous"}, TypeError, "lengths")]:
+        args = {"rank": 0, "world_size": 2, **kwargs}
+        with pytest.raises(err, match=match):
+            shard_sequence(x, args.pop("rank"), args.pop("world_size"), **args)
+    with pytest.raises(ValueError, match="got none"):
+        unshard_sequence([])
+    assert torch.equal(unshard_sequence([shard_sequence(x, r, 2, dim=-2) for r in range(2)], dim=-2), x)
+
+
+@pytest.mark.parametrize("what", ["number of tokens", "dtype", "reduction", "label_smoothing",
+                                  "whether hidden requires grad"])
+def test_vocab_parallel_ranks_that_disagree_get_a_clear_error(what):
+    """Hostile sweep 2026-12-04: a rank with another token count or dtype aborted gloo (SIGABRT);
+    another reduction or label smoothing gave each rank its own loss, and a mixed gradient."""
+    def rank_fn(comm):
+        r = comm.rank
+        n = 5 + r if what == "number of tokens" else 5
+        dtype = torch.float32 if (what == "dtype" and r == 1) else torch.float64
+        hidden = torch.randn(n, 4, dtype=dtype, requires_grad=what == "whether hidden requires grad" and r == 0)
+        weight = torch.randn(3, 4, dtype=dtype)
+        kwargs = {"reduction": "sum" if (what == "reduction" and r == 1) else "mean",
+                  "label_smoothing": 0.1 if (what == "label_smoothing" and r == 1) else 0.0}
+        return vocab_parallel_linear_cross_entropy(hidden, weight, torch.randint(0, 6, (n,)), group=comm, **kwargs)
+
+    _, errors = run_ranks(2, rank_fn, timeout=20.0)
+    for err in errors:
+        assert isinstance(err, ValueError) and what in str(err), err
+
+
+@pytest.mark.parametrize("what", ["block_size", "parameters", "scale", "which inputs require grad"])
+def test_ranks_that_disagree_on_tiles_parameters_or_gradients_get_a_clear_error(what):
+    """Hostile sweep 2026-12-04: ranks with other tile sizes cut their travelling blocks into
+    other regions (a size mismatch: gloo aborts); a per-head tensor parameter on one rank and a
+    number on another hung the ring's backward until the timeout (Ulysses: an IndexError); a
+    rank whose inputs needed no gradient skipped the backward ring that the others waited in;
+    another scale silently gave each rank another attention."""
+    q, k, v, _ = _problem(length=16, b=1)
+
+    def rank_fn(comm):
+        r = comm.rank
+        sh = [shard_sequence(t, r, 2).clone().requires_grad_(what != "which inputs require grad" or r == 0)
+              for t in (q, k, v)]
+        s = torch.full((1, 4, 1, 1), 0.5, dtype=torch.float64, requires_grad=True)
+        kwargs = {"s": s if (what != "parameters" or r == 0) else 0.5,
+                  "scale": 0.3 if (what == "scale" and r == 1) else None,
+                  "block_size": (4, 4 if (what != "block_size" or r == 0) else 8)}
+        out = context_parallel_attention(*sh, "ssmax", group=comm, is_causal=True, **kwargs)
+        out.sum().backward()
+
+    _, errors = run_ranks(2, rank_fn, timeout=20.0)
+    for err in errors:
+        assert isinstance(err, ValueError) and what in str(err), err
+
+
+@pytest.mark.parametrize("fn", [context_parallel_attention, ulysses_attention])
+@pytest.mark.parametrize("name", ["softmax", "adaptive_softmax", "softpick", "sparsemax"])
+def test_a_rank_may_hold_no_query_or_no_key(fn, name):
+    """Hostile sweep 2026-12-04: an empty local shard (one decoding query, on the last rank; more
+    ranks than tokens) raised ValueError on that rank alone, and the others waited in the first
+    exchange until the timeout. Empty shards are computed like any other."""
+    g = torch.Generator().manual_seed(0)
+    for lq, lk in (([0, 1, 2], [5, 4, 0]), ([0, 0, 3], [5, 0, 2]), ([0, 0, 0], [1, 2, 3]), ([1, 2, 3], [0, 0, 0])):
+        q = torch.randn(1, 3, sum(lq), 4, generator=g, dtype=torch.float64)
+        k = torch.randn(1, 3, sum(lk), 4, generator=g, dtype=torch.float64)
+        v = torch.randn(1, 3, sum(lk), 3, generator=g, dtype=torch.float64)
+        ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+        ref = sk.attention(*ref_in, name, is_causal=True, method="dense")
+        ref.sum().backward()
+
+        def rank_fn(comm, lq=lq, lk=lk, q=q, k=k, v=v):
+            local = [shard_sequence(t, comm.rank, 3, layout="contiguous", lengths=n).clone().requires_grad_()
+                     for t, n in ((q, lq), (k, lk), (v, lk))]
+            out = fn(*local, name, group=comm, is_causal=True, layout="contiguous")
+            out.sum().backward()
+            return [out.detach()] + [t.grad for t in local]
+
+        results, errors = run_ranks(3, rank_fn, timeout=20.0)
+        assert errors == [None] * 3, (lq, lk, errors)
+        for i, want in enumerate([ref.detach()] + [t.grad for t in ref_in]):
+            got = unshard_sequence([r[i] for r in results], layout="contiguous")
+            assert got.shape == want.shape and (got.numel() == 0 or (got - want).abs().max() < 1e-10), (lq, lk, i)
+
+
+def test_vocab_parallel_cross_entropy_with_an_empty_shard():
+    """Hostile sweep 2026-12-04: a rank holding no row of the output layer raised ValueError on
+    that rank alone (the others waited in the first all-gather until the timeout)."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(7, 4, generator=g, dtype=torch.float64)
+    weight = torch.randn(9, 4, generator=g, dtype=torch.float64)
+    target = torch.randint(0, 9, (7,), generator=g)
+    h_ref, w_ref = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+    ref = sk.losses.linear_cross_entropy(h_ref, w_ref, target, label_smoothing=0.1, z_penalty=1e-2)
+    ref.backward()
+    shards = [4, 0, 5]
+
+    def rank_fn(comm):
+        a = sum(shards[:comm.rank])
+        h = hidden.clone().requires_grad_()
+        w = weight[a:a + shards[comm.rank]].clone().requires_grad_()
+        loss = vocab_parallel_linear_cross_entropy(h, w, target, group=comm, label_smoothing=0.1, z_penalty=1e-2)
+        loss.backward()
+        return loss.detach(), h.grad, w.grad
+
+    results, errors = run_ranks(3, rank_fn, timeout=20.0)
+    assert errors == [None] * 3, errors
+    for loss, gh, _ in results:
+        assert abs(loss - ref).item() < 1e-12 and (gh - h_ref.grad).abs().max() < 1e-12
+    assert results[1][2].shape == (0, 4)
+    assert (torch.cat([r[2] for r in results]) - w_ref.grad).abs().max() < 1e-12
+
+    def empty_everywhere(comm):
+        return vocab_parallel_linear_cross_entropy(hidden, weight[:0], target, group=comm)
+
+    _, errors = run_ranks(2, empty_everywhere, timeout=20.0)
+    assert all(isinstance(e, ValueError) and "no row" in str(e) for e in errors), errors
+
+
+def test_thread_comm_group_checks_its_arguments():
+    """Hostile sweep 2026-12-04: ThreadComm.group(0) returned no rank, group(1.5) raised "can't
+    multiply sequence by non-int", and a negative timeout was taken."""
+    with pytest.raises(ValueError, match="size"):
+        ThreadComm.group(0)
+    with pytest.raises(TypeError, match="size"):
+        ThreadComm.group(1.5)
+    with pytest.raises(ValueError, match="timeout"):
+        ThreadComm.group(2, timeout=-1.0)

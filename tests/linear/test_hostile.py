@@ -157,3 +157,60 @@ def test_linear_attention_layer_takes_a_generator_for_its_projection():
         sk.nn.LinearAttention(16, 2, method="performer", seed=1.5)
     with pytest.raises(ValueError, match="seed or generator"):
         sk.nn.LinearAttention(16, 2, method="performer", seed=1, generator=torch.Generator())
+
+
+@pytest.mark.parametrize("method", ["linear", "performer", "cosformer", "inline", "mala", "soft"])
+@pytest.mark.parametrize("lq,lk", [(0, 5), (4, 0)])
+def test_an_empty_result_is_attached_to_the_inputs(method, lq, lk):
+    """Hostile sweep 2026-12-04: with no query or no key the output was a new tensor without a
+    grad_fn, and its backward raised "element 0 of tensors does not require grad"."""
+    q = torch.randn(2, 4, lq, 3, dtype=torch.float64)
+    if lq:
+        q[0, 0, 0, 0] = float("nan")   # its gradient is still 0
+    q.requires_grad_()
+    k = torch.randn(2, 2, lk, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, lk, 5, dtype=torch.float64, requires_grad=True)
+    out = sk.linear_attention(q, k, v, method)
+    assert out.shape == (2, 4, lq, 5) and out.dtype == torch.float64
+    out.sum().backward()
+    assert all(t.grad is not None and torch.equal(t.grad, torch.zeros_like(t)) for t in (q, k, v))
+    if method != "soft":
+        state = LinearAttentionState(method, **({"max_len": 8} if method == "cosformer" else {}))
+        state.step(q[:, :, :0], k[:, :, :0], v[:, :, :0]).sum().backward()
+
+
+def test_integer_parameters_take_numpy_ints_and_refuse_floats_with_a_type_error():
+    """Hostile sweep 2026-12-04: chunk_size took a numpy int, but max_len, rank, newton_iters and
+    nb_features refused one ("must be a positive int, got np.int64(10)", a ValueError), and
+    refused a float with a ValueError."""
+    q = k = v = torch.randn(1, 1, 6, 4, dtype=torch.float64)
+    pairs = [("cosformer", "max_len", 10), ("soft", "rank", 2), ("soft", "newton_iters", 30),
+             ("performer", "nb_features", 8)]
+    for method, name, value in pairs:
+        seed = {"generator": torch.Generator().manual_seed(0)} if method == "performer" else {}
+        a = sk.linear_attention(q, k, v, method, **{name: np.int64(value)}, **seed)
+        seed = {"generator": torch.Generator().manual_seed(0)} if method == "performer" else {}
+        torch.testing.assert_close(a, sk.linear_attention(q, k, v, method, **{name: value}, **seed), rtol=0, atol=0)
+        with pytest.raises(TypeError, match=name):
+            sk.linear_attention(q, k, v, method, **{name: float(value)})
+    assert draw_projection(np.int64(8), np.int64(4)).shape == (8, 4)
+    with pytest.raises(ValueError, match="newton_iters must be an int >= 0"):
+        sk.linear.newton_pinv(torch.eye(2), -1)
+
+
+def test_attention_weights_and_step_check_their_tensors_first():
+    """Hostile sweep 2026-12-04: attention_weights built its identity from k's shape before any
+    check (a list: AttributeError; a vector: IndexError), LinearAttentionState.step read q.dim()
+    first (a list: AttributeError), and sk.nn.LinearAttention took a non-tensor projection with
+    a ValueError."""
+    from softmaxkit.linear import attention_weights
+
+    q = torch.randn(1, 2, 4, 3)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        attention_weights(q, [[1.0]])
+    with pytest.raises(ValueError, match=r"k must have shape \(B, H, L, D\)"):
+        attention_weights(q, torch.ones(3))
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        LinearAttentionState("linear").step([1.0], q, q)
+    with pytest.raises(TypeError, match="projection"):
+        sk.nn.LinearAttention(8, 2, method="performer", projection=[1.0])

@@ -168,3 +168,17 @@ def test_newton_pinv_until_converged_under_vmap_equals_a_loop():
     want = torch.stack([torch.stack([newton_pinv(m) for m in row]) for row in a])
     torch.testing.assert_close(torch.func.vmap(torch.func.vmap(newton_pinv))(a), want, rtol=0, atol=1e-12)
     torch.testing.assert_close(want, torch.linalg.pinv(a), rtol=0, atol=1e-12)
+
+
+def test_newton_pinv_checks_its_input():
+    """Hostile sweep 2026-12-04: an integer matrix raised torch.finfo's TypeError, a vector an
+    IndexError (dimension out of range), a list is_functorch_wrapped_tensor's TypeError, and an
+    empty 0 x 0 matrix amax's IndexError."""
+    with pytest.raises(TypeError, match="m must be"):
+        newton_pinv(torch.ones(3, 3, dtype=torch.long))
+    with pytest.raises(TypeError, match="m must be"):
+        newton_pinv([[1.0]])
+    with pytest.raises(ValueError, match="matrix"):
+        newton_pinv(torch.ones(3))
+    assert newton_pinv(torch.zeros(0, 0)).shape == (0, 0)
+    assert newton_pinv(torch.zeros(2, 0, 3)).shape == (2, 3, 0)

@@ -61,3 +61,18 @@ def test_bad_arguments():
     layer = sk.nn.LinearAttention(16, heads=4)
     with pytest.raises(ValueError, match="key_padding_mask"):
         layer(torch.randn(2, 5, 16), key_padding_mask=torch.ones(2, 4, dtype=torch.bool))
+
+
+def test_step_checks_its_inputs():
+    """Hostile sweep 2026-12-04: step() checked nothing: a wrong width raised torch's "mat1 and
+    mat2 shapes cannot be multiplied", a (B, dim) input "not enough values to unpack", and a
+    state of another method decoded silently with that method."""
+    layer = sk.nn.LinearAttention(16, 2, method="linear", is_causal=True)
+    with pytest.raises(ValueError, match="dim=16"):
+        layer.step(torch.randn(2, 1, 15), layer.new_state())
+    with pytest.raises(ValueError, match=r"\(B, L, dim\)"):
+        layer.step(torch.randn(2, 16), layer.new_state())
+    with pytest.raises(TypeError, match="LinearAttentionState"):
+        layer.step(torch.randn(2, 1, 16), None)
+    with pytest.raises(ValueError, match="'mala'"):
+        layer.step(torch.randn(2, 1, 16), sk.linear.LinearAttentionState("mala"))

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .._checks import check_dim, check_int_in_range
+
 __all__ = [
     "LAYOUTS",
     "Comm",
@@ -169,7 +171,10 @@ class ThreadComm(Comm):
     @staticmethod
     def group(size: int, timeout: float = 60.0) -> list[ThreadComm]:
         """One communicator per rank of a new in-process group of ``size`` ranks."""
-        world = _ThreadWorld(size, timeout)
+        size = check_int_in_range(size, "size", 1)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+            raise ValueError(f"timeout must be a finite number of seconds > 0, got {timeout!r}")
+        world = _ThreadWorld(size, float(timeout))
         return [ThreadComm(world, r) for r in range(size)]
 
     def _gather(self, value):
@@ -238,17 +243,42 @@ def gather_lengths(comm: Comm, lengths: Sequence[int], agreed: dict) -> list[lis
     n = len(lengths)
     differ = [name for i, name in enumerate(agreed) if len({row[n + i] for row in rows}) > 1]
     if differ:
-        raise ValueError(f"the ranks disagree on {', '.join(differ)}: every rank must call with the same batch, "
-                         "heads, head dims, dtype, is_causal, layout and normalizer (only the sequence shards differ)")
+        raise ValueError(f"the ranks disagree on {', '.join(differ)}: every rank must call with the same "
+                         f"{', '.join(agreed)} (only the shards differ)")
     return [row[:n] for row in rows]
 
 
 def call_signature(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, layout: str,
-                   normalizer: str) -> dict:
-    """What every rank's attention call must share (for :func:`gather_lengths`)."""
-    return {"batch": q.shape[0], "heads": q.shape[1], "kv heads": k.shape[1], "head dim": q.shape[-1],
-            "value dim": v.shape[-1], "dtype": str(q.dtype), "is_causal": int(is_causal), "layout": layout,
-            "normalizer": normalizer}
+                   normalizer: str, params: dict | None = None, scale: float | None = None, **extra) -> dict:
+    """What every rank's attention call must share (for :func:`gather_lengths`): shapes, dtype,
+    visibility, the normalizer and, when given, its parameters (numbers by value, tensors by
+    whether they need a gradient: the backward sums those over the ranks), the scale, which
+    inputs need a gradient (a rank without one skips the backward that the others run), and
+    ``extra`` (the ring's tile sizes, which cut the blocks that travel)."""
+    out = {"batch": q.shape[0], "heads": q.shape[1], "kv heads": k.shape[1], "head dim": q.shape[-1],
+           "value dim": v.shape[-1], "dtype": str(q.dtype), "is_causal": int(is_causal), "layout": layout,
+           "normalizer": normalizer}
+    if params is not None:
+        out["parameters"] = ";".join(f"{n}={_describe(val)}" for n, val in sorted(params.items()))
+    if scale is not None:
+        out["scale"] = repr(float(scale))
+    grad = torch.is_grad_enabled()
+    out["which inputs require grad"] = "".join(str(int(grad and t.requires_grad)) for t in (q, k, v))
+    return {**out, **extra}
+
+
+def _describe(value) -> str:
+    """A parameter's value as the ranks compare it (a number by value; a tensor by whether it
+    needs a gradient, its values are not exchanged)."""
+    if isinstance(value, torch.Tensor):
+        return f"tensor(grad={bool(value.requires_grad and torch.is_grad_enabled())})"
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return repr(value)
+    if isinstance(value, (int, float)):
+        return repr(float(value))
+    if isinstance(value, (tuple, list)):
+        return "(" + ",".join(_describe(x) for x in value) + ")"
+    return type(value).__name__
 
 
 def check_layout(layout) -> str:
@@ -305,10 +335,12 @@ def shard_sequence(x: torch.Tensor, rank: int, world_size: int, *, layout: str =
     given ``lengths``; ``"zigzag"``: chunks ``r`` and ``2P - 1 - r`` of ``2P`` equal chunks.
     """
     check_layout(layout)
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    world_size = check_int_in_range(world_size, "world_size", 1)
+    rank = check_int_in_range(rank, "rank", 0, world_size - 1)
+    dim = check_dim(x, dim)
     total = x.shape[dim]
     if lengths is not None:
+        lengths = [check_int_in_range(n, "lengths", 0) for n in lengths]
         if layout != "contiguous" or len(lengths) != world_size or sum(lengths) != total:
             raise ValueError(f"lengths must be {world_size} contiguous piece lengths summing to {total}, "
                              f"got {list(lengths)} with layout={layout!r}")
@@ -320,9 +352,13 @@ def shard_sequence(x: torch.Tensor, rank: int, world_size: int, *, layout: str =
 def unshard_sequence(shards: Sequence[torch.Tensor], *, layout: str = "zigzag", dim: int = 2) -> torch.Tensor:
     """The whole sequence from every rank's shard (in rank order), undoing :func:`shard_sequence`."""
     check_layout(layout)
+    if not shards:
+        raise ValueError("unshard_sequence needs every rank's shard, got none")
+    dim = check_dim(shards[0], dim)
     segs = ring_segments(layout, [s.shape[dim] for s in shards], "the shards")
     pieces = []
     for shard, seg in zip(shards, segs):
         pieces += [(g, shard.narrow(dim, loc, n)) for g, loc, n in seg]
     pieces.sort(key=lambda p: p[0])
-    return torch.cat([p for _, p in pieces], dim=dim)
+    # (every shard empty: no piece, the empty sequence)
+    return torch.cat([p for _, p in pieces] or [shards[0]], dim=dim)

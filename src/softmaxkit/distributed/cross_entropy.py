@@ -29,7 +29,7 @@ from ..losses.linear_cross_entropy import (
     default_chunk_size,
     default_vocab_block,
 )
-from ._comm import Comm, resolve
+from ._comm import Comm, gather_lengths, resolve
 
 __all__ = ["vocab_parallel_linear_cross_entropy"]
 
@@ -80,8 +80,8 @@ class _VocabParallelCE(torch.autograd.Function):
                 block = OnlineSoftmaxState.from_block(logits, dim=1)
                 state = block if state is None else state.merge(block)
                 del logits
-            assert state is not None, "the shard has at least one vocabulary block"
-            lse_local[s:e] = state.logsumexp()
+            # (a shard of no rows: no logit, e^{lse} = 0)
+            lse_local[s:e] = float("-inf") if state is None else state.logsumexp()
         comm = setup.comm
         top = comm.all_reduce_max_(lse_local.clone())
         top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
@@ -176,7 +176,7 @@ def vocab_parallel_linear_cross_entropy(hidden: torch.Tensor, weight_shard: torc
     Args:
         hidden: ``(..., D)``, the same on every rank.
         weight_shard: ``(V_r, D)``, this rank's consecutive rows of the output projection
-            (rank 0 the first ones); shards may differ in size.
+            (rank 0 the first ones); shards may differ in size, and be empty on some ranks.
         target: ``(...)`` global class indices in ``[0, V)`` or ``ignore_index``, the same on
             every rank.
         group: a ``torch.distributed`` process group (default: the default group).
@@ -188,15 +188,24 @@ def vocab_parallel_linear_cross_entropy(hidden: torch.Tensor, weight_shard: torc
         The loss (the same value on every rank). Gradients: ``weight_shard`` gets its own
         rows' gradient; ``hidden`` gets the full gradient (summed over the ranks).
     """
-    check_projection(hidden, weight_shard, "weight_shard")
+    check_projection(hidden, weight_shard, "weight_shard", allow_empty=True)   # (a rank may hold no row)
     check_class_target(target, hidden)
     check_ignore_index(ignore_index)
     label_smoothing = check_in_range(label_smoothing, "label_smoothing", 0.0, 1.0)
     z_penalty = check_in_range(z_penalty, "z_penalty", 0.0)
     reduction = check_reduction(reduction)
     comm = resolve(group)
-    shards = [x[0] for x in comm.all_gather_ints([weight_shard.shape[0]])]
+    # the shard sizes, once the ranks agree on what the all-reduces' sizes and the loss depend on:
+    # another token count or dtype aborted gloo (SIGABRT), another reduction gave each rank its own loss
+    agreed = {"number of tokens": target.numel(), "hidden dim": hidden.shape[-1], "dtype": str(hidden.dtype),
+              "reduction": reduction, "ignore_index": ignore_index, "label_smoothing": repr(label_smoothing),
+              "z_penalty": repr(z_penalty),
+              # (the backward sums hidden's gradient over the ranks: a rank without one would skip it)
+              "whether hidden requires grad": int(torch.is_grad_enabled() and hidden.requires_grad)}
+    shards = [x[0] for x in gather_lengths(comm, [weight_shard.shape[0]], agreed)]
     vocab = sum(shards)
+    if vocab == 0:
+        raise ValueError(f"the weight shards hold no row on any of the {comm.size} ranks (the vocabulary is empty)")
     offset = sum(shards[:comm.rank])
     bad = (target != ignore_index) & ((target < 0) | (target >= vocab))
     if bool(bad.any()):

@@ -45,7 +45,7 @@ import torch
 from torch.autograd.graph import get_gradient_edge
 
 from .. import registry
-from .._checks import check_bool, check_floating
+from .._checks import can_branch_on, check_bool, check_finite, check_floating
 from .._rows import compute_dtype
 from ..attention.inputs import Tile
 from ..attention.inputs import check_mask as check_attention_mask
@@ -689,6 +689,10 @@ class _RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        if torch.is_grad_enabled():   # create_graph=True: the ring's tile backward builds no graph
+            raise RuntimeError("context_parallel_attention has first derivatives only: a backward with "
+                               "create_graph=True (a gradient penalty, a Hessian-vector product) is not "
+                               "supported; ulysses_attention has one where softmaxkit.attention's local path does")
         ring = ctx.ring
         q, k, v, kept_out, *tensors = ctx.saved_tensors
         needs = ctx.needs_input_grad
@@ -740,15 +744,14 @@ def check_qkv(q, k, v):
                          f"{tuple(k.shape)}")
     if hk == 0 or h % hk:
         raise ValueError(f"the number of query heads ({h}) must be a multiple of the key/value heads ({hk})")
-    if q.shape[2] == 0 or lk == 0:
-        raise ValueError(f"every rank needs at least one query and one key, got local lengths {q.shape[2]} and {lk}")
+    # (a rank may hold no query or no key: its shard is empty, the others' are not; refusing it on
+    # that rank alone left the others waiting in the first exchange until the timeout)
 
 
 def check_scale(scale, d: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(d) if d else 1.0
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale):
-        raise TypeError(f"scale must be a finite number or None, got {scale!r}")
+    check_finite(scale, "scale", allow_tensor=False)   # (as softmaxkit.attention: ValueError for NaN / inf)
     return float(scale)
 
 
@@ -791,10 +794,27 @@ def check_mask(attn_mask, shape):
 def _check_blocks(block_size) -> tuple[int, int]:
     if block_size is None:
         return DEFAULT_BLOCK_Q, DEFAULT_BLOCK_K
+    if isinstance(block_size, bool) or not isinstance(block_size, (int, tuple, list)):
+        raise TypeError(f"block_size must be a positive int or a pair (block_q, block_k), got "
+                        f"{type(block_size).__name__}")
     pair = (block_size, block_size) if isinstance(block_size, int) else tuple(block_size)
     if len(pair) != 2 or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in pair):
         raise ValueError(f"block_size must be a positive int or a pair (block_q, block_k), got {block_size!r}")
     return pair
+
+
+def _needs_whole_rows(attn_mask) -> bool:
+    """Whether a float ``attn_mask`` needs :func:`softmaxkit.attention`'s dense path, which the
+    ring cannot run: a ``+inf`` (that key takes its row's whole weight; the ring's running
+    shifts formed ``inf - inf``, NaN in the rows and in every gradient of ``k`` and ``v``), or a
+    learned bias (one that requires grad: the ring takes the mask as a constant and gave it
+    no gradient). :func:`ulysses_attention` runs such masks, whole rows on each rank."""
+    if not isinstance(attn_mask, torch.Tensor) or not attn_mask.is_floating_point():
+        return False
+    if attn_mask.requires_grad and torch.is_grad_enabled():
+        return True
+    return (attn_mask.numel() > 0 and can_branch_on(attn_mask)
+            and bool(attn_mask.detach().amax() == float("inf")))
 
 
 def _count(ring: _Ring, b: int, h: int, qpos: torch.Tensor, lk_total: int, dtype, device) -> torch.Tensor:
@@ -843,17 +863,21 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
           (adaptive_softmax, clipped_softmax) run two rings forward and two backward.
           Softpick's and normalized SA-softmax's global extremes are part of the
           per-query running state, so they are exact.
-        * the threshold family (sparsemax, entmax15, entmax with a number alpha) is
+        * the threshold family (sparsemax, entmax15, entmax and as_entmax with a number alpha) is
           **delegated to** :func:`ulysses_attention` (one all-to-all each way): a
           distributed threshold search would cost one ring (or one all-reduce of every
           query's partial sums) per bisection step, tens of them.
-        * normalizers without a streaming form (sparse_softmax, as_entmax, entmax with a
+        * normalizers without a streaming form (sparse_softmax, entmax or as_entmax with a
           tensor alpha) raise ``ValueError``: use :func:`ulysses_attention`.
+        * a float ``attn_mask`` with a ``+inf`` on some rank (that key takes its row's whole
+          weight) or that requires grad (a learned bias) is also delegated to
+          :func:`ulysses_attention`, which runs :func:`softmaxkit.attention`'s dense path there.
 
     Layout (``layout=``): ``"zigzag"`` (default): the sequence is cut into ``2P`` equal
     chunks and rank ``r`` holds chunks ``r`` and ``2P - 1 - r`` concatenated, which gives
     every rank the same causal work (all ranks need the same even local length);
-    ``"contiguous"``: rank ``r`` holds the ``r``-th piece, and pieces may differ in length.
+    ``"contiguous"``: rank ``r`` holds the ``r``-th piece, and pieces may differ in length
+    (a rank may hold no query or no key: one decoding query on the last rank).
     :func:`softmaxkit.distributed.shard_sequence` cuts a tensor either way.
 
     Visibility: ``is_causal`` uses global positions (query ``i`` sees key ``j <= i + Lk -
@@ -888,7 +912,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     rule = rule_for(normalizer, merged)
     if rule is None:
         raise ValueError(f"normalizer {normalizer!r} with these parameters cannot run on the ring: it has no "
-                         "streaming form with O(1) state per query (e.g. sparse_softmax's top-k, as_entmax, entmax "
+                         "streaming form with O(1) state per query (e.g. sparse_softmax's top-k, entmax or as_entmax "
                          "with a tensor alpha); use softmaxkit.distributed.ulysses_attention, which shards heads")
     if hasattr(rule, "search"):
         from .ulysses import ulysses_attention
@@ -896,8 +920,16 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return ulysses_attention(q, k, v, normalizer, group=group, is_causal=is_causal, attn_mask=attn_mask,
                                  layout=layout, scale=scale, **params)
     check_params(normalizer, params, b, h, cdt, q.device)
+    block_q, block_k = _check_blocks(block_size)
     comm = resolve(group)
-    lengths = gather_lengths(comm, [lq, k.shape[2]], call_signature(q, k, v, is_causal, layout, normalizer))
+    lengths = gather_lengths(comm, [lq, k.shape[2], int(_needs_whole_rows(attn_mask))],
+                             call_signature(q, k, v, is_causal, layout, normalizer, merged, scale,
+                                            block_size=f"{block_q},{block_k}"))
+    if any(x[2] for x in lengths):   # (decided by every rank alike: each one joins the all-to-alls)
+        from .ulysses import ulysses_attention
+
+        return ulysses_attention(q, k, v, normalizer, group=comm, is_causal=is_causal, attn_mask=attn_mask,
+                                 layout=layout, scale=scale, **params)
     q_lengths, k_lengths = [x[0] for x in lengths], [x[1] for x in lengths]
     q_segs = ring_segments(layout, q_lengths, "q")
     k_segs = ring_segments(layout, k_lengths, "k and v")
@@ -905,7 +937,6 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk_total))
     if additive is not None:
         additive = additive.to(cdt)
-    block_q, block_k = _check_blocks(block_size)
     fixed = {n: val for n, val in merged.items() if n not in tensor_names}
     ring = _Ring(comm, rule, fixed, tensor_names, scale, is_causal, lk_total - lq_total, q_segs[comm.rank],
                  k_segs, k_lengths, h // k.shape[1], bool_mask, additive, block_q=block_q, block_k=block_k,

@@ -48,6 +48,10 @@ def _heads_to_seq(comm: Comm, x: torch.Tensor, heads: list, seq: list) -> torch.
     return torch.cat(recv, dim=1)
 
 
+# The backward of each exchange is the opposite exchange *as a Function*, so that a backward
+# with create_graph=True (a gradient penalty, a Hessian-vector product) records it: the raw
+# exchange made a gradient without a graph, and the second derivative silently lost every
+# term that went through it.
 class _SeqToHeads(torch.autograd.Function):
     @staticmethod
     def forward(ctx, comm, x, heads, seq):
@@ -57,7 +61,7 @@ class _SeqToHeads(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         comm, heads, seq = ctx.args
-        return None, _heads_to_seq(comm, g.contiguous(), heads, seq), None, None
+        return None, _HeadsToSeq.apply(comm, g.contiguous(), heads, seq), None, None
 
 
 class _HeadsToSeq(torch.autograd.Function):
@@ -69,7 +73,20 @@ class _HeadsToSeq(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         comm, heads, seq = ctx.args
-        return None, _seq_to_heads(comm, g.contiguous(), heads, seq), None, None
+        return None, _SeqToHeads.apply(comm, g.contiguous(), heads, seq), None, None
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """The sum over the ranks, on every rank; its own adjoint."""
+
+    @staticmethod
+    def forward(ctx, comm, x):
+        ctx.comm = comm
+        return comm.all_reduce_sum_(x.contiguous().clone())
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, _AllReduceSum.apply(ctx.comm, g)
 
 
 class _SumGrad(torch.autograd.Function):
@@ -82,7 +99,7 @@ class _SumGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g):
-        return None, ctx.comm.all_reduce_sum_(g.contiguous().clone())
+        return None, _AllReduceSum.apply(ctx.comm, g)
 
 
 def head_split(heads: int, kv_heads: int, size: int) -> tuple[list[int], list[int], int]:
@@ -93,8 +110,8 @@ def head_split(heads: int, kv_heads: int, size: int) -> tuple[list[int], list[in
     if heads < size:
         raise ValueError(f"ulysses_attention shards heads across ranks: it needs at least as many query heads as "
                          f"ranks, got H = {heads} heads for P = {size} ranks (context_parallel_attention hands it "
-                         "normalizers that do not stream, such as the sparse ones: use fewer ranks, or a "
-                         "streamable normalizer)")
+                         "normalizers that do not stream, such as the sparse ones, and float masks with +inf or "
+                         "that require grad: use fewer ranks, or a streamable normalizer)")
     repeat = 1 if kv_heads >= size else heads // kv_heads
     kv = kv_heads * repeat
     groups = heads // kv
@@ -110,9 +127,10 @@ def _mask_to_heads(comm, mask, b, h, heads, q_lengths):
         split = [1] * comm.size
     else:
         x, split = mask.expand(b, h, -1, -1), heads
-    as_bytes = x.dtype == torch.bool
-    out = _seq_to_heads(comm, (x.to(torch.uint8) if as_bytes else x).contiguous(), split, q_lengths)
-    return out.bool() if as_bytes else out
+    if x.dtype == torch.bool:
+        return _seq_to_heads(comm, x.to(torch.uint8).contiguous(), split, q_lengths).bool()
+    # a float mask through the differentiable exchange: a learned bias gets its gradient
+    return _SeqToHeads.apply(comm, x.contiguous(), split, q_lengths)
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: str = "softmax", *, group=None,
@@ -143,7 +161,8 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, norm
         group: a ``torch.distributed`` process group (default: the default group).
         is_causal: causal over global positions (aligned to the end of the keys).
         attn_mask: this rank's query rows against every key in global order, broadcastable
-            to ``(B, H, Lq_local, Lk_total)`` (bool, True = visible, or float, added).
+            to ``(B, H, Lq_local, Lk_total)`` (bool, True = visible, or float, added; a float
+            mask that requires grad, a learned bias, gets its gradient).
         layout: ``"contiguous"`` or ``"zigzag"`` (see :func:`context_parallel_attention`).
         scale: multiplies ``q k^T``; default ``1 / sqrt(D)``.
 
@@ -156,10 +175,11 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, norm
     b, h, lq, d = q.shape
     hk = k.shape[1]
     scale = check_scale(scale, d)
-    _, tensor_names = check_params(normalizer, params, b, h, compute_dtype(q.dtype), q.device,
-                                   validate=False)  # softmaxkit.attention checks the values
+    merged, tensor_names = check_params(normalizer, params, b, h, compute_dtype(q.dtype), q.device,
+                                        validate=False)  # softmaxkit.attention checks the values
     comm = resolve(group)
-    lengths = gather_lengths(comm, [lq, k.shape[2]], call_signature(q, k, v, is_causal, layout, normalizer))
+    lengths = gather_lengths(comm, [lq, k.shape[2]],
+                             call_signature(q, k, v, is_causal, layout, normalizer, merged, scale))
     q_lengths, k_lengths = [x[0] for x in lengths], [x[1] for x in lengths]
     q_segs = ring_segments(layout, q_lengths, "q")
     k_segs = ring_segments(layout, k_lengths, "k and v")

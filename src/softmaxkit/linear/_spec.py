@@ -20,6 +20,7 @@ Gaussian kernel); it declares ``kernelised=False`` and its own ``compute``.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Real
@@ -111,3 +112,20 @@ def check_eps(value, name: str = "eps", allow_zero: bool = False) -> float:
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}")
     return value
+
+
+def check_count(value, name: str, *, minimum: int = 1, allow_none: bool = False, what: str = "") -> int | None:
+    """``value`` as an int ``>= minimum`` (None passes with ``allow_none``): any integer, a numpy one
+    included (``__index__``), not a bool nor a float; ``TypeError`` / ``ValueError`` naming ``name``."""
+    desc = ("a positive int" if minimum == 1 else f"an int >= {minimum}") + what + (" or None" if allow_none else "")
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be {desc}, got {type(value).__name__}")
+    try:
+        number = operator.index(value)
+    except TypeError:   # (a float tensor has __index__ and refuses)
+        raise TypeError(f"{name} must be {desc}, got {value!r}") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be {desc}, got {number!r}")
+    return number

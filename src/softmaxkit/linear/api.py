@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-import operator
 
 import torch
 
+from .._checks import check_floating
 from ..attention.inputs import prepare
 from . import cosformer, elu, inline, mala, performer, soft
-from ._spec import LinearMethod
+from ._spec import LinearMethod, check_count
 from .chunked import DEFAULT_CHUNK, Sums, causal_chunked, causal_chunked_shifted, common_shift, dense, one_pass
 
 _METHODS: dict[str, LinearMethod] = {m.name: m for m in (
@@ -50,14 +50,8 @@ def _params(spec: LinearMethod, params: dict) -> dict:
 
 
 def _chunk(chunk_size) -> int:
-    if chunk_size is None:
-        return DEFAULT_CHUNK
-    if isinstance(chunk_size, bool) or not hasattr(chunk_size, "__index__"):
-        raise TypeError(f"chunk_size must be a positive int or None, got {type(chunk_size).__name__}")
-    chunk_size = operator.index(chunk_size)
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
-    return chunk_size
+    chunk_size = check_count(chunk_size, "chunk_size", allow_none=True)
+    return DEFAULT_CHUNK if chunk_size is None else chunk_size
 
 
 def _key_visibility(attn_mask, inp):
@@ -94,6 +88,20 @@ def _combine(spec, ctx, parts, den_shift):
         ctx = {**ctx, "eps": floor}
     assert spec.combine is not None  # kernelised methods provide combine
     return spec.combine(*parts, ctx)
+
+
+def _empty_output(inp, lq: int, dv: int) -> torch.Tensor:
+    """Zeros ``(B, H, Lq, Dv)`` for a call with no query or no key, still attached to ``q``, ``k``
+    and ``v`` (sums over their empty slices: exact zeros, gradients of zero even where they hold
+    NaN), so that a backward through it runs as through any other output."""
+    q, k, v = inp.given_q, inp.given_k, inp.given_v
+    zero = (q[..., :0].sum(-1, keepdim=True).to(inp.q.dtype)              # (B, H, Lq, 1)
+            + k[..., :0, :0].sum((-2, -1), keepdim=True).to(inp.q.dtype)   # (B, Hkv, 1, 1)
+            .repeat_interleave(inp.kv_groups, dim=1)
+            + v[..., :0, :].sum(-2, keepdim=True).to(inp.q.dtype)         # (B, Hkv, 1, Dv)
+            .repeat_interleave(inp.kv_groups, dim=1))
+    b, h = q.shape[:2]
+    return zero.expand(b, h, lq, dv).to(inp.out_dtype)
 
 
 def _plus(a, b):
@@ -193,7 +201,7 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, method: 
     ctx = spec.check(merged, inp.q.shape[-1], inp.q.dtype, inp.q.device)
     ctx["scale"] = inp.scale
     if lq == 0 or lk == 0:
-        return inp.q.new_zeros(b, h, lq, dv).to(inp.out_dtype)
+        return _empty_output(inp, lq, dv)
     if not spec.kernelised:
         if per_query is not None:
             raise ValueError(f"method {method!r} takes only key-padding masks (attn_mask of size 1 over the "
@@ -230,6 +238,9 @@ def attention_weights(q: torch.Tensor, k: torch.Tensor, method: str = "linear", 
     """The ``(B, H, Lq, Lk)`` attention weights ``a_ij`` that :func:`linear_attention` applies to the
     values, for inspection (``O(Lq Lk)`` memory): the output with the identity matrix as
     values, so it is exactly the same computation. Zero on invisible keys."""
+    check_floating(k, "k")
+    if k.dim() != 4:   # (checked before the identity is built from its shape)
+        raise ValueError(f"k must have shape (B, H, L, D), got {tuple(k.shape)}")
     lk = k.shape[-2]
     eye = torch.eye(lk, dtype=k.dtype, device=k.device).expand(k.shape[0], k.shape[1], lk, lk)
     return linear_attention(q, k, eye, method, is_causal=is_causal, attn_mask=attn_mask, scale=scale, **params)
@@ -278,7 +289,7 @@ class LinearAttentionState:
         ``q`` ``(B, H, T, D)``, ``k``/``v`` ``(B, Hkv, T, D)``; ``key_mask`` bool ``(B, T)`` or
         broadcastable to ``(B, H, 1, T)``: False marks padding keys, never seen later either.
         """
-        if k.dim() == 4 and q.dim() == 4 and k.shape[-2] != q.shape[-2]:
+        if all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k)) and k.shape[-2] != q.shape[-2]:
             raise ValueError(f"step takes as many new keys as new queries, got {q.shape[-2]} and {k.shape[-2]}")
         mask = key_mask
         if isinstance(mask, torch.Tensor) and mask.dim() == 2:
@@ -302,7 +313,7 @@ class LinearAttentionState:
         if self.sums is not None and tuple(self.sums.n.shape) != (b, h):
             raise ValueError(f"this state holds (batch, heads) = {tuple(self.sums.n.shape)}, got {(b, h)}")
         if t == 0:
-            return inp.q.new_zeros(b, h, 0, inp.v.shape[-1]).to(inp.out_dtype)
+            return _empty_output(inp, 0, inp.v.shape[-1])
         pos = torch.arange(self.position, self.position + t, device=inp.q.device, dtype=inp.q.dtype)
         parts, last, den_shift = _run_causal(self.spec, self.ctx, inp.q, inp.k, inp.v, visible, pos, pos,
                                              self.sums, self.chunk)

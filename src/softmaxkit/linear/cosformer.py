@@ -22,13 +22,11 @@ import math
 import torch
 
 from .._checks import can_branch_on
-from ._spec import Features, LinearMethod, check_eps, ratio_combine
+from ._spec import Features, LinearMethod, check_count, check_eps, ratio_combine
 
 
 def _check(params, head_dim, dtype, device):
-    max_len = params["max_len"]
-    if max_len is not None and (isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1):
-        raise ValueError(f"max_len must be a positive int or None, got {max_len!r}")
+    max_len = check_count(params["max_len"], "max_len", allow_none=True)
     return {"eps": check_eps(params["eps"]), "max_len": max_len}
 
 

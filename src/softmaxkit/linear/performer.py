@@ -33,7 +33,7 @@ import math
 import torch
 
 from .._checks import can_branch_on
-from ._spec import Features, LinearMethod, check_eps, ratio_combine
+from ._spec import Features, LinearMethod, check_count, check_eps, ratio_combine
 
 
 def draw_projection(nb_features: int, head_dim: int, *, orthogonal: bool = True,
@@ -44,9 +44,8 @@ def draw_projection(nb_features: int, head_dim: int, *, orthogonal: bool = True,
     matrix), each row rescaled to the norm of an independent ``N(0, I)`` vector
     (Choromanski et al. 2020, arXiv 2009.14794, section 2.4).
     """
-    for name, value in (("nb_features", nb_features), ("head_dim", head_dim)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    nb_features = check_count(nb_features, "nb_features")
+    head_dim = check_count(head_dim, "head_dim")
     if not isinstance(orthogonal, bool):
         raise TypeError(f"orthogonal must be a bool, got {type(orthogonal).__name__}")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -75,9 +74,7 @@ def _check(params, head_dim, dtype, device):
         raise ValueError("performer needs queries and keys with at least one feature (head dimension 0)")
     proj = params["projection"]
     if proj is None:
-        m = params["nb_features"]
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"nb_features must be a positive int, got {m!r}")
+        m = check_count(params["nb_features"], "nb_features")
         if not isinstance(params["orthogonal"], bool):
             raise TypeError(f"orthogonal must be a bool, got {type(params['orthogonal']).__name__}")
         proj = draw_projection(m, head_dim, orthogonal=params["orthogonal"], generator=params["generator"],

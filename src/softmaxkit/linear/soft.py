@@ -30,8 +30,8 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import is_functorch_wrapped
-from ._spec import LinearMethod, check_eps
+from .._checks import check_floating, is_functorch_wrapped
+from ._spec import LinearMethod, check_count, check_eps
 
 NORMALIZE = (None, "symmetric")
 #: Landmarks when ``rank`` is not given (fewer for sequences shorter than this).
@@ -106,8 +106,12 @@ def newton_pinv(m: torch.Tensor, iters: int | None = None) -> torch.Tensor:
     differentiable by itself: use :class:`NewtonPinv` for a gradient (``iters=None`` under a
     ``torch.func`` transform runs as :class:`NewtonPinv`, whose ``vmap`` rule can test convergence).
     """
-    if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 0):
-        raise ValueError(f"newton_iters must be a non-negative int or None, got {iters!r}")
+    iters = check_count(iters, "newton_iters", minimum=0, allow_none=True)
+    check_floating(m, "m")
+    if m.dim() < 2:
+        raise ValueError(f"m must be a matrix or a batch of matrices (..., r, c), got shape {tuple(m.shape)}")
+    if m.shape[-1] == 0 or m.shape[-2] == 0:   # (an empty matrix: its pseudo-inverse is the empty transpose)
+        return m.transpose(-2, -1).clone()
     if iters is None and is_functorch_wrapped(m):   # the convergence test reads values: on the unwrapped ones
         return NewtonPinv.apply(m, None)
     norm1 = m.abs().sum(-2).amax(-1)
@@ -168,12 +172,8 @@ def landmarks(x: torch.Tensor, rank: int, weights: torch.Tensor | None = None) -
 
 
 def _check(params, head_dim, dtype, device):
-    rank = params["rank"]
-    if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 1):
-        raise ValueError(f"rank must be a positive int (the number of landmarks), got {rank!r}")
-    iters = params["newton_iters"]
-    if iters is not None and (isinstance(iters, bool) or not isinstance(iters, int) or iters < 0):
-        raise ValueError(f"newton_iters must be a non-negative int or None, got {iters!r}")
+    rank = check_count(params["rank"], "rank", allow_none=True, what=" (the number of landmarks)")
+    iters = check_count(params["newton_iters"], "newton_iters", minimum=0, allow_none=True)
     if params["normalize"] not in NORMALIZE:
         raise ValueError(f"normalize must be one of None, 'symmetric', got {params['normalize']!r}")
     return {"rank": rank, "newton_iters": iters, "normalize": params["normalize"],

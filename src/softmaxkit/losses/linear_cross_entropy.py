@@ -323,12 +323,14 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return tuple(None if g is None else g.to(dtype) for g, dtype in zip(out, dtypes)) + (None, None)
 
 
-def check_projection(hidden, weight, weight_name: str = "weight") -> None:
-    """``hidden`` ``(..., D)`` and an output projection ``weight`` ``(V, D)``, ``V >= 1``, same dtype."""
+def check_projection(hidden, weight, weight_name: str = "weight", allow_empty: bool = False) -> None:
+    """``hidden`` ``(..., D)`` and an output projection ``weight`` ``(V, D)``, ``V >= 1`` (``V >= 0``
+    with ``allow_empty``: a shard of the vocabulary), same dtype."""
     check_floating(hidden, "hidden")
     check_floating(weight, weight_name)
-    if weight.dim() != 2 or weight.shape[0] == 0:
-        raise ValueError(f"{weight_name} must have shape (V, D) with V >= 1, got {tuple(weight.shape)}")
+    if weight.dim() != 2 or (weight.shape[0] == 0 and not allow_empty):
+        raise ValueError(f"{weight_name} must have shape (V, D) with V >= {0 if allow_empty else 1}, "
+                         f"got {tuple(weight.shape)}")
     if hidden.dim() == 0 or hidden.shape[-1] != weight.shape[1]:
         raise ValueError(f"hidden must have shape (..., D) with D = {weight_name}.shape[1] = {weight.shape[1]}, "
                          f"got {tuple(hidden.shape)}")

@@ -68,7 +68,10 @@ class LinearAttention(nn.Module):
             self.register_buffer("projection", self._draw(seed, generator))
         elif "projection" in self.spec.params:   # a projection given: a buffer too (saved, moved with the module)
             given = self.params.pop("projection")
-            if not isinstance(given, torch.Tensor) or not given.is_floating_point() or given.dim() != 2 \
+            if not isinstance(given, torch.Tensor):
+                raise TypeError(f"projection must be a floating tensor (features, head_dim={head_dim}), got "
+                                f"{type(given).__name__}")
+            if not given.is_floating_point() or given.dim() != 2 \
                     or given.shape[1] != head_dim:
                 raise ValueError(f"projection must be a floating tensor (features, head_dim={head_dim}), got "
                                  f"{tuple(given.shape) if isinstance(given, torch.Tensor) else type(given).__name__}")
@@ -129,6 +132,12 @@ class LinearAttention(nn.Module):
 
     def step(self, x: torch.Tensor, state: LinearAttentionState) -> torch.Tensor:
         """Decode ``T`` new tokens ``x`` ``(B, T, dim)`` causally after those in ``state``."""
+        if not isinstance(state, LinearAttentionState):
+            raise TypeError(f"state must be a LinearAttentionState (from new_state()), got {type(state).__name__}")
+        if state.spec.name != self.method:
+            raise ValueError(f"state decodes method {state.spec.name!r}, this layer {self.method!r}: "
+                             "take the state from this layer's new_state()")
+        check_sequence_inputs(x, x, self.dim)
         q = self._split(self.q_proj(x), self.heads)
         k = self._split(self.k_proj(x), self.kv_heads)
         v = self._split(self.v_proj(x), self.kv_heads)
