@@ -363,3 +363,25 @@ def test_all_finite_on_every_layout(bad, layout, dtype):
     t = {"contiguous": base, "transposed": base.transpose(1, 2), "moved": base.movedim(0, -1),
          "strided": base[:, ::2], "expanded": base[:, :1].expand(3, 5, 200), "offset": base[1:]}[layout]
     assert dispatch.all_finite(t) == bool(torch.isfinite(t).all())
+
+
+@pytest.mark.parametrize("count", [5, 300_000])   # the serial and the parallel pass
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_overflows_when_scaled_never_misses_an_overflow(dtype, count):
+    """The aten path's look for a finite score whose ``x / T`` is ``-inf`` (a finfo.min fill
+    over T < 1): True wherever ``x * scale`` overflows (it may also be True a rounding away
+    from it), False for ``-inf`` scores and for scores that stay in range."""
+    from softmaxkit.kernels.cpu.scan import overflows_when_scaled
+
+    big = torch.finfo(dtype).max
+    for scale in (2.0, 1e4, 1e300, 1e-300 + 1.5):
+        x = torch.randn(count, dtype=dtype)
+        x[-1] = -math.inf
+        assert not overflows_when_scaled(x, scale) or bool(torch.isinf(x[:-1] * scale).any())
+        for value in torch.linspace(-big, -big / 4, 41, dtype=torch.float64).tolist():
+            y = x.clone()
+            y[count // 2] = value
+            exact = bool((torch.isinf(y * scale) & torch.isfinite(y)).any())
+            if exact:
+                assert overflows_when_scaled(y, scale), (scale, value)
+    assert not overflows_when_scaled(torch.empty(0, dtype=dtype), 2.0)

@@ -1000,9 +1000,10 @@ def _scans() -> dict:
     """The first-column NaN scan by dtype, and the all-finite check under ``"all finite"`` (none
     without numba), loaded on first use."""
     if numba_available():
-        from .cpu.scan import all_finite, first_entries_have_nan, nan_or_floor, reaches_floor
+        from .cpu.scan import all_finite, first_entries_have_nan, nan_or_floor, overflows_when_scaled, reaches_floor
         _SCANS.update({torch.float32: first_entries_have_nan, torch.float64: first_entries_have_nan,
-                       "all finite": all_finite, "floor": reaches_floor, "nan or floor": nan_or_floor})
+                       "all finite": all_finite, "floor": reaches_floor, "nan or floor": nan_or_floor,
+                       "overflow": overflows_when_scaled})
     else:
         _SCANS[None] = None
     return _SCANS
@@ -1361,10 +1362,8 @@ def _run_aten(op, reference, x, dim, mask, params):
         # takes that row as (x - max) / T, exact where the rounded x / T of the others is
         # not (T = 0.01: a log-probability of -24.6826 came out -24.6875 here)
         overflowed = None
-        if temperature < 1:
+        if temperature < 1 and _overflowed(scores, z, 1.0 / float(temperature)):
             overflowed = (torch.isinf(z) & torch.isfinite(scores)).any(d, keepdim=True)
-            if not bool(overflowed.any()):
-                overflowed = None
         # A row aten does not define as the reference (a NaN, a +inf, nothing visible)
         # comes out all NaN; every other row has no NaN. One column tells them apart.
         if overflowed is None and (out.shape[d] == 0 or not _first_column_has_nan(out, d)):
@@ -1379,6 +1378,16 @@ def _run_aten(op, reference, x, dim, mask, params):
     if op == "logsumexp" and not params.get("keepdim", False):
         out = out.squeeze(d)
     return out
+
+
+def _overflowed(scores, z, scale) -> bool:
+    """Whether a finite score's ``z = scores * scale`` is infinite: one numba pass over the
+    scores where they are a plain CPU tensor (:func:`softmaxkit.kernels.cpu.scan.overflows_when_scaled`),
+    torch ops otherwise."""
+    if (scores.is_cpu and scores.dtype in _CTYPES and scores.is_contiguous() and numba_available()
+            and not is_functorch_wrapped(scores)):
+        return (_SCANS or _scans())["overflow"](scores, scale)
+    return bool((torch.isinf(z) & torch.isfinite(scores)).any())
 
 
 def _aten_fix_rows(op, reference, x, d, mask, params, out, bad, half):
