@@ -15,8 +15,8 @@ import torch
 from numba import carray, njit, prange
 
 from . import entry_point, sync_threads
-from ._intrinsics import pointer_to as _pointer
 from ._intrinsics import cast_like, wide_vectors
+from ._intrinsics import pointer_to as _pointer
 from .parallel import parallel_njit, runnable
 
 
