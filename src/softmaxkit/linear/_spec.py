@@ -24,7 +24,7 @@ import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from numbers import Real
-from typing import Any
+from typing import Any, Literal, overload
 
 import torch
 
@@ -114,6 +114,10 @@ def check_eps(value, name: str = "eps", allow_zero: bool = False) -> float:
     return value
 
 
+@overload
+def check_count(value, name: str, *, minimum: int = 1, allow_none: Literal[False] = False, what: str = "") -> int: ...
+@overload
+def check_count(value, name: str, *, minimum: int = 1, allow_none: bool, what: str = "") -> int | None: ...
 def check_count(value, name: str, *, minimum: int = 1, allow_none: bool = False, what: str = "") -> int | None:
     """``value`` as an int ``>= minimum`` (None passes with ``allow_none``): any integer, a numpy one
     included (``__index__``), not a bool nor a float; ``TypeError`` / ``ValueError`` naming ``name``."""
