@@ -89,3 +89,16 @@ def test_centroid_bad_input():
         det.accept(two)
     with pytest.warns(RuntimeWarning, match="never predicted"):
         det.fit_thresholds(logits)   # class 1 never predicted: pooled threshold
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-200, 2.0**-1000])
+def test_mahalanobis_is_scale_invariant_at_extreme_magnitudes(scale):
+    """Hostile sweep: at features of 1e200 the covariance overflowed (eigh raised a LinAlgError),
+    at 1e-200 it underflowed to 0 and every direction was ignored (every score 0)."""
+    q = torch.tensor([[1.0, 1.0], [9.0, 0.0]], dtype=torch.float64)
+    m = Mahalanobis().fit(FEATURES * scale, LABELS)
+    torch.testing.assert_close(m.score(q * scale), torch.tensor([-4.0, -2.0], dtype=torch.float64))
+    assert m.predict(q * scale).tolist() == [0, 1]
+    torch.testing.assert_close(m.means_, torch.tensor([[0.0, 0.0], [10.0, 0.0]], dtype=torch.float64) * scale)
+    shrunk = Mahalanobis(shrinkage=0.5).fit(FEATURES * scale, LABELS)
+    torch.testing.assert_close(shrunk.score(q * scale), Mahalanobis(shrinkage=0.5).fit(FEATURES, LABELS).score(q))
