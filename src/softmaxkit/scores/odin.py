@@ -26,7 +26,7 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
     with :math:`\hat y = \arg\max_i f(x)_i`: each input is nudged in the direction that
     raises its own top softmax probability, which raises it more for in-distribution
     inputs than for OOD ones. Higher = more in-distribution. ``epsilon = 0`` gives the
-    temperature-scaled MSP alone.
+    temperature-scaled MSP alone (one forward pass, no gradient).
 
     ``model`` is any classifier ``nn.Module`` mapping a batch ``x`` (batch axis first) to
     logits of shape (N, C). ``epsilon`` is in the units of ``x`` as given to the model:
@@ -65,9 +65,18 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
     check_nonnegative(epsilon, "epsilon")
     check_finite(epsilon, "epsilon")
 
+    if not bool(torch.as_tensor(epsilon).ne(0).any()):
+        # x~ = x: no gradient needed (and none taken: a NaN gradient times 0 made the score NaN)
+        with torch.no_grad():
+            return F.softmax(_logits(model, x.detach()), temperature=temperature).amax(-1).to(x.dtype)
     x_in = x.detach().clone().requires_grad_(True)
     with torch.enable_grad():
         logits = _logits(model, x_in)
+        if not logits.requires_grad:
+            raise ValueError(
+                "model's logits do not depend differentiably on x (a detached or integer path, or a call "
+                "under torch.inference_mode()): the perturbation needs their gradient; pass epsilon=0 for "
+                "the temperature-scaled MSP alone")
         log_probs = F.log_softmax(logits, temperature=temperature)
         top = logits.detach().argmax(-1, keepdim=True)
         loss = -log_probs.gather(-1, top).sum()
@@ -80,7 +89,9 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
 def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The model's logits, checked to be (N, C), in float32 at least (T = 1000 needs the precision)."""
     out = model(x)
-    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != x.shape[0]:
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != x.shape[0] or out.shape[1] == 0:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"model must return logits of shape (N, C) for a batch of N inputs, got {shape}")
+        raise ValueError(f"model must return logits of shape (N, C), C >= 1, for a batch of N inputs, got {shape}")
+    if not out.is_floating_point():
+        raise TypeError(f"model must return floating-point logits, got dtype {out.dtype}")
     return out.to(compute_dtype(out.dtype))
