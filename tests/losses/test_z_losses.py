@@ -113,3 +113,16 @@ def test_spherical_z_loss_of_a_non_finite_row_is_nan(bad):
 def test_logit_z_penalty_refuses_an_infinite_weight():
     with pytest.raises(ValueError, match="weight"):
         logit_z_penalty(_logits(), weight=float("inf"))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_spherical_z_loss_of_no_rows_and_no_classes(reduction):
+    """Hostile sweep: (0, 0) logits raised IndexError from amax over the empty class axis
+    (fenchel_young_loss and logit_z_penalty give an empty loss there)."""
+    logits = torch.zeros(0, 0, requires_grad=True)
+    loss = spherical_z_loss(logits, torch.zeros(0, dtype=torch.long), reduction=reduction)
+    assert loss.shape == ((0,) if reduction == "none" else ()) and not loss.detach().any()
+    loss.sum().backward()
+    assert logits.grad.shape == (0, 0)
+    with pytest.raises(ValueError, match="target"):
+        spherical_z_loss(torch.zeros(3, 0), torch.zeros(3, dtype=torch.long))

@@ -61,6 +61,8 @@ def spherical_z_loss(logits: torch.Tensor, target: torch.Tensor, a: float = 1.0,
                          f"got {tuple(target.shape)}")
     if can_branch_on(target) and bool(((target < 0) | (target >= classes)).any()):
         raise ValueError(f"target class indices must be in [0, {classes})")
+    if o.numel() == 0:   # no row (a row without classes has no valid target): nothing to reduce over
+        return reduce_loss(o.sum(-1), reduction).to(logits.dtype)
     # z is scale invariant, so each row is first divided by its largest magnitude (a constant to
     # autograd, which leaves z's gradient exact): mu and sigma^2 then neither overflow nor underflow
     # (1e-30 or 3e19 logits in float32). An inf or NaN logit makes its row's loss NaN.
