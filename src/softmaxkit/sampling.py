@@ -7,6 +7,8 @@ seeded generator makes it deterministic.
 
 from __future__ import annotations
 
+from numbers import Real
+
 import torch
 
 from . import functional as F
@@ -92,6 +94,7 @@ def gumbel_softmax(logits: torch.Tensor, tau: float = 1.0, hard: bool = False, d
     _check_tau(tau)
     if not isinstance(hard, bool):
         raise TypeError(f"hard must be a bool, got {type(hard).__name__}")
+    _check_generator(generator)
     dim = check_dim(logits, dim)
     z = logits.to(compute_dtype(logits.dtype))
     exponential = torch.empty_like(z).exponential_(generator=generator)
@@ -237,20 +240,26 @@ def _by_score(scaled: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor):
     return probs.gather(-1, by_index).gather(-1, order), indices.gather(-1, order)
 
 
-def _check_sampling_args(temperature, top_k, top_p, min_p) -> None:
+def _check_sampling_args(temperature, top_k, top_p, min_p, generator) -> None:
     check_positive(temperature, "temperature", allow_tensor=False, finite=True)
     if top_k is not None:
         check_int_in_range(top_k, "top_k", 1)
-    if top_p is not None:
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
+    if top_p is not None:   # (any real number type, as temperature: a NumPy float32 was refused)
+        if isinstance(top_p, bool) or not isinstance(top_p, Real):
             raise TypeError(f"top_p must be a number in (0, 1] or None, got {type(top_p).__name__}")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if min_p is not None:
-        if isinstance(min_p, bool) or not isinstance(min_p, (int, float)):
+        if isinstance(min_p, bool) or not isinstance(min_p, Real):
             raise TypeError(f"min_p must be a number in [0, 1] or None, got {type(min_p).__name__}")
         if not 0 <= min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    _check_generator(generator)
+
+
+def _check_generator(generator) -> None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
 
 
 def _gap_over_temperature(z: torch.Tensor, top: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -351,7 +360,8 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     check_floating(logits, "logits")
     if logits.dim() == 0 or logits.shape[-1] == 0:
         raise ValueError(f"logits must have a non-empty last (vocabulary) axis, got shape {tuple(logits.shape)}")
-    _check_sampling_args(temperature, top_k, top_p, min_p)
+    _check_sampling_args(temperature, top_k, top_p, min_p, generator)
+    top_p, min_p = (None if v is None else float(v) for v in (top_p, min_p))
     batch_shape, length = logits.shape[:-1], logits.shape[-1]
     z = logits.reshape(-1, length).to(compute_dtype(logits.dtype))
     temperature = float(temperature)

@@ -345,3 +345,18 @@ def test_the_same_generator_draws_the_same_tokens_on_every_backend(scale, kwargs
         with sk.use_backend(backend):
             draws[backend] = torch.stack([sk.sampling.sample(logits, generator=g, **kwargs) for _ in range(5)])
     assert torch.equal(draws["numba"], draws["reference"]) and torch.equal(draws["auto"], draws["reference"])
+
+
+def test_numpy_numbers_and_a_bad_generator():
+    """Hostile sweep: top_p / min_p of NumPy float32 were refused (temperature and a NumPy float64
+    were taken), and generator=0 raised torch's "rand() received an invalid combination of arguments"."""
+    import numpy as np
+
+    z = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    for kwargs in ({"top_p": 0.5}, {"min_p": 0.25}, {"top_p": 0.75, "min_p": 0.125, "temperature": 0.5}):
+        want = sample(z, generator=torch.Generator().manual_seed(1), **kwargs)
+        as_numpy = {k: np.float32(v) for k, v in kwargs.items()}
+        assert torch.equal(sample(z, generator=torch.Generator().manual_seed(1), **as_numpy), want)
+    for fn in (lambda g: sample(z, generator=g), lambda g: gumbel_softmax(z, generator=g)):
+        with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+            fn(0)
