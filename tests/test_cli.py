@@ -182,3 +182,21 @@ def test_report_refuses_an_empty_out(monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["report", "--out", "", "--bench", "--arena", "fakeok"]) == 2
     assert "--out is empty" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_python_dash_m_runs_the_command():
+    """Hostile sweep: ``python -m softmaxkit`` said "No module named softmaxkit.__main__"."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import softmaxkit
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(softmaxkit.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-m", "softmaxkit", "bench", "nosuch"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].startswith("softmaxkit: error: ")
+    assert "nosuch" in run.stderr and "Traceback" not in run.stderr
