@@ -102,3 +102,22 @@ def test_mahalanobis_is_scale_invariant_at_extreme_magnitudes(scale):
     torch.testing.assert_close(m.means_, torch.tensor([[0.0, 0.0], [10.0, 0.0]], dtype=torch.float64) * scale)
     shrunk = Mahalanobis(shrinkage=0.5).fit(FEATURES * scale, LABELS)
     torch.testing.assert_close(shrunk.score(q * scale), Mahalanobis(shrinkage=0.5).fit(FEATURES, LABELS).score(q))
+
+
+def test_centroid_threshold_counts_like_fpr_at_tpr():
+    """Hostile sweep: ceil(accept * n - 1e-12) kept one row too many where accept * n rounds above
+    an integer by more than 1e-12 (0.56 * 34150 = 19124.000000000004 -> 19125 rows); and a NumPy
+    float32 accept was refused."""
+    import numpy as np
+
+    train = torch.tensor([[2.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
+    det = CentroidDistance().fit(train, torch.tensor([0, 1]))
+    n = 34150
+    heldout = torch.stack([torch.linspace(0.5, 8.0, n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)], 1)
+    distances = np.sort(det.distance(heldout).numpy())
+    assert len(np.unique(distances)) == n
+    with pytest.warns(RuntimeWarning, match="never predicted"):
+        thresholds = det.fit_thresholds(heldout, accept=0.56)
+    assert thresholds[0].item() == distances[19124 - 1]
+    with pytest.warns(RuntimeWarning, match="never predicted"):
+        assert det.fit_thresholds(heldout, accept=np.float32(0.5))[0].item() == distances[n // 2 - 1]
