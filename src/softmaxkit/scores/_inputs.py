@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._checks import can_branch_on, check_floating
+from .._checks import can_branch_on, check_floating, has_no_data
 
 
 def check_logits_2d(logits, name: str = "logits") -> torch.Tensor:
@@ -55,11 +55,16 @@ def as_score_array(scores, name: str) -> np.ndarray:
     if isinstance(scores, torch.Tensor):
         if scores.is_complex():
             raise TypeError(f"{name} must be real-valued, got dtype {scores.dtype}")
+        if has_no_data(scores):
+            raise ValueError(f"{name} must hold values, got a {'meta' if scores.is_meta else 'fake'} tensor")
         arr = scores.detach().to("cpu", torch.float64).numpy()
     else:
         raw = np.asarray(scores)
         if np.iscomplexobj(raw):   # (float64 conversion would drop the imaginary part, with only a warning)
             raise TypeError(f"{name} must be real-valued, got dtype {raw.dtype}")
+        if raw.dtype.kind in "USVMm" or scores is None:   # ("0.5" was read as 0.5; None as a 0-d array)
+            raise TypeError(f"{name} must be a 1-d tensor or array of real numbers, got "
+                            f"{type(scores).__name__} of dtype {raw.dtype}")
         try:
             arr = np.asarray(scores, dtype=np.float64)
         except (TypeError, ValueError):
