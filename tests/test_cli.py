@@ -164,9 +164,11 @@ def test_report_checks_its_arguments_before_creating_out(argv, monkeypatch, tmp_
 
 
 @pytest.mark.parametrize("command", [["arena", "fakeok"], ["report", "--arena", "fakeok"]])
-@pytest.mark.parametrize("seed", ["-1", "x", "1.5"])
+@pytest.mark.parametrize("seed", ["-1", "x", "1.5", "4294967296", "20000000000000"])
 def test_a_seed_that_is_not_a_nonnegative_integer_is_a_usage_error(command, seed, monkeypatch, tmp_path, capsys):
-    """Audit 2026-12-03: --seed -1 ran the task, which died in numpy's SeedSequence with a traceback."""
+    """Audit 2026-12-03: --seed -1 ran the task, which died in numpy's SeedSequence with a traceback.
+    Hostile sweep: --seed 20000000000000 ran arena dispersion, which failed on "Overflow when unpacking
+    long long" (seed * 1_000_003 past 2^64 in torch's generator); seeds are now below 2^32."""
     fakes.install(monkeypatch)
     _no_run(monkeypatch)
     out = ["--out", str(tmp_path / "never")] if command[0] == "report" else []
