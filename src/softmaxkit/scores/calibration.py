@@ -132,11 +132,22 @@ class ReliabilityDiagram:
         return float((self.count[full].to(gap.dtype) * gap).sum() / n)
 
 
+def _quantiles(values: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``torch.quantile(values, q)`` (linear interpolation between the order statistics at
+    ``q (n - 1)``) for any ``n``: torch's refuses more than 2^24 values ("input tensor is too
+    large"), e.g. the token-level confidences of a language-model evaluation."""
+    ordered = values.sort().values
+    position = q * (len(ordered) - 1)
+    below = position.floor().long()
+    above = position.ceil().long()
+    return torch.lerp(ordered[below], ordered[above], position - below.to(position.dtype))
+
+
 def _bin(confidence: torch.Tensor, hits: torch.Tensor, n_bins: int, strategy: str) -> ReliabilityDiagram:
     if strategy == "uniform":
         edges = torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64)
     else:
-        edges = torch.quantile(confidence, torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64))
+        edges = _quantiles(confidence, torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64))
     index = torch.searchsorted(edges[1:-1].contiguous(), confidence.contiguous())  # (e_b, e_{b+1}] -> b
     count = torch.bincount(index, minlength=n_bins)
     conf_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, confidence)
