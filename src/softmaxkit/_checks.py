@@ -278,10 +278,10 @@ def check_head_shape(dim: object, heads: object, kv_heads: object, head_dim: obj
 
 
 def check_in_range(value: object, name: str, low: float, high: float | None = None) -> float:
-    """``value`` as a float: a finite number (not a bool) with ``low <= value <= high`` (NaN
-    and infinities refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    """``value`` as a float: a finite real number (not a bool; a NumPy float counts) with
+    ``low <= value <= high`` (NaN and infinities refused; an int past float's range is a
+    ``ValueError``, not the ``OverflowError`` of ``math.isfinite``)."""
+    _check_kind(value, name, allow_tensor=False)
     if not (value >= low and math.isfinite(value)) or (high is not None and not value <= high):
         bound = f"in [{low}, {high}]" if high is not None else f"finite and >= {low}"
         raise ValueError(f"{name} must be {bound}, got {value}")

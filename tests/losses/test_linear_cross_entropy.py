@@ -196,6 +196,9 @@ def test_target_out_of_range_names_target():
     ({"ignore_index": 1.0}, TypeError, "ignore_index"),
     ({"ignore_index": -2 ** 70}, ValueError, "ignore_index"),
     ({"ignore_index": 2 ** 63}, ValueError, "ignore_index"),
+    # hostile sweep: OverflowError from math.isfinite
+    ({"label_smoothing": 10 ** 400}, ValueError, "label_smoothing"),
+    ({"z_penalty": 10 ** 400}, ValueError, "z_penalty"),
 ])
 def test_bad_arguments(kwargs, error, name):
     h, w, b, t = _problem()

@@ -143,9 +143,11 @@ def test_fit_temperature_recovers_the_temperature_labels_were_drawn_at():
 
 
 @pytest.mark.parametrize(("bounds", "error"), [(None, TypeError), ((1.0,), TypeError), (("a", "b"), TypeError),
-                                               ((1.0, math.inf), ValueError), ((2.0, 1.0), ValueError)])
+                                               ((1.0, math.inf), ValueError), ((2.0, 1.0), ValueError),
+                                               (torch.tensor(0.5), TypeError)])
 def test_fit_temperature_names_bad_bounds(bounds, error):
-    """Hostile audit, 2026-12-02: None or a 1-tuple failed in tuple unpacking, strings in ``<``."""
+    """Hostile audit, 2026-12-02: None or a 1-tuple failed in tuple unpacking, strings in ``<``.
+    Hostile sweep: a 0-d tensor raised "len() of a 0-d tensor"."""
     logits = torch.randn(10, 3, generator=torch.Generator().manual_seed(0))
     with pytest.raises(error, match="bounds"):
         fit_temperature(logits, torch.arange(10) % 3, bounds=bounds)

@@ -97,6 +97,8 @@ def test_strings_none_and_tensors_without_values_are_refused_by_name():
             auroc(bad, [0.0])
         with pytest.raises(TypeError, match="scores_out"):
             fpr_at_tpr([1.0], bad)
+    with pytest.raises((TypeError, ValueError), match="scores_out"):   # (OverflowError before)
+        auroc([1.0], [10 ** 400])
     with pytest.raises(ValueError, match="scores_in must hold values"):
         aupr(torch.empty(3, device="meta"), [0.0])
     assert auroc(np.array([True, False]), [0.5]) == 0.5   # (bool and integer arrays are numbers)

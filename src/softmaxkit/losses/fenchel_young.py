@@ -61,6 +61,9 @@ def tsallis_regularizer(p: torch.Tensor, alpha: float) -> torch.Tensor:
 
 def _resolve_alpha(normalizer, alpha) -> tuple[float, dict]:
     """Tsallis alpha of ``normalizer`` and the parameters to call it with."""
+    if not isinstance(normalizer, str):   # (the registry's own message named its argument "name")
+        raise TypeError(f"normalizer must be a str, one of {', '.join(map(repr, fenchel_young_normalizers()))}, "
+                        f"got {type(normalizer).__name__}")
     spec = registry.get(normalizer)
     params = {}
     if alpha is not None:

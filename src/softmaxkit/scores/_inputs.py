@@ -67,7 +67,7 @@ def as_score_array(scores, name: str) -> np.ndarray:
                             f"{type(scores).__name__} of dtype {raw.dtype}")
         try:
             arr = np.asarray(scores, dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):   # (an int past float's range: OverflowError)
             raise TypeError(
                 f"{name} must be a 1-d tensor or array of real numbers, got {type(scores).__name__}") from None
     if arr.ndim != 1:

@@ -52,7 +52,8 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor,
     y = check_labels(labels, logits.shape[0], logits.shape[1]).to(logits.device)
     check_finite(tol, "tol", allow_tensor=False)
     check_positive(tol, "tol", allow_tensor=False)
-    if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") or len(bounds) != 2:
+    if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") \
+            or (isinstance(bounds, torch.Tensor) and bounds.dim() == 0) or len(bounds) != 2:
         raise TypeError(f"bounds must be a pair (low, high) of numbers, got {bounds!r}")
     for i, b in enumerate(bounds):
         check_finite(b, f"bounds[{i}]", allow_tensor=False)
