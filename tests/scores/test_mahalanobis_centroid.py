@@ -121,3 +121,17 @@ def test_centroid_threshold_counts_like_fpr_at_tpr():
     assert thresholds[0].item() == distances[19124 - 1]
     with pytest.warns(RuntimeWarning, match="never predicted"):
         assert det.fit_thresholds(heldout, accept=np.float32(0.5))[0].item() == distances[n // 2 - 1]
+
+
+def test_mahalanobis_score_is_differentiable_in_the_features():
+    """Hostile sweep: score() detached its input, so the input pre-processing the docstring leaves to
+    the caller (Lee et al. step along the gradient of the score) raised "does not require grad"."""
+    m = Mahalanobis(shrinkage=0.1).fit(FEATURES, LABELS)
+    q = torch.tensor([[1.0, 1.0], [9.0, 0.5]], dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(m.score, (q,))
+    # by hand: d/dq of -(q - mu)^T S^-1 (q - mu) = -2 S^-1 (q - mu), nearest mean
+    (grad,) = torch.autograd.grad(m.score(q).sum(), q)
+    inverse = torch.linalg.inv(m.covariance_)
+    want = -2 * (q.detach() - m.means_[[0, 1]]) @ inverse
+    torch.testing.assert_close(grad, want)
+    assert m.score(q.float()).dtype == torch.float64 and m.score(q.detach()).grad_fn is None

@@ -87,11 +87,14 @@ class Mahalanobis:
         return self
 
     def distances(self, features: torch.Tensor) -> torch.Tensor:
-        """Squared Mahalanobis distance of each row to each class mean, shape (N, C), float64."""
+        """Squared Mahalanobis distance of each row to each class mean, shape (N, C), float64.
+
+        Differentiable in ``features`` (the fitted statistics are constants): the gradient of the
+        score with respect to the input is what Lee et al.'s input pre-processing perturbs along."""
         if self._whiten is None:
             raise RuntimeError("Mahalanobis is not fitted: call fit(features, labels) first")
         assert self._scaled_means is not None  # fit sets it with _whiten
-        f = _check_features(features)
+        f = _check_features(features, detach=False)
         if f.shape[1] != self._scaled_means.shape[1]:
             raise ValueError(f"features must have {self._scaled_means.shape[1]} columns as in fit, got {f.shape[1]}")
         f = f.to(self._whiten.device) * self._scale
@@ -107,13 +110,13 @@ class Mahalanobis:
         return self.distances(features).argmin(1)
 
 
-def _check_features(features) -> torch.Tensor:
+def _check_features(features, detach: bool = True) -> torch.Tensor:
     check_floating(features, "features")
     if features.dim() != 2 or features.shape[0] == 0 or features.shape[1] == 0:
         raise ValueError(f"features must have shape (N, D) with N, D >= 1, got {tuple(features.shape)}")
     if not bool(torch.isfinite(features).all()):
         raise ValueError("features must be finite")
-    return features.detach().to(torch.float64)
+    return (features.detach() if detach else features).to(torch.float64)
 
 
 def _power_of_two_scale(f: torch.Tensor) -> float:
