@@ -126,3 +126,18 @@ def test_spherical_z_loss_of_no_rows_and_no_classes(reduction):
     assert logits.grad.shape == (0, 0)
     with pytest.raises(ValueError, match="target"):
         spherical_z_loss(torch.zeros(3, 0), torch.zeros(3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("dtype", [getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)])
+def test_class_targets_of_the_wide_unsigned_dtypes(dtype):
+    """Hostile sweep: uint16 / uint32 / uint64 targets raised NotImplementedError ('"lt_cpu" not
+    implemented for UInt16') in spherical_z_loss and fenchel_young_loss."""
+    from softmaxkit.losses import fenchel_young_loss
+
+    logits = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    target = torch.tensor([0, 4, 2, 1])
+    assert spherical_z_loss(logits, target.to(dtype)) == spherical_z_loss(logits, target)
+    for normalizer in ("softmax", "sparsemax", "entmax15"):
+        assert fenchel_young_loss(logits, target.to(dtype), normalizer) == fenchel_young_loss(logits, target, normalizer)
+    with pytest.raises(ValueError, match="target"):
+        spherical_z_loss(logits, torch.tensor([0, 5, 2, 1]).to(dtype))

@@ -112,6 +112,7 @@ def _target_terms(z: torch.Tensor, target: torch.Tensor, alpha: float):
     if target.shape != z.shape[:-1]:
         raise ValueError(f"class-index target must have the shape of logits without the class axis "
                          f"{tuple(z.shape[:-1])}, got {tuple(target.shape)}")
+    target = target.long()   # (uint16 / uint32 / uint64 have no comparisons in torch)
     if can_branch_on(target) and bool(((target < 0) | (target >= classes)).any()):
         raise ValueError(f"target class indices must be in [0, {classes}), got min {int(target.min())}, "
                          f"max {int(target.max())}")

@@ -59,6 +59,7 @@ def spherical_z_loss(logits: torch.Tensor, target: torch.Tensor, a: float = 1.0,
     if target.shape != o.shape[:-1]:
         raise ValueError(f"target must have the shape of logits without the class axis {tuple(o.shape[:-1])}, "
                          f"got {tuple(target.shape)}")
+    target = target.long()   # (uint16 / uint32 / uint64 have no comparisons in torch)
     if can_branch_on(target) and bool(((target < 0) | (target >= classes)).any()):
         raise ValueError(f"target class indices must be in [0, {classes})")
     if o.numel() == 0:   # no row (a row without classes has no valid target): nothing to reduce over

@@ -26,12 +26,13 @@ def check_labels(labels, n: int, num_classes: int, name: str = "labels") -> torc
         raise TypeError(f"{name} must be an integer tensor of class indices, got dtype {labels.dtype}")
     if labels.shape != (n,):
         raise ValueError(f"{name} must have shape ({n},) to match the {n} rows given, got {tuple(labels.shape)}")
+    labels = labels.long()   # (uint16 / uint32 / uint64 have no min, max or comparisons in torch)
     if n and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         raise ValueError(
             f"{name} must lie in [0, {num_classes - 1}] for {num_classes} classes, "
             f"got values in [{int(labels.min())}, {int(labels.max())}]"
         )
-    return labels.long()
+    return labels
 
 
 def check_probs(probs, name: str = "probs") -> torch.Tensor:

@@ -94,7 +94,7 @@ class CascadeOutput:
         if labels.shape != self.predictions.shape:   # (an (N, 1) tensor broadcast to (N, N): a wrong accuracy)
             raise ValueError(f"labels must have shape {tuple(self.predictions.shape)} to match the predictions, "
                              f"got {tuple(labels.shape)}")
-        return float((self.predictions == labels.to(self.predictions.device)).double().mean())
+        return float((self.predictions == labels.to(self.predictions.device, torch.int64)).double().mean())
 
 
 class EarlyExitCascade:

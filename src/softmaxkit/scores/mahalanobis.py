@@ -60,7 +60,10 @@ class Mahalanobis:
         """
         f = _check_features(features)
         if num_classes is None:
-            num_classes = int(labels.max()) + 1 if isinstance(labels, torch.Tensor) and labels.numel() else 1
+            integer = isinstance(labels, torch.Tensor) and not (
+                labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool)
+            # (as int64: uint16 / uint32 / uint64 have no max in torch; other kinds: check_labels says why)
+            num_classes = int(labels.long().max()) + 1 if integer and labels.numel() else 1
         else:
             num_classes = check_int_in_range(num_classes, "num_classes", 1)
         y = check_labels(labels, f.shape[0], num_classes).to(f.device)
