@@ -145,3 +145,21 @@ def test_labels_of_the_wide_unsigned_dtypes(dtype):
     cascade = EarlyExitCascade([1.0, 2.0]).fit([logits, logits], wide)
     assert cascade.thresholds_ == EarlyExitCascade([1.0, 2.0]).fit([logits, logits], labels).thresholds_
     assert cascade.predict([logits, logits]).accuracy(wide) == 0.75
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="no float8 in this torch")
+def test_float8_inputs_are_refused_by_name():
+    """Hostile sweep: float8 tensors passed the floating-point checks and raised NotImplementedError
+    ('"mul_cpu_reduced_float" not implemented for Float8_e4m3fn') from the first arithmetic op."""
+    from softmaxkit import losses, ops
+    from softmaxkit.scores import msp
+
+    x = torch.randn(4, 3).to(torch.float8_e4m3fn)
+    calls = [("x", lambda: sk.softmax(x)), ("logits", lambda: msp(x)), ("logits", lambda: energy(x)),
+             ("logits", lambda: losses.fenchel_young_loss(x, torch.tensor([0, 1, 2, 0]))),
+             ("logits", lambda: sampling.sample(x)), ("x", lambda: sk.softmax_topk(x, 2)),
+             ("x", lambda: ops.soft_pool2d(x[None], 2)), ("Q", lambda: ops.maxsim(x[None], x[None])),
+             ("boxes", lambda: ops.soft_nms(torch.zeros(1, 4).to(torch.float8_e5m2), torch.ones(1)))]
+    for name, call in calls:
+        with pytest.raises(TypeError, match=f"{name} must be a floating-point tensor"):
+            call()

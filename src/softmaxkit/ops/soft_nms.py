@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._checks import check_number, has_no_data
+from .._checks import FLOATING_DTYPES, check_number, has_no_data
 from ._soft_nms_kernel import GAUSSIAN, HARD, LINEAR, soft_nms_kernel
 
 METHODS = {"gaussian": GAUSSIAN, "linear": LINEAR, "hard": HARD}
@@ -123,7 +123,7 @@ def _check_tensor(x, name: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     _check_has_data(x, name)
-    if not x.is_floating_point():
+    if x.dtype not in FLOATING_DTYPES:   # (float8: NotImplementedError from a comparison)
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
 
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from .._checks import check_finite, check_floating, check_nonnegative, check_positive
+from .._checks import FLOATING_DTYPES, check_finite, check_floating, check_nonnegative, check_positive
 from .._rows import compute_dtype
 
 
@@ -92,6 +92,6 @@ def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != x.shape[0] or out.shape[1] == 0:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
         raise ValueError(f"model must return logits of shape (N, C), C >= 1, for a batch of N inputs, got {shape}")
-    if not out.is_floating_point():
+    if out.dtype not in FLOATING_DTYPES:
         raise TypeError(f"model must return floating-point logits, got dtype {out.dtype}")
     return out.to(compute_dtype(out.dtype))
