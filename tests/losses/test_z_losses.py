@@ -141,3 +141,15 @@ def test_class_targets_of_the_wide_unsigned_dtypes(dtype):
         assert fenchel_young_loss(logits, target.to(dtype), normalizer) == fenchel_young_loss(logits, target, normalizer)
     with pytest.raises(ValueError, match="target"):
         spherical_z_loss(logits, torch.tensor([0, 5, 2, 1]).to(dtype))
+
+
+def test_a_weight_tensor_must_broadcast_to_the_rows():
+    """Hostile sweep: a weight of shape (2,) for 4 rows raised "The size of tensor a (2) must match"."""
+    logits = torch.randn(4, 3, dtype=torch.float64)
+    per_row = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
+    want = (per_row * torch.logsumexp(logits, -1).square()).mean()
+    torch.testing.assert_close(logit_z_penalty(logits, weight=per_row), want)
+    with pytest.raises(ValueError, match="weight of shape"):
+        logit_z_penalty(logits, weight=torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="weight of shape"):   # (4, 1) with 4 rows broadcast to (4, 4)
+        logit_z_penalty(logits, weight=per_row[:, None])

@@ -91,3 +91,16 @@ def test_odin_names_the_model_output_it_cannot_use():
         torch.testing.assert_close(odin(model, x, temperature=3.0, epsilon=0.0), want)
         with pytest.raises(ValueError, match="inference_mode"):
             odin(model, x, temperature=3.0, epsilon=0.1)
+
+
+def test_an_epsilon_tensor_must_broadcast_to_x():
+    """Hostile sweep: epsilon of shape (2,) for x of shape (2, 3) raised a bare size mismatch."""
+    model = nn.Linear(3, 2).double().eval()
+    x = torch.randn(2, 3, dtype=torch.float64)
+    per_input = torch.tensor([[0.0], [0.1]], dtype=torch.float64)
+    got = odin(model, x, temperature=2.0, epsilon=per_input)
+    assert got[0].item() == pytest.approx(msp(model(x).detach(), temperature=2.0)[0].item())
+    with pytest.raises(ValueError, match="epsilon of shape"):
+        odin(model, x, epsilon=torch.tensor([0.1, 0.2], dtype=torch.float64))
+    with pytest.raises(ValueError, match="epsilon of shape"):   # would broadcast x to (2, 2, 3)
+        odin(model, x, epsilon=per_input[:, None])

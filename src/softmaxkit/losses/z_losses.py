@@ -92,7 +92,7 @@ def logit_z_penalty(logits: torch.Tensor, weight: float = 1e-4, dim: int = -1,
 
     Args:
         logits: scores, classes along ``dim``.
-        weight: ``w >= 0``, finite.
+        weight: ``w >= 0``, finite: a number, or a tensor that broadcasts to the rows (one per row).
         dim: the class axis.
         mask: bool, broadcastable to ``logits``, True = visible; a row with nothing
             visible (or all ``-inf``) contributes 0. A NaN logit makes its row NaN.
@@ -103,6 +103,14 @@ def logit_z_penalty(logits: torch.Tensor, weight: float = 1e-4, dim: int = -1,
     check_nonnegative(weight, "weight")
     reduction = check_reduction(reduction)
     lse = logsumexp(logits.to(compute_dtype(logits.dtype)), dim=dim, mask=mask)
+    if isinstance(weight, torch.Tensor):   # (one per row: it must broadcast to the rows, not raise in the product)
+        try:
+            fits = torch.broadcast_shapes(weight.shape, lse.shape) == lse.shape   # ((N, 1) would give (N, N))
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"weight of shape {tuple(weight.shape)} does not broadcast to the rows of logits "
+                             f"{tuple(lse.shape)}")
     # A row with nothing visible (lse = -inf) contributes 0; NaN and +inf propagate.
     lse = torch.where(lse == float("-inf"), torch.zeros_like(lse), lse)
     return reduce_loss(weight * lse.square(), reduction).to(logits.dtype)

@@ -46,7 +46,8 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
         model: the classifier, in eval mode.
         x: floating input batch.
         temperature: ``T > 0``, finite (paper: 1000).
-        epsilon: perturbation size, finite and ``>= 0`` (paper: 0.0014 on CIFAR).
+        epsilon: perturbation size, finite and ``>= 0`` (paper: 0.0014 on CIFAR); a tensor must
+            broadcast to ``x`` without changing its shape (one per input: shape (N, 1, ...)).
 
     Returns:
         Tensor of shape (N,), in ``x``'s dtype.
@@ -64,6 +65,14 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
     check_positive(temperature, "temperature", allow_tensor=False, finite=True)
     check_nonnegative(epsilon, "epsilon")
     check_finite(epsilon, "epsilon")
+    if isinstance(epsilon, torch.Tensor):   # (the perturbation's product raised a bare size mismatch)
+        try:
+            fits = torch.broadcast_shapes(epsilon.shape, x.shape) == x.shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"epsilon of shape {tuple(epsilon.shape)} does not broadcast to x of shape "
+                             f"{tuple(x.shape)}")
 
     if not bool(torch.as_tensor(epsilon).ne(0).any()):
         # x~ = x: no gradient needed (and none taken: a NaN gradient times 0 made the score NaN)
