@@ -164,9 +164,11 @@ def test_report_checks_its_arguments_before_creating_out(argv, monkeypatch, tmp_
 
 
 @pytest.mark.parametrize("command", [["arena", "fakeok"], ["report", "--arena", "fakeok"]])
-@pytest.mark.parametrize("seed", ["-1", "x", "1.5"])
+@pytest.mark.parametrize("seed", ["-1", "x", "1.5", "4294967296", "20000000000000"])
 def test_a_seed_that_is_not_a_nonnegative_integer_is_a_usage_error(command, seed, monkeypatch, tmp_path, capsys):
-    """Audit 2026-12-03: --seed -1 ran the task, which died in numpy's SeedSequence with a traceback."""
+    """Audit 2026-12-03: --seed -1 ran the task, which died in numpy's SeedSequence with a traceback.
+    Hostile sweep: --seed 20000000000000 ran arena dispersion, which failed on "Overflow when unpacking
+    long long" (seed * 1_000_003 past 2^64 in torch's generator); seeds are now below 2^32."""
     fakes.install(monkeypatch)
     _no_run(monkeypatch)
     out = ["--out", str(tmp_path / "never")] if command[0] == "report" else []
@@ -182,3 +184,21 @@ def test_report_refuses_an_empty_out(monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
     assert main(["report", "--out", "", "--bench", "--arena", "fakeok"]) == 2
     assert "--out is empty" in capsys.readouterr().err and not list(tmp_path.iterdir())
+
+
+def test_python_dash_m_runs_the_command():
+    """Hostile sweep: ``python -m softmaxkit`` said "No module named softmaxkit.__main__"."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import softmaxkit
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(Path(softmaxkit.__file__).parents[1]), os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-m", "softmaxkit", "bench", "nosuch"], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 2
+    assert run.stderr.strip().splitlines()[-1].startswith("softmaxkit: error: ")
+    assert "nosuch" in run.stderr and "Traceback" not in run.stderr

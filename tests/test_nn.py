@@ -172,3 +172,24 @@ def test_modules_build_on_the_meta_device(name):
         layer = sk.nn.Attention(16, 4, name)
         out = layer(torch.empty(2, 5, 16))
     assert out.shape == (2, 5, 16) and out.is_meta
+
+
+def test_a_fixed_tensor_shapes_the_construction_probe():
+    """Hostile sweep: the construction check ran the module on a probe shaped by param_shape alone,
+    so a valid fixed tensor (a temperature per row, or per entry of rows of 3) was refused with
+    "temperature of shape (2, 1) does not broadcast to the input shape (2,)"."""
+    x = torch.randn(2, 3)
+    per_row = torch.tensor([[0.5], [2.0]])
+    torch.testing.assert_close(Normalizer("softmax", temperature=per_row)(x), sk.softmax(x, temperature=per_row))
+    per_entry = torch.tensor([0.5, 1.0, 2.0])
+    torch.testing.assert_close(Normalizer("softmax", temperature=per_entry)(x), sk.softmax(x, temperature=per_entry))
+    per_column = per_entry[:, None]
+    torch.testing.assert_close(Normalizer("softmax", dim=0, temperature=per_column)(x.T),
+                               sk.softmax(x.T, dim=0, temperature=per_column))
+    for name, value in (("ssmax", {"s": torch.full((2, 1), 0.4)}), ("ssmax", {"s": torch.full((3,), 0.4)}),
+                        ("softmax_sink", {"sink": torch.zeros(2, 1)})):   # initial tensors beyond param_shape
+        torch.testing.assert_close(Normalizer(name, **value)(x), sk.normalize(x, name, **value))
+    with pytest.raises(ValueError, match="temperature"):   # still checked up front
+        Normalizer("softmax", temperature=torch.tensor([[0.5], [-1.0]]))
+    with pytest.raises(ValueError, match="broadcast"):   # a fixed tensor that param_shape contradicts
+        Normalizer("ssmax", param_shape=(3, 1), n=torch.ones(2, 1))

@@ -22,7 +22,7 @@ __all__ = [
     "check_int_in_range", "check_number", "check_finite", "check_bool", "check_known_params",
     "check_choice", "check_count", "check_head_shape", "check_in_range", "is_functorch_wrapped", "can_branch_on",
     "transforms_active", "under_transform",
-    "has_no_data", "backward_in_torch_ops",
+    "has_no_data", "backward_in_torch_ops", "FLOATING_DTYPES",
 ]
 
 #: Whether a tensor is seen through a ``torch.func`` transform (``vmap``, ``grad``): it has no
@@ -87,11 +87,16 @@ def has_no_data(t: torch.Tensor) -> bool:
     return is_fake(t)
 
 
+#: The floating dtypes softmaxkit computes in (float8 formats have almost no CPU ops in torch).
+FLOATING_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
 def check_floating(x: object, name: str = "x") -> None:
-    """Raise ``TypeError`` unless ``x`` is a floating-point tensor."""
+    """Raise ``TypeError`` unless ``x`` is a tensor of one of :data:`FLOATING_DTYPES` (a float8
+    tensor raised NotImplementedError from the first arithmetic op)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
+    if x.dtype not in FLOATING_DTYPES:
         raise TypeError(
             f"{name} must be a floating-point tensor (float16, bfloat16, float32 or float64), "
             f"got dtype {x.dtype}"
@@ -278,10 +283,10 @@ def check_head_shape(dim: object, heads: object, kv_heads: object, head_dim: obj
 
 
 def check_in_range(value: object, name: str, low: float, high: float | None = None) -> float:
-    """``value`` as a float: a finite number (not a bool) with ``low <= value <= high`` (NaN
-    and infinities refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    """``value`` as a float: a finite real number (not a bool; a NumPy float counts) with
+    ``low <= value <= high`` (NaN and infinities refused; an int past float's range is a
+    ``ValueError``, not the ``OverflowError`` of ``math.isfinite``)."""
+    _check_kind(value, name, allow_tensor=False)
     if not (value >= low and math.isfinite(value)) or (high is not None and not value <= high):
         bound = f"in [{low}, {high}]" if high is not None else f"finite and >= {low}"
         raise ValueError(f"{name} must be {bound}, got {value}")

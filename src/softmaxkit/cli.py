@@ -20,14 +20,20 @@ import time
 from ._plugins import FAILED, Outcome
 
 
+#: Seeds accepted by ``--seed``: ``[0, 2^32)``, numpy's legacy range. The tasks derive seeds from it
+#: (``seed * 1_000_003 + n``), which torch's generators take only below 2^64.
+SEED_LIMIT = 2**32
+
+
 def _seed(text: str) -> int:
-    """A ``--seed``: an integer >= 0 (numpy's generators refuse negative seeds)."""
+    """A ``--seed``: an integer in ``[0, 2^32)`` (numpy's generators refuse negative seeds; a seed of
+    2e13 overflowed torch's in a task, which failed after the run had started)."""
     try:
         seed = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if seed < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {seed}")
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, {SEED_LIMIT - 1}], got {text!r}") from None
+    if not 0 <= seed < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, {SEED_LIMIT - 1}], got {seed}")
     return seed
 
 

@@ -7,6 +7,8 @@ seeded generator makes it deterministic.
 
 from __future__ import annotations
 
+from numbers import Real
+
 import torch
 
 from . import functional as F
@@ -92,6 +94,7 @@ def gumbel_softmax(logits: torch.Tensor, tau: float = 1.0, hard: bool = False, d
     _check_tau(tau)
     if not isinstance(hard, bool):
         raise TypeError(f"hard must be a bool, got {type(hard).__name__}")
+    _check_generator(generator)
     dim = check_dim(logits, dim)
     z = logits.to(compute_dtype(logits.dtype))
     exponential = torch.empty_like(z).exponential_(generator=generator)
@@ -237,20 +240,26 @@ def _by_score(scaled: torch.Tensor, probs: torch.Tensor, indices: torch.Tensor):
     return probs.gather(-1, by_index).gather(-1, order), indices.gather(-1, order)
 
 
-def _check_sampling_args(temperature, top_k, top_p, min_p) -> None:
+def _check_sampling_args(temperature, top_k, top_p, min_p, generator) -> None:
     check_positive(temperature, "temperature", allow_tensor=False, finite=True)
     if top_k is not None:
         check_int_in_range(top_k, "top_k", 1)
-    if top_p is not None:
-        if isinstance(top_p, bool) or not isinstance(top_p, (int, float)):
+    if top_p is not None:   # (any real number type, as temperature: a NumPy float32 was refused)
+        if isinstance(top_p, bool) or not isinstance(top_p, Real):
             raise TypeError(f"top_p must be a number in (0, 1] or None, got {type(top_p).__name__}")
         if not 0 < top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if min_p is not None:
-        if isinstance(min_p, bool) or not isinstance(min_p, (int, float)):
+        if isinstance(min_p, bool) or not isinstance(min_p, Real):
             raise TypeError(f"min_p must be a number in [0, 1] or None, got {type(min_p).__name__}")
         if not 0 <= min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {min_p}")
+    _check_generator(generator)
+
+
+def _check_generator(generator) -> None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
 
 
 def _gap_over_temperature(z: torch.Tensor, top: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -291,23 +300,56 @@ def _draw(weights: torch.Tensor, generator) -> torch.Tensor:
 #: Candidate counts tried for a nucleus before sorting the whole row.
 _NUCLEUS_CANDIDATES = (256, 4096)
 
+#: A candidate whose mass before it lies this close to ``top_p`` has its side decided again by
+#: :func:`_nucleus_keep` from probabilities every backend computes alike (the backends' differ by
+#: ulps, a few times 6e-8 relative: their sums by far less than this).
+_NUCLEUS_TOLERANCE = 1e-5
+
 
 def _nucleus_candidates(scaled: torch.Tensor, top_p: float):
     """Candidates holding the top-``p`` nucleus of ``softmax(scaled)`` (2-d), sorted descending:
     ``(probs, indices)``, probabilities over the whole row.
 
-    The top 256, then 4096, entries (fused kernel, :func:`_top_probs`) when their mass
-    reaches ``top_p`` in every row; otherwise (a flat distribution) the whole row, sorted.
+    The top 256, then 4096, entries (fused kernel, :func:`_top_probs`) when, in every row, the
+    candidates more probable than the last one hold ``top_p`` and :data:`_NUCLEUS_TOLERANCE` more;
+    otherwise (a flat distribution) the whole row, sorted by score. (The kernel picks candidates by
+    probability, equal ones by index: a candidate as probable as the last may rank below a token
+    left out, of a higher score that rounds to the same probability. Those more probable than the
+    last are the row's top by score on every backend; the whole mass counted, a flat row of 5000
+    logits kept the lowest indices on one backend, other tokens on another.)
     """
     length = scaled.shape[-1]
     for k in _NUCLEUS_CANDIDATES:
         if k >= length:
             break
         probs, indices = _top_probs(scaled, k)
-        if bool((probs.sum(-1) >= top_p * (1 + 1e-6)).all()):
+        settled = torch.where(probs > probs[:, -1:], probs, torch.zeros_like(probs)).sum(-1)
+        if bool((settled >= top_p * (1 + 1e-6) + _NUCLEUS_TOLERANCE).all()):
             return probs, indices
     order = scaled.argsort(dim=-1, descending=True, stable=True)
     return F.softmax(scaled, dim=-1).gather(-1, order), order
+
+
+def _nucleus_keep(probs: torch.Tensor, top_p: float, full_row) -> torch.Tensor:
+    """Which sorted candidates the nucleus keeps: those with less than ``top_p`` of the mass before them.
+
+    ``full_row`` = ``(scaled, indices)`` when ``probs`` are full-row probabilities from a backend
+    (kernel or reference, differing in the last bits): then a row with a candidate near the boundary
+    (within :data:`_NUCLEUS_TOLERANCE`) is decided again on ``exp(scaled - logsumexp(scaled))`` in
+    torch (aten), the same on every backend, so that one generator draws the same token on each (a flat row
+    of 300 logits at top_p = 0.3 kept one more token on the numba kernel than on the reference).
+    """
+    mass_before = probs.cumsum(-1) - probs
+    keep = mass_before < top_p
+    if full_row is None:
+        return keep
+    scaled, indices = full_row
+    rows = ((mass_before - top_p).abs() <= _NUCLEUS_TOLERANCE).any(-1).nonzero().squeeze(-1)
+    if len(rows):
+        row_scores = scaled[rows]
+        fixed = torch.exp(row_scores.gather(-1, indices[rows]) - torch.logsumexp(row_scores, -1, keepdim=True))
+        keep[rows] = (fixed.cumsum(-1) - fixed) < top_p
+    return keep
 
 
 def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
@@ -351,7 +393,8 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
     check_floating(logits, "logits")
     if logits.dim() == 0 or logits.shape[-1] == 0:
         raise ValueError(f"logits must have a non-empty last (vocabulary) axis, got shape {tuple(logits.shape)}")
-    _check_sampling_args(temperature, top_k, top_p, min_p)
+    _check_sampling_args(temperature, top_k, top_p, min_p, generator)
+    top_p, min_p = (None if v is None else float(v) for v in (top_p, min_p))
     batch_shape, length = logits.shape[:-1], logits.shape[-1]
     z = logits.reshape(-1, length).to(compute_dtype(logits.dtype))
     temperature = float(temperature)
@@ -371,16 +414,18 @@ def sample(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = N
         _check_candidates(top.squeeze(-1))
         # shifted first (softmax is shift invariant): a row of finfo.min over T < 1 overflowed
         # to all -inf, whose probabilities 0 / 0 drew an index past the vocabulary
-        probs, indices = _nucleus_candidates(_gap_over_temperature(z, top, temperature), top_p)
-        weights = probs / probs[:, :1]
+        scaled = _gap_over_temperature(z, top, temperature)
+        probs, indices = _nucleus_candidates(scaled, top_p)
+        # weights from the scores (their largest is 0), as top_k's: not the backend's probabilities
+        weights = torch.exp(scaled.gather(-1, indices))
     else:
         top = z.amax(-1, keepdim=True)
         _check_candidates(top.squeeze(-1))
         weights, indices = torch.exp(_gap_over_temperature(z, top, temperature)), None
     if nucleus:
         assert top_p is not None  # nucleus implies it
-        mass_before = probs.cumsum(-1) - probs
-        weights = torch.where(mass_before < top_p, weights, torch.zeros_like(weights))
+        keep = _nucleus_keep(probs, top_p, None if top_k is not None and top_k < length else (scaled, indices))
+        weights = torch.where(keep, weights, torch.zeros_like(weights))
     if min_p is not None and min_p > 0:
         weights = torch.where(weights >= min_p, weights, torch.zeros_like(weights))
     drawn = _draw(weights, generator)

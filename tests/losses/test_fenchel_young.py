@@ -135,6 +135,9 @@ def test_bad_input():
         fenchel_young_loss(x, torch.full((8, 7), 0.5, dtype=torch.float64))
     with pytest.raises(ValueError, match="reduction"):
         fenchel_young_loss(x, t, reduction="avg")
+    for bad in (None, 0, ["softmax"]):   # hostile sweep: "name must be a str" (the registry's argument)
+        with pytest.raises(TypeError, match="normalizer must be a str"):
+            fenchel_young_loss(x, t, bad)
 
 
 # ---- -inf logits are masked classes (issue 12) ------------------------------------------

@@ -196,6 +196,9 @@ def test_target_out_of_range_names_target():
     ({"ignore_index": 1.0}, TypeError, "ignore_index"),
     ({"ignore_index": -2 ** 70}, ValueError, "ignore_index"),
     ({"ignore_index": 2 ** 63}, ValueError, "ignore_index"),
+    # hostile sweep: OverflowError from math.isfinite
+    ({"label_smoothing": 10 ** 400}, ValueError, "label_smoothing"),
+    ({"z_penalty": 10 ** 400}, ValueError, "z_penalty"),
 ])
 def test_bad_arguments(kwargs, error, name):
     h, w, b, t = _problem()
@@ -353,3 +356,21 @@ def test_under_compile_fullgraph(reduction):
         results.append((loss.detach(), h.grad, w.grad))
     for eager, compiled in zip(*results):
         torch.testing.assert_close(compiled, eager)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_zero_width_hidden_and_numpy_ignore_index(reduction):
+    """Hostile sweep: D = 0 raised "cannot reshape tensor of 0 elements into shape [-1, 0]" (F.cross_entropy
+    of the bias alone is defined), and ignore_index=np.int64(-100) was refused as not an int."""
+    import numpy as np
+
+    hidden = torch.zeros(4, 0, dtype=torch.float64, requires_grad=True)
+    weight = torch.zeros(5, 0, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(5, dtype=torch.float64, requires_grad=True)
+    target = torch.tensor([0, 3, -100, 4])
+    got = linear_cross_entropy(hidden, weight, target, bias, reduction=reduction)
+    want = F.cross_entropy(bias.expand(4, 5), target, reduction=reduction)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got.sum(), bias)[0], torch.autograd.grad(want.sum(), bias)[0])
+    got = linear_cross_entropy(hidden, weight, target, bias, ignore_index=np.int64(-100), reduction=reduction)
+    torch.testing.assert_close(got, want)

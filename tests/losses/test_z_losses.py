@@ -113,3 +113,43 @@ def test_spherical_z_loss_of_a_non_finite_row_is_nan(bad):
 def test_logit_z_penalty_refuses_an_infinite_weight():
     with pytest.raises(ValueError, match="weight"):
         logit_z_penalty(_logits(), weight=float("inf"))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_spherical_z_loss_of_no_rows_and_no_classes(reduction):
+    """Hostile sweep: (0, 0) logits raised IndexError from amax over the empty class axis
+    (fenchel_young_loss and logit_z_penalty give an empty loss there)."""
+    logits = torch.zeros(0, 0, requires_grad=True)
+    loss = spherical_z_loss(logits, torch.zeros(0, dtype=torch.long), reduction=reduction)
+    assert loss.shape == ((0,) if reduction == "none" else ()) and not loss.detach().any()
+    loss.sum().backward()
+    assert logits.grad.shape == (0, 0)
+    with pytest.raises(ValueError, match="target"):
+        spherical_z_loss(torch.zeros(3, 0), torch.zeros(3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("dtype", [getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)])
+def test_class_targets_of_the_wide_unsigned_dtypes(dtype):
+    """Hostile sweep: uint16 / uint32 / uint64 targets raised NotImplementedError ('"lt_cpu" not
+    implemented for UInt16') in spherical_z_loss and fenchel_young_loss."""
+    from softmaxkit.losses import fenchel_young_loss
+
+    logits = torch.randn(4, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    target = torch.tensor([0, 4, 2, 1])
+    assert spherical_z_loss(logits, target.to(dtype)) == spherical_z_loss(logits, target)
+    for normalizer in ("softmax", "sparsemax", "entmax15"):
+        assert fenchel_young_loss(logits, target.to(dtype), normalizer) == fenchel_young_loss(logits, target, normalizer)
+    with pytest.raises(ValueError, match="target"):
+        spherical_z_loss(logits, torch.tensor([0, 5, 2, 1]).to(dtype))
+
+
+def test_a_weight_tensor_must_broadcast_to_the_rows():
+    """Hostile sweep: a weight of shape (2,) for 4 rows raised "The size of tensor a (2) must match"."""
+    logits = torch.randn(4, 3, dtype=torch.float64)
+    per_row = torch.tensor([0.0, 1.0, 2.0, 3.0], dtype=torch.float64)
+    want = (per_row * torch.logsumexp(logits, -1).square()).mean()
+    torch.testing.assert_close(logit_z_penalty(logits, weight=per_row), want)
+    with pytest.raises(ValueError, match="weight of shape"):
+        logit_z_penalty(logits, weight=torch.ones(2, dtype=torch.float64))
+    with pytest.raises(ValueError, match="weight of shape"):   # (4, 1) with 4 rows broadcast to (4, 4)
+        logit_z_penalty(logits, weight=per_row[:, None])

@@ -279,3 +279,29 @@ def test_ties_follow_the_documented_rule_not_ensemble_boxes_swaps(method):
     distinct = np.array([0.5, 0.4, 0.9])
     keep, _ = soft_nms(torch.tensor(boxes), torch.tensor(distinct), method=method)
     assert keep.tolist() == ensemble_soft_nms(boxes, distinct, method, 0.3, 0.5, 0.001)[0].tolist() == [2, 0, 1]
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-200, 1e-300, 2.0**1021])
+@pytest.mark.parametrize("method", ["gaussian", "linear", "hard"])
+def test_iou_at_extreme_scales(scale, method):
+    """Hostile sweep: float64 boxes of extent 1e200 have areas of inf, 1e-200 of 0, and the
+    union inf - inf = NaN or 0 made every IoU 0: nothing was suppressed or decayed."""
+    boxes, scores = random_scene(40, seed=3, crowded=True)
+    want_keep, want_kept = soft_nms(torch.tensor(boxes), torch.tensor(scores), method=method)
+    keep, kept = soft_nms(torch.tensor(boxes) * scale, torch.tensor(scores), method=method)
+    assert keep.tolist() == want_keep.tolist()
+    torch.testing.assert_close(kept, want_kept, rtol=1e-12, atol=0)
+
+
+def test_iou_of_boxes_spanning_the_float_range_and_tensor_arguments():
+    # IoU([-1e308, 1e308]^2, [0, 1e308]^2) = 1/4: x2 - x1 overflowed to inf
+    boxes = torch.tensor([[-1e308, -1e308, 1e308, 1e308], [0.0, 0.0, 1e308, 1e308]], dtype=torch.float64)
+    scores = torch.tensor([0.9, 0.8], dtype=torch.float64)
+    _, kept = soft_nms(boxes, scores, method="gaussian", sigma=0.5)
+    torch.testing.assert_close(kept, torch.tensor([0.9, 0.8 * np.exp(-0.0625 / 0.5)], dtype=torch.float64))
+    assert soft_nms(boxes, scores, method="hard", iou_threshold=0.2)[0].tolist() == [0]
+    # a tensor holding one number is a number; one holding several raised "Boolean value of Tensor..."
+    assert soft_nms(boxes, scores, method="hard", iou_threshold=torch.tensor(0.2))[0].tolist() == [0]
+    for name in ("iou_threshold", "sigma", "score_threshold"):
+        with pytest.raises(TypeError, match=name):
+            soft_nms(boxes, scores, **{name: torch.tensor([0.3, 0.4])})

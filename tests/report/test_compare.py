@@ -102,12 +102,20 @@ def test_bad_paths_are_refused_with_the_argument_named(tmp_path):
 
 @pytest.mark.parametrize("outcomes", [5, ["x"], [{"kind": "bench", "tables": []}], [{"kind": "bench", "name": "a",
                                       "tables": 3}], [{"kind": "bench", "name": "a", "tables": [{"rows": []}]}],
-                                      [{"kind": "bench", "name": "a", "tables": [{"title": "t", "rows": [1]}]}]])
+                                      [{"kind": "bench", "name": "a", "tables": [{"title": "t", "rows": [1]}]}],
+                                      # hostile sweep: these passed the check and compare raised TypeError
+                                      [{"kind": "bench", "name": "a", "tables": [{"title": "t", "rows": [["x", 1.0]],
+                                                                                  "noise": [[None, "0.1"]]}]}],
+                                      [{"kind": "bench", "name": "a", "tables": [{"title": "t", "rows": [["x", 1.0]],
+                                                                                  "noise": [[None, -0.1]]}]}],
+                                      [{"kind": "bench", "name": "a", "tables": [{"title": "t", "status": ["held"]}]}],
+                                      [{"kind": "bench", "name": "a", "tables": [{"title": "t", "columns": ["x", 5]}]}],
+                                      {"machine": 5}])
 def test_malformed_results_are_refused_up_front(outcomes, tmp_path, run_dir, capsys):
     """Audit 2026-12-03: a results.json of the wrong shape crashed compare with a TypeError,
     and report --compare only after running its job."""
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"outcomes": outcomes}))
+    bad.write_text(json.dumps({"outcomes": [], **outcomes} if isinstance(outcomes, dict) else {"outcomes": outcomes}))
     with pytest.raises(ValueError, match="not a softmaxkit results.json"):
         load_results(bad)
     with pytest.raises(SystemExit) as exit_:

@@ -345,3 +345,40 @@ def test_the_same_generator_draws_the_same_tokens_on_every_backend(scale, kwargs
         with sk.use_backend(backend):
             draws[backend] = torch.stack([sk.sampling.sample(logits, generator=g, **kwargs) for _ in range(5)])
     assert torch.equal(draws["numba"], draws["reference"]) and torch.equal(draws["auto"], draws["reference"])
+
+
+def test_numpy_numbers_and_a_bad_generator():
+    """Hostile sweep: top_p / min_p of NumPy float32 were refused (temperature and a NumPy float64
+    were taken), and generator=0 raised torch's "rand() received an invalid combination of arguments"."""
+    import numpy as np
+
+    z = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    for kwargs in ({"top_p": 0.5}, {"min_p": 0.25}, {"top_p": 0.75, "min_p": 0.125, "temperature": 0.5}):
+        want = sample(z, generator=torch.Generator().manual_seed(1), **kwargs)
+        as_numpy = {k: np.float32(v) for k, v in kwargs.items()}
+        assert torch.equal(sample(z, generator=torch.Generator().manual_seed(1), **as_numpy), want)
+    for fn in (lambda g: sample(z, generator=g), lambda g: gumbel_softmax(z, generator=g)):
+        with pytest.raises(TypeError, match="generator must be a torch.Generator"):
+            fn(0)
+
+
+@pytest.mark.parametrize("vocab, kwargs", [
+    (7, {"top_p": 0.9, "min_p": 1.0, "temperature": 3.0}),    # whole-row path (F.softmax by backend)
+    (300, {"top_p": 0.3}), (300, {"top_p": 0.3, "temperature": 3.0}),
+    (5000, {"top_p": 1e-9, "temperature": 3.0}), (5000, {"top_p": 0.5, "min_p": 0.5})])
+def test_nearly_flat_rows_draw_the_same_tokens_on_every_backend(vocab, kwargs):
+    """Hostile sweep: logits of scale 1e-7 (probabilities equal to float32 precision). The nucleus
+    was cut on each backend's probabilities, which differ by ulps (one more token kept on the numba
+    kernel at 300 x top_p 0.3), the fused kernel picked its candidates by probability with ties by
+    index (other tokens than by score at 5000), and the draw's weights were those probabilities."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(6, vocab, generator=g) * 1e-7
+    logits[0, ::3] = logits[0, 0]
+    draws = {}
+    for backend in ("reference", "numba", "auto"):
+        with sk.use_backend(backend):
+            draws[backend] = torch.stack([sample(logits, generator=_gen(seed), **kwargs) for seed in range(4)])
+    assert torch.equal(draws["numba"], draws["reference"]) and torch.equal(draws["auto"], draws["reference"])
+    # the nucleus is the top by score: at top_p 1e-9 the single most likely token
+    if kwargs.get("top_p") == 1e-9:
+        assert torch.equal(draws["reference"][0], logits.argmax(-1))

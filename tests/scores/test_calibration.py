@@ -143,9 +143,40 @@ def test_fit_temperature_recovers_the_temperature_labels_were_drawn_at():
 
 
 @pytest.mark.parametrize(("bounds", "error"), [(None, TypeError), ((1.0,), TypeError), (("a", "b"), TypeError),
-                                               ((1.0, math.inf), ValueError), ((2.0, 1.0), ValueError)])
+                                               ((1.0, math.inf), ValueError), ((2.0, 1.0), ValueError),
+                                               (torch.tensor(0.5), TypeError)])
 def test_fit_temperature_names_bad_bounds(bounds, error):
-    """Hostile audit, 2026-12-02: None or a 1-tuple failed in tuple unpacking, strings in ``<``."""
+    """Hostile audit, 2026-12-02: None or a 1-tuple failed in tuple unpacking, strings in ``<``.
+    Hostile sweep: a 0-d tensor raised "len() of a 0-d tensor"."""
     logits = torch.randn(10, 3, generator=torch.Generator().manual_seed(0))
     with pytest.raises(error, match="bounds"):
         fit_temperature(logits, torch.arange(10) % 3, bounds=bounds)
+
+
+
+def test_quantile_bins_do_not_use_torch_quantile(monkeypatch):
+    """Hostile sweep: strategy="quantile" took its edges from torch.quantile, which raises "quantile()
+    input tensor is too large" past 2^24 values (a token-level calibration set; here torch's refusal
+    is simulated for any size: a real one costs 1.3 GB)."""
+    def refuse(*args, **kwargs):
+        raise RuntimeError("quantile() input tensor is too large")
+
+    monkeypatch.setattr(torch, "quantile", refuse)
+    probs = torch.tensor([[0.9, 0.1], [0.6, 0.4], [0.3, 0.7]], dtype=torch.float64).repeat(1000, 1)
+    labels = torch.tensor([0, 1, 1]).repeat(1000)
+    # one confidence per bin: gaps 0.6 (0.6, wrong), 0.3 (0.7, right), 0.1 (0.9, right)
+    assert ece(probs, labels, n_bins=3, strategy="quantile") == pytest.approx((0.6 + 0.3 + 0.1) / 3)
+    assert classwise_ece(probs, labels, n_bins=3, strategy="quantile") >= 0
+
+
+def test_quantile_edges_equal_torch_quantile_at_any_size():
+    from softmaxkit.scores.calibration import _quantiles
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.linspace(0.0, 1.0, 16, dtype=torch.float64)
+    for n in (1, 2, 7, 1000):
+        values = torch.rand(n, generator=g, dtype=torch.float64)
+        values[: n // 3] = 0.5   # ties
+        assert torch.equal(_quantiles(values, q), torch.quantile(values, q))
+    n = 2**24 + 1
+    torch.testing.assert_close(_quantiles(torch.arange(n, dtype=torch.float64), q), q * (n - 1))

@@ -154,3 +154,27 @@ def test_run_matches_predict_and_skips_exited_rows():
     logits_only = [lambda h, s=s: s(h)[1] for s in stages]   # a stage that forgets the next state
     with pytest.raises(TypeError, match=r"stages\[0\] must return a pair \(next_state, logits\), got Tensor"):
         cascade.run(x, logits_only)
+
+
+def test_accuracy_and_thresholds_check_their_arguments():
+    """Hostile sweep: accuracy(labels[:, None]) broadcast (N,) against (N, 1) and returned a wrong
+    accuracy; a list or a short tensor raised AttributeError / RuntimeError; thresholds=0.5 raised
+    "'float' object is not iterable", and a tensor of thresholds was refused (costs takes one)."""
+    cascade = EarlyExitCascade(costs=[1.0, 2.0], thresholds=[0.6])
+    logits = [torch.tensor([[2.0, 0.0], [0.0, 0.1], [0.0, 3.0]]), torch.tensor([[0.0, 1.0], [0.0, 1.0], [1.0, 0.0]])]
+    labels = torch.tensor([0, 1, 1])
+    out = cascade.predict(logits)
+    assert out.accuracy(labels) == 1.0
+    assert out.accuracy(labels.to(torch.uint8)) == 1.0
+    with pytest.raises(ValueError, match="labels must have shape"):
+        out.accuracy(labels[:, None])
+    with pytest.raises(ValueError, match="labels must have shape"):
+        out.accuracy(labels[:2])
+    with pytest.raises(TypeError, match="labels"):
+        out.accuracy([0, 1, 1])
+    with pytest.raises(TypeError, match="labels"):
+        out.accuracy(labels.float())
+    with pytest.raises(TypeError, match="thresholds must be a sequence"):
+        EarlyExitCascade(costs=[1.0, 2.0], thresholds=0.5)
+    assert EarlyExitCascade(costs=[1.0, 2.0], thresholds=torch.tensor([0.5])).thresholds_ == [0.5]
+    assert EarlyExitCascade(costs=[1.0, 2.0], thresholds=np.array([0.5])).thresholds_ == [0.5]

@@ -122,3 +122,44 @@ def test_sample_at_a_huge_temperature_keeps_the_small_weight(kwargs):
     z = torch.tensor([[f32.max, f32.min]]).expand(40000, 2)
     drawn = sampling.sample(z, temperature=1e38, generator=torch.Generator().manual_seed(0), **kwargs)
     assert 20 <= int(drawn.sum()) <= 80   # expected 44
+
+
+_WIDE_UNSIGNED = [getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)]
+
+
+@pytest.mark.parametrize("dtype", _WIDE_UNSIGNED)
+def test_labels_of_the_wide_unsigned_dtypes(dtype):
+    """Hostile sweep, 2026-12-04: labels of uint16 / uint32 / uint64 raised NotImplementedError
+    ('"min_all" not implemented for UInt16') in every score that takes labels."""
+    from softmaxkit.scores import Mahalanobis, classwise_ece, ece, fit_centroids, nll
+
+    logits = torch.tensor([[2.0, 0.0, 0.5], [0.0, 2.0, 0.1], [0.3, 0.0, 2.0], [1.0, 0.2, 0.0]], dtype=torch.float64)
+    labels = torch.tensor([0, 1, 2, 1])
+    wide = labels.to(dtype)
+    probs = torch.softmax(logits, -1)
+    assert fit_temperature(logits, wide) == fit_temperature(logits, labels)
+    assert nll(logits, wide) == nll(logits, labels)
+    assert ece(probs, wide) == ece(probs, labels) and classwise_ece(probs, wide) == classwise_ece(probs, labels)
+    assert torch.equal(fit_centroids(logits[:3], wide[:3]), fit_centroids(logits[:3], labels[:3]))
+    torch.testing.assert_close(Mahalanobis().fit(logits, wide).score(logits), Mahalanobis().fit(logits, labels).score(logits))
+    cascade = EarlyExitCascade([1.0, 2.0]).fit([logits, logits], wide)
+    assert cascade.thresholds_ == EarlyExitCascade([1.0, 2.0]).fit([logits, logits], labels).thresholds_
+    assert cascade.predict([logits, logits]).accuracy(wide) == 0.75
+
+
+@pytest.mark.skipif(not hasattr(torch, "float8_e4m3fn"), reason="no float8 in this torch")
+def test_float8_inputs_are_refused_by_name():
+    """Hostile sweep: float8 tensors passed the floating-point checks and raised NotImplementedError
+    ('"mul_cpu_reduced_float" not implemented for Float8_e4m3fn') from the first arithmetic op."""
+    from softmaxkit import losses, ops
+    from softmaxkit.scores import msp
+
+    x = torch.randn(4, 3).to(torch.float8_e4m3fn)
+    calls = [("x", lambda: sk.softmax(x)), ("logits", lambda: msp(x)), ("logits", lambda: energy(x)),
+             ("logits", lambda: losses.fenchel_young_loss(x, torch.tensor([0, 1, 2, 0]))),
+             ("logits", lambda: sampling.sample(x)), ("x", lambda: sk.softmax_topk(x, 2)),
+             ("x", lambda: ops.soft_pool2d(x[None], 2)), ("Q", lambda: ops.maxsim(x[None], x[None])),
+             ("boxes", lambda: ops.soft_nms(torch.zeros(1, 4).to(torch.float8_e5m2), torch.ones(1)))]
+    for name, call in calls:
+        with pytest.raises(TypeError, match=f"{name} must be a floating-point tensor"):
+            call()

@@ -89,3 +89,49 @@ def test_centroid_bad_input():
         det.accept(two)
     with pytest.warns(RuntimeWarning, match="never predicted"):
         det.fit_thresholds(logits)   # class 1 never predicted: pooled threshold
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-200, 2.0**-1000])
+def test_mahalanobis_is_scale_invariant_at_extreme_magnitudes(scale):
+    """Hostile sweep: at features of 1e200 the covariance overflowed (eigh raised a LinAlgError),
+    at 1e-200 it underflowed to 0 and every direction was ignored (every score 0)."""
+    q = torch.tensor([[1.0, 1.0], [9.0, 0.0]], dtype=torch.float64)
+    m = Mahalanobis().fit(FEATURES * scale, LABELS)
+    torch.testing.assert_close(m.score(q * scale), torch.tensor([-4.0, -2.0], dtype=torch.float64))
+    assert m.predict(q * scale).tolist() == [0, 1]
+    torch.testing.assert_close(m.means_, torch.tensor([[0.0, 0.0], [10.0, 0.0]], dtype=torch.float64) * scale)
+    shrunk = Mahalanobis(shrinkage=0.5).fit(FEATURES * scale, LABELS)
+    torch.testing.assert_close(shrunk.score(q * scale), Mahalanobis(shrinkage=0.5).fit(FEATURES, LABELS).score(q))
+
+
+def test_centroid_threshold_counts_like_fpr_at_tpr():
+    """Hostile sweep: ceil(accept * n - 1e-12) kept one row too many where accept * n rounds above
+    an integer by more than 1e-12 (0.56 * 34150 = 19124.000000000004 -> 19125 rows); and a NumPy
+    float32 accept was refused."""
+    import numpy as np
+
+    train = torch.tensor([[2.0, 0.0], [0.0, 2.0]], dtype=torch.float64)
+    det = CentroidDistance().fit(train, torch.tensor([0, 1]))
+    n = 34150
+    heldout = torch.stack([torch.linspace(0.5, 8.0, n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)], 1)
+    distances = np.sort(det.distance(heldout).numpy())
+    assert len(np.unique(distances)) == n
+    with pytest.warns(RuntimeWarning, match="never predicted"):
+        thresholds = det.fit_thresholds(heldout, accept=0.56)
+    assert thresholds[0].item() == distances[19124 - 1]
+    with pytest.warns(RuntimeWarning, match="never predicted"):
+        assert det.fit_thresholds(heldout, accept=np.float32(0.5))[0].item() == distances[n // 2 - 1]
+
+
+def test_mahalanobis_score_is_differentiable_in_the_features():
+    """Hostile sweep: score() detached its input, so the input pre-processing the docstring leaves to
+    the caller (Lee et al. step along the gradient of the score) raised "does not require grad"."""
+    m = Mahalanobis(shrinkage=0.1).fit(FEATURES, LABELS)
+    q = torch.tensor([[1.0, 1.0], [9.0, 0.5]], dtype=torch.float64, requires_grad=True)
+    torch.autograd.gradcheck(m.score, (q,))
+    # by hand: d/dq of -(q - mu)^T S^-1 (q - mu) = -2 S^-1 (q - mu), nearest mean
+    (grad,) = torch.autograd.grad(m.score(q).sum(), q)
+    inverse = torch.linalg.inv(m.covariance_)
+    want = -2 * (q.detach() - m.means_[[0, 1]]) @ inverse
+    torch.testing.assert_close(grad, want)
+    assert m.score(q.float()).dtype == torch.float64 and m.score(q.detach()).grad_fn is None

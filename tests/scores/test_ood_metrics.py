@@ -87,3 +87,19 @@ def test_metrics_equal_sklearn_on_random_ties(a, b, tpr):
     assert abs(aupr(a, b) - want_ap_in) <= 1e-9
     assert abs(aupr(a, b, positive="out") - want_ap_out) <= 1e-9
     assert abs(fpr_at_tpr(a, b, tpr) - want_fpr) <= 1e-9
+
+
+def test_strings_none_and_tensors_without_values_are_refused_by_name():
+    """Hostile sweep: ["0.9"] was read as 0.9 (numpy parses the string), None was "must be 1-d, got
+    shape ()", and a meta tensor raised NotImplementedError from the copy."""
+    for bad in (["0.9", "0.1"], np.array(["0.9"]), None):
+        with pytest.raises(TypeError, match="scores_in"):
+            auroc(bad, [0.0])
+        with pytest.raises(TypeError, match="scores_out"):
+            fpr_at_tpr([1.0], bad)
+    with pytest.raises((TypeError, ValueError), match="scores_out"):   # (OverflowError before)
+        auroc([1.0], [10 ** 400])
+    with pytest.raises(ValueError, match="scores_in must hold values"):
+        aupr(torch.empty(3, device="meta"), [0.0])
+    assert auroc(np.array([True, False]), [0.5]) == 0.5   # (bool and integer arrays are numbers)
+    assert auroc(np.array([2, 0], dtype=np.uint8), [1]) == 0.5

@@ -61,6 +61,9 @@ def tsallis_regularizer(p: torch.Tensor, alpha: float) -> torch.Tensor:
 
 def _resolve_alpha(normalizer, alpha) -> tuple[float, dict]:
     """Tsallis alpha of ``normalizer`` and the parameters to call it with."""
+    if not isinstance(normalizer, str):   # (the registry's own message named its argument "name")
+        raise TypeError(f"normalizer must be a str, one of {', '.join(map(repr, fenchel_young_normalizers()))}, "
+                        f"got {type(normalizer).__name__}")
     spec = registry.get(normalizer)
     params = {}
     if alpha is not None:
@@ -109,6 +112,7 @@ def _target_terms(z: torch.Tensor, target: torch.Tensor, alpha: float):
     if target.shape != z.shape[:-1]:
         raise ValueError(f"class-index target must have the shape of logits without the class axis "
                          f"{tuple(z.shape[:-1])}, got {tuple(target.shape)}")
+    target = target.long()   # (uint16 / uint32 / uint64 have no comparisons in torch)
     if can_branch_on(target) and bool(((target < 0) | (target >= classes)).any()):
         raise ValueError(f"target class indices must be in [0, {classes}), got min {int(target.min())}, "
                          f"max {int(target.max())}")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from .._checks import (
@@ -364,7 +365,9 @@ def check_class_target(target, hidden: torch.Tensor) -> None:
 
 
 def check_ignore_index(ignore_index) -> int:
-    """``ignore_index`` must be a Python int that fits in int64 (the targets' widest type)."""
+    """``ignore_index`` must be an int (a NumPy integer counts) that fits in int64 (the targets' widest type)."""
+    if isinstance(ignore_index, np.integer):
+        ignore_index = int(ignore_index)
     if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
     if not -(1 << 63) <= ignore_index < (1 << 63):
@@ -435,7 +438,7 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
     _check_inputs(hidden, weight, target, bias)
     target = target.long()      # every integer dtype (int8, uint8, ...) as int64 indices
     vocab = weight.shape[0]
-    check_ignore_index(ignore_index)
+    ignore_index = check_ignore_index(ignore_index)
     if can_branch_on(target):   # (not a target seen through vmap, or while torch.compile traces)
         _check_targets(target, vocab, ignore_index)
     label_smoothing = check_in_range(label_smoothing, "label_smoothing", 0.0, 1.0)
@@ -452,5 +455,6 @@ def linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, target: tor
                    vocab_block=vocab_block, fused=wants_grad and reduction != "none")
     batch_shape = target.shape
     run = _plain_loss if torch.compiler.is_compiling() or under_transform() else _LinearCrossEntropy.apply
-    loss = run(hidden.reshape(-1, hidden.shape[-1]), weight, bias, target.reshape(-1), setup)
+    # (tokens, D) with the count from target: reshape(-1, 0) cannot infer it when D = 0
+    loss = run(hidden.reshape(target.numel(), hidden.shape[-1]), weight, bias, target.reshape(-1), setup)
     return loss.reshape(batch_shape) if reduction == "none" else loss

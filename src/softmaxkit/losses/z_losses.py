@@ -59,8 +59,11 @@ def spherical_z_loss(logits: torch.Tensor, target: torch.Tensor, a: float = 1.0,
     if target.shape != o.shape[:-1]:
         raise ValueError(f"target must have the shape of logits without the class axis {tuple(o.shape[:-1])}, "
                          f"got {tuple(target.shape)}")
+    target = target.long()   # (uint16 / uint32 / uint64 have no comparisons in torch)
     if can_branch_on(target) and bool(((target < 0) | (target >= classes)).any()):
         raise ValueError(f"target class indices must be in [0, {classes})")
+    if o.numel() == 0:   # no row (a row without classes has no valid target): nothing to reduce over
+        return reduce_loss(o.sum(-1), reduction).to(logits.dtype)
     # z is scale invariant, so each row is first divided by its largest magnitude (a constant to
     # autograd, which leaves z's gradient exact): mu and sigma^2 then neither overflow nor underflow
     # (1e-30 or 3e19 logits in float32). An inf or NaN logit makes its row's loss NaN.
@@ -89,7 +92,7 @@ def logit_z_penalty(logits: torch.Tensor, weight: float = 1e-4, dim: int = -1,
 
     Args:
         logits: scores, classes along ``dim``.
-        weight: ``w >= 0``, finite.
+        weight: ``w >= 0``, finite: a number, or a tensor that broadcasts to the rows (one per row).
         dim: the class axis.
         mask: bool, broadcastable to ``logits``, True = visible; a row with nothing
             visible (or all ``-inf``) contributes 0. A NaN logit makes its row NaN.
@@ -100,6 +103,14 @@ def logit_z_penalty(logits: torch.Tensor, weight: float = 1e-4, dim: int = -1,
     check_nonnegative(weight, "weight")
     reduction = check_reduction(reduction)
     lse = logsumexp(logits.to(compute_dtype(logits.dtype)), dim=dim, mask=mask)
+    if isinstance(weight, torch.Tensor):   # (one per row: it must broadcast to the rows, not raise in the product)
+        try:
+            fits = torch.broadcast_shapes(weight.shape, lse.shape) == lse.shape   # ((N, 1) would give (N, N))
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"weight of shape {tuple(weight.shape)} does not broadcast to the rows of logits "
+                             f"{tuple(lse.shape)}")
     # A row with nothing visible (lse = -inf) contributes 0; NaN and +inf propagate.
     lse = torch.where(lse == float("-inf"), torch.zeros_like(lse), lse)
     return reduce_loss(weight * lse.square(), reduction).to(logits.dtype)

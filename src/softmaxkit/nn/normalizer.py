@@ -117,10 +117,21 @@ class Normalizer(nn.Module):
     def _check_fixed_params(self) -> None:
         """Raise now, naming the argument, for a fixed parameter the function refuses
         (``temperature=-1``), rather than at the first forward: the module runs once on a
-        probe of zeros shaped like its parameters, with rows of two entries."""
-        rank = max(len(self.param_shape), self.dim + 1 if self.dim >= 0 else -self.dim)
-        shape = [1] * (rank - len(self.param_shape)) + list(self.param_shape)
-        shape[self.dim] = 2
+        probe of zeros shaped like its parameters (``param_shape`` and the initial tensors) and
+        fixed tensors (broadcast, aligned on the right), with rows of two entries where none of them sets the row length. (A probe shaped
+        by ``param_shape`` alone refused a valid fixed tensor: ``temperature`` of shape (2, 1),
+        one per row, "does not broadcast to the input shape (2,)".)"""
+        shapes = [self.param_shape] + [tuple(getattr(self, name).shape) for name in self._fixed_tensors]
+        for name, value in self.learned_values().items():   # (an initial tensor may outrank param_shape)
+            shapes.append(tuple(value.shape)[1:] if self.spec.param(name).size > 1 else tuple(value.shape))
+        rank = max([len(s) for s in shapes] + [self.dim + 1 if self.dim >= 0 else -self.dim])
+        shape = [1] * rank
+        for s in shapes:
+            for axis, size in enumerate(s, start=rank - len(s)):
+                if size != 1:   # (sizes that disagree: the forward's own error names the argument)
+                    shape[axis] = size
+        if shape[self.dim] == 1:
+            shape[self.dim] = 2
         with torch.no_grad():
             self.forward(torch.zeros(shape))
 

@@ -17,7 +17,10 @@ loop's O(N^2) IoU evaluations:
   already below the threshold themselves.
 
 The IoU and the decay are written operation for operation as in the textbook loop, so the
-scores agree with it to the last bits.
+scores agree with it to the last bits, except where the textbook union overflows or falls
+below the smallest normal float (boxes of extent beyond 1e154 or below 1e-154, where the
+textbook IoU is NaN or 0 / 0): there it is formed from ratios to one box's sides
+(:func:`_iou_by_ratios`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,18 @@ from numba import njit
 
 HARD, LINEAR, GAUSSIAN = 0, 1, 2
 BLOCK = 64
+#: The smallest normal float64: a union below it has lost digits (or is 0).
+_TINY = 2.2250738585072014e-308
+
+
+@njit(cache=True, nogil=True)
+def _iou_by_ratios(w, h, wb, hb, wj, hj):
+    """IoU of boxes ``b`` (sides ``wb, hb``) and ``j`` overlapping by ``w x h`` (all > 0), from the
+    ratios to ``b``'s sides: ``r / (1 + a - r)`` with ``r = inter / area_b <= 1``, ``a = area_j /
+    area_b``, neither of which overflows where the areas themselves do (or underflow)."""
+    r = (w / wb) * (h / hb)
+    a = (wj / wb) * (hj / hb)
+    return r / (1.0 + a - r)
 
 
 @njit(cache=True, nogil=True)
@@ -119,7 +134,10 @@ def soft_nms_kernel(boxes, scores, labels, rank, method, iou_threshold, sigma, s
             h = min(by2, y2[j]) - max(by1, y1[j])
             inter = w * h
             union = area[b] + area[j] - inter
-            iou = inter / union if union > 0.0 else 0.0
+            if union >= _TINY and union < np.inf:
+                iou = inter / union
+            else:   # an area overflowed (inf - inf) or underflowed: both boxes have positive sides here
+                iou = _iou_by_ratios(w, h, bx2 - bx1, by2 - by1, x2[j] - x1[j], y2[j] - y1[j])
             if method == HARD:
                 if iou > iou_threshold:
                     alive[j] = False

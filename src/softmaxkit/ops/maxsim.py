@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .._checks import can_branch_on, check_int_in_range, is_functorch_wrapped, under_transform
+from .._checks import FLOATING_DTYPES, can_branch_on, check_int_in_range, is_functorch_wrapped, under_transform
 from .._rows import compute_dtype
 
 #: Default bound on the similarity block of one chunk, in bytes.
@@ -140,7 +140,7 @@ def _check(Q, D, q_mask, d_mask):
     for name, x in (("Q", Q), ("D", D)):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if not x.is_floating_point():
+        if x.dtype not in FLOATING_DTYPES:   # (float8: NotImplementedError from max)
             raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
         if x.dim() != 3:
             raise ValueError(f"{name} must have shape (batch, tokens, dim), got {tuple(x.shape)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._checks import check_number, has_no_data
+from .._checks import FLOATING_DTYPES, check_number, has_no_data
 from ._soft_nms_kernel import GAUSSIAN, HARD, LINEAR, soft_nms_kernel
 
 METHODS = {"gaussian": GAUSSIAN, "linear": LINEAR, "hard": HARD}
@@ -79,19 +79,21 @@ def _run(boxes, scores, idxs, method, iou_threshold, sigma, score_threshold):
     _check_boxes(boxes)
     _check_scores(scores, boxes, code)
     labels = _check_idxs(idxs, boxes)
-    check_number(iou_threshold, "iou_threshold")
+    iou_threshold = _scalar(iou_threshold, "iou_threshold")
     if not 0.0 <= iou_threshold <= 1.0:
         raise ValueError(f"iou_threshold must be in [0, 1], got {iou_threshold}")
-    check_number(sigma, "sigma")
+    sigma = _scalar(sigma, "sigma")
     if not sigma > 0:
         raise ValueError(f"sigma must be > 0, got {sigma}")
-    check_number(score_threshold, "score_threshold")
+    score_threshold = _scalar(score_threshold, "score_threshold")
 
     device = scores.device
     if boxes.shape[0] == 0:
         return (torch.empty(0, dtype=torch.int64, device=device),
                 torch.empty(0, dtype=scores.dtype, device=device))
     boxes_np = boxes.detach().cpu().to(torch.float64).numpy()
+    if np.abs(boxes_np).max() >= 2.0 ** 1022:   # x2 - x1 would overflow: a quarter, exactly (IoU is scale free)
+        boxes_np = boxes_np * 0.25
     order = np.argsort(boxes_np[:, 0], kind="stable")
     keep, kept = soft_nms_kernel(
         np.ascontiguousarray(boxes_np[order]),
@@ -100,6 +102,15 @@ def _run(boxes, scores, idxs, method, iou_threshold, sigma, score_threshold):
         float(iou_threshold), float(sigma), float(score_threshold))
     return (torch.from_numpy(keep).to(device),
             torch.from_numpy(kept).to(device=device, dtype=scores.dtype))
+
+
+def _scalar(value, name: str) -> float:
+    """A number, or a tensor holding one (a tensor of several raised "Boolean value of Tensor with
+    more than one value is ambiguous"); NaN refused."""
+    if isinstance(value, torch.Tensor) and value.numel() != 1:
+        raise TypeError(f"{name} must be a number, got a tensor of shape {tuple(value.shape)}")
+    check_number(value, name)
+    return float(value)
 
 
 def _check_method(method) -> int:
@@ -112,7 +123,7 @@ def _check_tensor(x, name: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     _check_has_data(x, name)
-    if not x.is_floating_point():
+    if x.dtype not in FLOATING_DTYPES:   # (float8: NotImplementedError from a comparison)
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
 
 

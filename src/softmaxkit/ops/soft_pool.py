@@ -7,7 +7,7 @@ import math
 import numpy as np
 import torch
 
-from .._checks import backward_in_torch_ops, check_int_in_range, is_functorch_wrapped, under_transform
+from .._checks import FLOATING_DTYPES, backward_in_torch_ops, check_int_in_range, is_functorch_wrapped, under_transform
 from .._rows import compute_dtype
 from ..functional import softmax
 from ..kernels.dispatch import numba_available
@@ -40,7 +40,7 @@ def soft_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
+    if x.dtype not in FLOATING_DTYPES:   # (float8: a TypeError from the kernel's conversion)
         raise TypeError(f"x must be a floating-point tensor, got dtype {x.dtype}")
     if x.dim() not in (3, 4):
         raise ValueError(f"x must have shape (N, C, H, W) or (C, H, W), got {tuple(x.shape)}")

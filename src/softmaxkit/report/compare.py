@@ -134,6 +134,8 @@ def _structure_problem(results: dict) -> str | None:
     outcomes = results["outcomes"]
     if not isinstance(outcomes, list):
         return f"'outcomes' must be a list, got {type(outcomes).__name__}"
+    if not isinstance(results.get("machine", {}), dict):
+        return f"'machine' must be an object, got {type(results['machine']).__name__}"
     for i, outcome in enumerate(outcomes):
         if not isinstance(outcome, dict):
             return f"outcome {i} must be an object, got {type(outcome).__name__}"
@@ -153,6 +155,13 @@ def _structure_problem(results: dict) -> str | None:
             noise = table.get("noise")
             if noise is not None and (not isinstance(noise, list) or not all(isinstance(r, list) for r in noise)):
                 return f"table {j} of outcome {i} must hold 'noise' as a list of rows"
+            # (compare reads these: a string noise or a list status raised TypeError in the terminal)
+            if noise is not None and not all(v is None or (is_number(v) and not v < 0) for r in noise for v in r):
+                return f"table {j} of outcome {i} must hold numbers >= 0 or null in 'noise'"
+            if not all(isinstance(c, str) for c in table.get("columns", [])):
+                return f"table {j} of outcome {i} must hold strings in 'columns'"
+            if not isinstance(table.get("status"), (str, type(None))):
+                return f"table {j} of outcome {i} must hold a string 'status' or none"
     return None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .._checks import can_branch_on, check_floating
+from .._checks import can_branch_on, check_floating, has_no_data
 
 
 def check_logits_2d(logits, name: str = "logits") -> torch.Tensor:
@@ -26,12 +26,13 @@ def check_labels(labels, n: int, num_classes: int, name: str = "labels") -> torc
         raise TypeError(f"{name} must be an integer tensor of class indices, got dtype {labels.dtype}")
     if labels.shape != (n,):
         raise ValueError(f"{name} must have shape ({n},) to match the {n} rows given, got {tuple(labels.shape)}")
+    labels = labels.long()   # (uint16 / uint32 / uint64 have no min, max or comparisons in torch)
     if n and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
         raise ValueError(
             f"{name} must lie in [0, {num_classes - 1}] for {num_classes} classes, "
             f"got values in [{int(labels.min())}, {int(labels.max())}]"
         )
-    return labels.long()
+    return labels
 
 
 def check_probs(probs, name: str = "probs") -> torch.Tensor:
@@ -55,14 +56,19 @@ def as_score_array(scores, name: str) -> np.ndarray:
     if isinstance(scores, torch.Tensor):
         if scores.is_complex():
             raise TypeError(f"{name} must be real-valued, got dtype {scores.dtype}")
+        if has_no_data(scores):
+            raise ValueError(f"{name} must hold values, got a {'meta' if scores.is_meta else 'fake'} tensor")
         arr = scores.detach().to("cpu", torch.float64).numpy()
     else:
         raw = np.asarray(scores)
         if np.iscomplexobj(raw):   # (float64 conversion would drop the imaginary part, with only a warning)
             raise TypeError(f"{name} must be real-valued, got dtype {raw.dtype}")
+        if raw.dtype.kind in "USVMm" or scores is None:   # ("0.5" was read as 0.5; None as a 0-d array)
+            raise TypeError(f"{name} must be a 1-d tensor or array of real numbers, got "
+                            f"{type(scores).__name__} of dtype {raw.dtype}")
         try:
             arr = np.asarray(scores, dtype=np.float64)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):   # (an int past float's range: OverflowError)
             raise TypeError(
                 f"{name} must be a 1-d tensor or array of real numbers, got {type(scores).__name__}") from None
     if arr.ndim != 1:

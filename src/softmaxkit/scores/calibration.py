@@ -52,7 +52,8 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor,
     y = check_labels(labels, logits.shape[0], logits.shape[1]).to(logits.device)
     check_finite(tol, "tol", allow_tensor=False)
     check_positive(tol, "tol", allow_tensor=False)
-    if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") or len(bounds) != 2:
+    if isinstance(bounds, (str, bytes)) or not hasattr(bounds, "__len__") \
+            or (isinstance(bounds, torch.Tensor) and bounds.dim() == 0) or len(bounds) != 2:
         raise TypeError(f"bounds must be a pair (low, high) of numbers, got {bounds!r}")
     for i, b in enumerate(bounds):
         check_finite(b, f"bounds[{i}]", allow_tensor=False)
@@ -132,11 +133,22 @@ class ReliabilityDiagram:
         return float((self.count[full].to(gap.dtype) * gap).sum() / n)
 
 
+def _quantiles(values: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``torch.quantile(values, q)`` (linear interpolation between the order statistics at
+    ``q (n - 1)``) for any ``n``: torch's refuses more than 2^24 values ("input tensor is too
+    large"), e.g. the token-level confidences of a language-model evaluation."""
+    ordered = values.sort().values
+    position = q * (len(ordered) - 1)
+    below = position.floor().long()
+    above = position.ceil().long()
+    return torch.lerp(ordered[below], ordered[above], position - below.to(position.dtype))
+
+
 def _bin(confidence: torch.Tensor, hits: torch.Tensor, n_bins: int, strategy: str) -> ReliabilityDiagram:
     if strategy == "uniform":
         edges = torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64)
     else:
-        edges = torch.quantile(confidence, torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64))
+        edges = _quantiles(confidence, torch.linspace(0.0, 1.0, n_bins + 1, dtype=torch.float64))
     index = torch.searchsorted(edges[1:-1].contiguous(), confidence.contiguous())  # (e_b, e_{b+1}] -> b
     count = torch.bincount(index, minlength=n_bins)
     conf_sum = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, index, confidence)

@@ -86,7 +86,15 @@ class CascadeOutput:
         return 1.0 - self.mean_macs / self.total_macs
 
     def accuracy(self, labels: torch.Tensor) -> float:
-        return float((self.predictions == labels.to(self.predictions.device)).double().mean())
+        """Fraction of ``predictions`` equal to ``labels``, an integer tensor of shape (N,)."""
+        if not isinstance(labels, torch.Tensor) or labels.is_floating_point() or labels.is_complex() \
+                or labels.dtype == torch.bool:
+            got = labels.dtype if isinstance(labels, torch.Tensor) else type(labels).__name__
+            raise TypeError(f"labels must be an integer tensor of class indices, got {got}")
+        if labels.shape != self.predictions.shape:   # (an (N, 1) tensor broadcast to (N, N): a wrong accuracy)
+            raise ValueError(f"labels must have shape {tuple(self.predictions.shape)} to match the predictions, "
+                             f"got {tuple(labels.shape)}")
+        return float((self.predictions == labels.to(self.predictions.device, torch.int64)).double().mean())
 
 
 class EarlyExitCascade:
@@ -212,6 +220,11 @@ class EarlyExitCascade:
 
     # ----------------------------------------------------------------- helpers
     def _check_thresholds(self, thresholds) -> list[float]:
+        if isinstance(thresholds, (torch.Tensor, np.ndarray)):
+            thresholds = thresholds.tolist()
+        if isinstance(thresholds, (str, bytes)) or not isinstance(thresholds, Sequence):
+            raise TypeError(f"thresholds must be a sequence of {self.num_stages - 1} numbers (one per stage but "
+                            f"the last), got {type(thresholds).__name__}")
         values = list(thresholds)
         if len(values) != self.num_stages - 1:
             raise ValueError(f"thresholds must have {self.num_stages - 1} values (one per stage but the last), "

@@ -10,7 +10,9 @@ reject rule whose acceptance rate is controlled per predicted class.
 
 from __future__ import annotations
 
+import math
 import warnings
+from numbers import Real
 
 import numpy as np
 import torch
@@ -91,11 +93,12 @@ class CentroidDistance:
         A row predicted as class ``c`` is then accepted when its distance is at most
         ``thresholds_[c]``, so about a fraction ``accept`` of in-distribution rows of each
         predicted class is kept. The threshold is the smallest held-out distance such that
-        at least ``ceil(accept * n_c)`` of the ``n_c`` held-out rows predicted ``c`` lie at or
-        below it. A class never predicted on the held-out data gets the pooled threshold
+        at least a fraction ``accept`` of the ``n_c`` held-out rows predicted ``c`` lie at or
+        below it: ``k`` of them, the least ``k`` with ``k / n_c >= accept`` (the rule of
+        :func:`softmaxkit.scores.fpr_at_tpr`). A class never predicted on the held-out data gets the pooled threshold
         over all rows (with a ``RuntimeWarning``).
         """
-        if isinstance(accept, bool) or not isinstance(accept, (int, float)) or not 0 < accept <= 1:
+        if isinstance(accept, bool) or not isinstance(accept, Real) or not 0 < accept <= 1:
             raise ValueError(f"accept must be a number in (0, 1], got {accept!r}")
         d = self.distance(logits).detach().to(torch.float64).cpu().numpy()
         assert self.centroids_ is not None  # distance() raised if not fitted
@@ -123,5 +126,12 @@ class CentroidDistance:
 
 
 def _order_statistic(values: np.ndarray, fraction: float) -> float:
-    k = max(int(np.ceil(fraction * len(values) - 1e-12)), 1)
+    """The ``k``-th smallest value, ``k`` the least count with ``k / n >= fraction`` in floating
+    point (``ceil(fraction * n)`` less 1e-12 was one too many at 0.07 x 10^7 = 700000.0000000001)."""
+    n = len(values)
+    k = min(max(math.ceil(fraction * n), 1), n)
+    while k > 1 and (k - 1) / n >= fraction:
+        k -= 1
+    while k < n and k / n < fraction:
+        k += 1
     return float(np.sort(values)[k - 1])

@@ -8,6 +8,8 @@ are left to the caller (score several layers and combine them).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .._checks import check_at_least, check_floating, check_int_in_range
@@ -30,7 +32,9 @@ class Mahalanobis:
     (higher = more in-distribution). :math:`\Sigma^{+}` is the pseudo-inverse: with
     ``shrinkage=0`` and a singular covariance (more dimensions than samples, or a feature
     that never varies) the directions of zero variance are *ignored*; use a small
-    ``shrinkage > 0`` to count deviations along them. Computed in float64.
+    ``shrinkage > 0`` to count deviations along them. Computed in float64, on the features
+    scaled by a power of two (exact, and the score is scale invariant): features of 1e200
+    or 1e-200 would overflow or underflow the covariance.
 
     Example::
 
@@ -46,6 +50,8 @@ class Mahalanobis:
         self.means_: torch.Tensor | None = None
         self.covariance_: torch.Tensor | None = None
         self._whiten: torch.Tensor | None = None
+        self._scale = 1.0                              # features are fitted and scored times this power of two
+        self._scaled_means: torch.Tensor | None = None
 
     def fit(self, features: torch.Tensor, labels: torch.Tensor, num_classes: int | None = None) -> Mahalanobis:
         """Fit class means and the tied covariance on ``features`` (N, D) with ``labels`` (N,).
@@ -54,7 +60,10 @@ class Mahalanobis:
         """
         f = _check_features(features)
         if num_classes is None:
-            num_classes = int(labels.max()) + 1 if isinstance(labels, torch.Tensor) and labels.numel() else 1
+            integer = isinstance(labels, torch.Tensor) and not (
+                labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool)
+            # (as int64: uint16 / uint32 / uint64 have no max in torch; other kinds: check_labels says why)
+            num_classes = int(labels.long().max()) + 1 if integer and labels.numel() else 1
         else:
             num_classes = check_int_in_range(num_classes, "num_classes", 1)
         y = check_labels(labels, f.shape[0], num_classes).to(f.device)
@@ -62,6 +71,11 @@ class Mahalanobis:
         if bool((counts == 0).any()):
             missing = torch.nonzero(counts == 0).flatten().tolist()
             raise ValueError(f"labels has no sample of class(es) {missing}; each class needs one to fit its mean")
+        # the squared distance is invariant to scaling the features: scaled by a power of two
+        # (exactly) into [0.5, 1), the covariance of features of 1e200 no longer overflows (eigh
+        # failed on inf) nor that of features of 1e-200 underflows to 0 (every score was 0)
+        scale = _power_of_two_scale(f)
+        f = f * scale
         means = torch.zeros(num_classes, f.shape[1], dtype=f.dtype, device=f.device)
         means.index_add_(0, y, f)
         means /= counts.unsqueeze(1).to(f.dtype)
@@ -70,19 +84,24 @@ class Mahalanobis:
         d = cov.shape[0]
         cov = ((1 - self.shrinkage) * cov
                + self.shrinkage * (torch.trace(cov) / d) * torch.eye(d, dtype=f.dtype, device=f.device))
-        self.means_, self.covariance_ = means, cov
+        self._scale, self._scaled_means = scale, means
+        self.means_, self.covariance_ = means / scale, cov / (scale * scale)
         self._whiten = _pinv_sqrt(cov)
         return self
 
     def distances(self, features: torch.Tensor) -> torch.Tensor:
-        """Squared Mahalanobis distance of each row to each class mean, shape (N, C), float64."""
+        """Squared Mahalanobis distance of each row to each class mean, shape (N, C), float64.
+
+        Differentiable in ``features`` (the fitted statistics are constants): the gradient of the
+        score with respect to the input is what Lee et al.'s input pre-processing perturbs along."""
         if self._whiten is None:
             raise RuntimeError("Mahalanobis is not fitted: call fit(features, labels) first")
-        assert self.means_ is not None  # fit sets means_ with _whiten
-        f = _check_features(features)
-        if f.shape[1] != self.means_.shape[1]:
-            raise ValueError(f"features must have {self.means_.shape[1]} columns as in fit, got {f.shape[1]}")
-        whitened = (f.to(self._whiten.device).unsqueeze(1) - self.means_.unsqueeze(0)) @ self._whiten
+        assert self._scaled_means is not None  # fit sets it with _whiten
+        f = _check_features(features, detach=False)
+        if f.shape[1] != self._scaled_means.shape[1]:
+            raise ValueError(f"features must have {self._scaled_means.shape[1]} columns as in fit, got {f.shape[1]}")
+        f = f.to(self._whiten.device) * self._scale
+        whitened = (f.unsqueeze(1) - self._scaled_means.unsqueeze(0)) @ self._whiten
         return whitened.square().sum(-1)
 
     def score(self, features: torch.Tensor) -> torch.Tensor:
@@ -94,13 +113,22 @@ class Mahalanobis:
         return self.distances(features).argmin(1)
 
 
-def _check_features(features) -> torch.Tensor:
+def _check_features(features, detach: bool = True) -> torch.Tensor:
     check_floating(features, "features")
     if features.dim() != 2 or features.shape[0] == 0 or features.shape[1] == 0:
         raise ValueError(f"features must have shape (N, D) with N, D >= 1, got {tuple(features.shape)}")
     if not bool(torch.isfinite(features).all()):
         raise ValueError("features must be finite")
-    return features.detach().to(torch.float64)
+    return (features.detach() if detach else features).to(torch.float64)
+
+
+def _power_of_two_scale(f: torch.Tensor) -> float:
+    """``2^-e`` with ``max |f|`` in ``[2^(e-1), 2^e)``: ``f`` times it lies in (-1, 1), with
+    every digit kept (1 for an all-zero ``f``; the exponent is kept within float64's range)."""
+    largest = float(f.abs().max())
+    if largest == 0:
+        return 1.0
+    return math.ldexp(1.0, -min(max(math.frexp(largest)[1], -1020), 1020))
 
 
 def _pinv_sqrt(cov: torch.Tensor) -> torch.Tensor:

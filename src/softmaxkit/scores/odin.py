@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from .. import functional as F
-from .._checks import check_finite, check_floating, check_nonnegative, check_positive
+from .._checks import FLOATING_DTYPES, check_finite, check_floating, check_nonnegative, check_positive
 from .._rows import compute_dtype
 
 
@@ -26,7 +26,7 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
     with :math:`\hat y = \arg\max_i f(x)_i`: each input is nudged in the direction that
     raises its own top softmax probability, which raises it more for in-distribution
     inputs than for OOD ones. Higher = more in-distribution. ``epsilon = 0`` gives the
-    temperature-scaled MSP alone.
+    temperature-scaled MSP alone (one forward pass, no gradient).
 
     ``model`` is any classifier ``nn.Module`` mapping a batch ``x`` (batch axis first) to
     logits of shape (N, C). ``epsilon`` is in the units of ``x`` as given to the model:
@@ -46,7 +46,8 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
         model: the classifier, in eval mode.
         x: floating input batch.
         temperature: ``T > 0``, finite (paper: 1000).
-        epsilon: perturbation size, finite and ``>= 0`` (paper: 0.0014 on CIFAR).
+        epsilon: perturbation size, finite and ``>= 0`` (paper: 0.0014 on CIFAR); a tensor must
+            broadcast to ``x`` without changing its shape (one per input: shape (N, 1, ...)).
 
     Returns:
         Tensor of shape (N,), in ``x``'s dtype.
@@ -64,10 +65,27 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
     check_positive(temperature, "temperature", allow_tensor=False, finite=True)
     check_nonnegative(epsilon, "epsilon")
     check_finite(epsilon, "epsilon")
+    if isinstance(epsilon, torch.Tensor):   # (the perturbation's product raised a bare size mismatch)
+        try:
+            fits = torch.broadcast_shapes(epsilon.shape, x.shape) == x.shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            raise ValueError(f"epsilon of shape {tuple(epsilon.shape)} does not broadcast to x of shape "
+                             f"{tuple(x.shape)}")
 
+    if not bool(torch.as_tensor(epsilon).ne(0).any()):
+        # x~ = x: no gradient needed (and none taken: a NaN gradient times 0 made the score NaN)
+        with torch.no_grad():
+            return F.softmax(_logits(model, x.detach()), temperature=temperature).amax(-1).to(x.dtype)
     x_in = x.detach().clone().requires_grad_(True)
     with torch.enable_grad():
         logits = _logits(model, x_in)
+        if not logits.requires_grad:
+            raise ValueError(
+                "model's logits do not depend differentiably on x (a detached or integer path, or a call "
+                "under torch.inference_mode()): the perturbation needs their gradient; pass epsilon=0 for "
+                "the temperature-scaled MSP alone")
         log_probs = F.log_softmax(logits, temperature=temperature)
         top = logits.detach().argmax(-1, keepdim=True)
         loss = -log_probs.gather(-1, top).sum()
@@ -80,7 +98,9 @@ def odin(model: nn.Module, x: torch.Tensor, temperature: float = 1000.0,
 def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """The model's logits, checked to be (N, C), in float32 at least (T = 1000 needs the precision)."""
     out = model(x)
-    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != x.shape[0]:
+    if not isinstance(out, torch.Tensor) or out.dim() != 2 or out.shape[0] != x.shape[0] or out.shape[1] == 0:
         shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-        raise ValueError(f"model must return logits of shape (N, C) for a batch of N inputs, got {shape}")
+        raise ValueError(f"model must return logits of shape (N, C), C >= 1, for a batch of N inputs, got {shape}")
+    if out.dtype not in FLOATING_DTYPES:
+        raise TypeError(f"model must return floating-point logits, got dtype {out.dtype}")
     return out.to(compute_dtype(out.dtype))

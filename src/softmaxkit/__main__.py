@@ -1,0 +1,8 @@
+"""``python -m softmaxkit ...``: the ``softmaxkit`` command (:mod:`softmaxkit.cli`)."""
+
+import sys
+
+from .cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
