@@ -19,7 +19,6 @@ import time
 
 from ._plugins import FAILED, Outcome
 
-
 #: Seeds accepted by ``--seed``: ``[0, 2^32)``, numpy's legacy range. The tasks derive seeds from it
 #: (``seed * 1_000_003 + n``), which torch's generators take only below 2^64.
 SEED_LIMIT = 2**32

@@ -118,9 +118,10 @@ class Normalizer(nn.Module):
         """Raise now, naming the argument, for a fixed parameter the function refuses
         (``temperature=-1``), rather than at the first forward: the module runs once on a
         probe of zeros shaped like its parameters (``param_shape`` and the initial tensors) and
-        fixed tensors (broadcast, aligned on the right), with rows of two entries where none of them sets the row length. (A probe shaped
-        by ``param_shape`` alone refused a valid fixed tensor: ``temperature`` of shape (2, 1),
-        one per row, "does not broadcast to the input shape (2,)".)"""
+        fixed tensors (broadcast, aligned on the right), with rows of two entries where none of
+        them sets the row length. (A probe shaped by ``param_shape`` alone refused a valid fixed
+        tensor: ``temperature`` of shape (2, 1), one per row, "does not broadcast to the input
+        shape (2,)".)"""
         shapes = [self.param_shape] + [tuple(getattr(self, name).shape) for name in self._fixed_tensors]
         for name, value in self.learned_values().items():   # (an initial tensor may outrank param_shape)
             shapes.append(tuple(value.shape)[1:] if self.spec.param(name).size > 1 else tuple(value.shape))
