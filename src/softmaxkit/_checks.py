@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from numbers import Real
+from typing import cast
 
 import numpy as np
 import torch
@@ -287,7 +288,8 @@ def check_in_range(value: object, name: str, low: float, high: float | None = No
     ``low <= value <= high`` (NaN and infinities refused; an int past float's range is a
     ``ValueError``, not the ``OverflowError`` of ``math.isfinite``)."""
     _check_kind(value, name, allow_tensor=False)
-    if not (value >= low and math.isfinite(value)) or (high is not None and not value <= high):
+    number = cast(float, value)   # (a real number now, of any type: int, float, NumPy)
+    if not (number >= low and math.isfinite(number)) or (high is not None and not number <= high):
         bound = f"in [{low}, {high}]" if high is not None else f"finite and >= {low}"
         raise ValueError(f"{name} must be {bound}, got {value}")
-    return float(value)
+    return float(number)

@@ -8,6 +8,7 @@ seeded generator makes it deterministic.
 from __future__ import annotations
 
 from numbers import Real
+from typing import cast
 
 import torch
 
@@ -247,12 +248,12 @@ def _check_sampling_args(temperature, top_k, top_p, min_p, generator) -> None:
     if top_p is not None:   # (any real number type, as temperature: a NumPy float32 was refused)
         if isinstance(top_p, bool) or not isinstance(top_p, Real):
             raise TypeError(f"top_p must be a number in (0, 1] or None, got {type(top_p).__name__}")
-        if not 0 < top_p <= 1:
+        if not 0 < cast(float, top_p) <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if min_p is not None:
         if isinstance(min_p, bool) or not isinstance(min_p, Real):
             raise TypeError(f"min_p must be a number in [0, 1] or None, got {type(min_p).__name__}")
-        if not 0 <= min_p <= 1:
+        if not 0 <= cast(float, min_p) <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {min_p}")
     _check_generator(generator)
 
