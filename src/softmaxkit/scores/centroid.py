@@ -10,7 +10,6 @@ reject rule whose acceptance rate is controlled per predicted class.
 
 from __future__ import annotations
 
-import math
 import warnings
 from numbers import Real
 
@@ -20,6 +19,7 @@ import torch
 from .. import functional as F
 from .._rows import compute_dtype
 from ._inputs import check_labels, check_logits_2d
+from .metrics import least_count
 
 
 def centroid_distance(logits: torch.Tensor, centroids: torch.Tensor) -> torch.Tensor:
@@ -126,12 +126,6 @@ class CentroidDistance:
 
 
 def _order_statistic(values: np.ndarray, fraction: float) -> float:
-    """The ``k``-th smallest value, ``k`` the least count with ``k / n >= fraction`` in floating
-    point (``ceil(fraction * n)`` less 1e-12 was one too many at 0.07 x 10^7 = 700000.0000000001)."""
-    n = len(values)
-    k = min(max(math.ceil(fraction * n), 1), n)
-    while k > 1 and (k - 1) / n >= fraction:
-        k -= 1
-    while k < n and k / n < fraction:
-        k += 1
-    return float(np.sort(values)[k - 1])
+    """The ``k``-th smallest value, ``k`` the least count with ``k / n >= fraction``
+    (:func:`.metrics.least_count`, as :func:`.metrics.fpr_at_tpr` counts)."""
+    return float(np.sort(values)[least_count(fraction, len(values)) - 1])

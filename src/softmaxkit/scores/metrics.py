@@ -89,15 +89,21 @@ def fpr_at_tpr(scores_in, scores_out, tpr: float = 0.95) -> float:
         raise ValueError(f"tpr must be a number in (0, 1], got {tpr!r}")
     s_in = np.sort(as_score_array(scores_in, "scores_in"))[::-1]
     s_out = np.sort(as_score_array(scores_out, "scores_out"))
-    n = len(s_in)
-    k = min(max(math.ceil(tpr * n), 1), n)
-    while k > 1 and (k - 1) / n >= tpr:
-        k -= 1
-    while k < n and k / n < tpr:
-        k += 1
-    threshold = s_in[k - 1]
+    threshold = s_in[least_count(tpr, len(s_in)) - 1]
     accepted = len(s_out) - np.searchsorted(s_out, threshold, side="left")
     return float(accepted / len(s_out))
+
+
+def least_count(fraction: float, n: int) -> int:
+    """The least ``k`` in ``[1, n]`` with ``k / n >= fraction`` as floating point has it
+    (``ceil(fraction * n)`` alone is one too many where the product rounds up:
+    0.07 x 10^7 = 700000.0000000001)."""
+    k = min(max(math.ceil(fraction * n), 1), n)
+    while k > 1 and (k - 1) / n >= fraction:
+        k -= 1
+    while k < n and k / n < fraction:
+        k += 1
+    return k
 
 
 def ood_metrics(scores_in, scores_out, tpr: float = 0.95) -> dict[str, float]:
