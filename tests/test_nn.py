@@ -193,3 +193,12 @@ def test_a_fixed_tensor_shapes_the_construction_probe():
         Normalizer("softmax", temperature=torch.tensor([[0.5], [-1.0]]))
     with pytest.raises(ValueError, match="broadcast"):   # a fixed tensor that param_shape contradicts
         Normalizer("ssmax", param_shape=(3, 1), n=torch.ones(2, 1))
+
+
+def test_a_dim_past_any_input_builds_at_once_and_is_named_at_the_forward():
+    """``Normalizer("softmax", dim=10**9)`` built a construction probe of 10^9 axes (a list of
+    that many ints, then a tensor): it hung (found by a hostile sweep, 2026-12-04). The probe
+    is skipped past 1024 axes; the forward names ``dim``."""
+    module = sk.nn.Normalizer("softmax", dim=10**9)
+    with pytest.raises(ValueError, match="dim"):
+        module(torch.randn(3, 4))

@@ -65,6 +65,11 @@ def _param_shape(shape: Any) -> tuple[int, ...]:
     return tuple(check_int_in_range(size, f"param_shape[{i}]", 0) for i, size in enumerate(shape))
 
 
+#: The most axes of the construction probe (:meth:`Normalizer._check_fixed_params`): a ``dim``
+#: beyond it is checked against each input instead.
+_PROBE_MAX_RANK = 1024
+
+
 class Normalizer(nn.Module):
     """A registered normalizer as a module, owning its learnable parameters.
 
@@ -126,6 +131,8 @@ class Normalizer(nn.Module):
         for name, value in self.learned_values().items():   # (an initial tensor may outrank param_shape)
             shapes.append(tuple(value.shape)[1:] if self.spec.param(name).size > 1 else tuple(value.shape))
         rank = max([len(s) for s in shapes] + [self.dim + 1 if self.dim >= 0 else -self.dim])
+        if rank > _PROBE_MAX_RANK:   # (dim=10**9 built a probe shape of 10^9 entries; forward checks dim)
+            return
         shape = [1] * rank
         for s in shapes:
             for axis, size in enumerate(s, start=rank - len(s)):
