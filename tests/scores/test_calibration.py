@@ -180,3 +180,24 @@ def test_quantile_edges_equal_torch_quantile_at_any_size():
         assert torch.equal(_quantiles(values, q), torch.quantile(values, q))
     n = 2**24 + 1
     torch.testing.assert_close(_quantiles(torch.arange(n, dtype=torch.float64), q), q * (n - 1))
+
+
+def test_fit_temperature_takes_minus_inf_as_a_masked_class():
+    """``-inf`` logits are masked classes, as ``nll`` and softmax take them: the fitted
+    temperature is that of the visible classes (it raised 'logits must be finite'; found by a
+    hostile sweep, 2026-12-04). A label on a masked class, or a ``+inf`` logit, is refused."""
+    g = torch.Generator().manual_seed(3)
+    labels = torch.randint(0, 6, (400,), generator=g)
+    logits = torch.randn(400, 6, generator=g, dtype=torch.float64) * 2
+    logits[torch.arange(400), labels] += 1.5
+    masked = torch.cat([logits, torch.full((400, 2), -math.inf, dtype=torch.float64)], 1)
+    assert fit_temperature(masked, labels) == pytest.approx(fit_temperature(logits, labels), rel=1e-9)
+    assert nll(masked, labels) == pytest.approx(nll(logits, labels), rel=1e-12)
+    bad = masked.clone()
+    bad[0, labels[0]] = -math.inf
+    with pytest.raises(ValueError, match="masked class"):
+        fit_temperature(bad, labels)
+    bad = masked.clone()
+    bad[0, 7] = math.inf
+    with pytest.raises(ValueError, match="logits"):
+        fit_temperature(bad, labels)

@@ -61,16 +61,21 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor,
     if not 0 < lo_t < hi_t < math.inf:
         raise ValueError(f"bounds must be (low, high) with 0 < low < high < inf, got {bounds}")
     z = logits.detach().to(torch.float64)
-    if not bool(torch.isfinite(z).all()):
-        raise ValueError("logits must be finite to fit a temperature")
+    # -inf is a masked class (probability 0 at every T), as nll and softmax take it
+    visible = z > -math.inf
+    if not bool((visible | torch.isinf(z)).all()) or bool((z == math.inf).any()):
+        raise ValueError("logits must be finite, or -inf at a masked class, to fit a temperature")
     z_true = z.gather(1, y.unsqueeze(1)).squeeze(1)
+    if not bool(torch.isfinite(z_true).all()):
+        raise ValueError("a label's logit is -inf (a masked class): its likelihood is 0 at every temperature")
+    z_visible = z.masked_fill(~visible, 0.0)
 
     def slope(log_beta: float) -> float:
         p = F.softmax(z, temperature=math.exp(-log_beta))
-        return float(((p * z).sum(1) - z_true).mean())
+        return float(((p * z_visible).sum(1) - z_true).mean())
 
     lo, hi = -math.log(hi_t), -math.log(lo_t)   # log(beta) = -log(T)
-    if bool((z.amax(1) == z.amin(1)).all()):
+    if bool((z.amax(1) == z.masked_fill(~visible, math.inf).amin(1)).all()):
         warnings.warn("every row's logits are equal (or there is one class): the NLL does not depend on T; "
                       "returning 1", RuntimeWarning, stacklevel=2)
         return 1.0
