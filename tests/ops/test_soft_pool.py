@@ -244,3 +244,13 @@ def test_a_first_order_gradient_by_the_reference_has_no_graph():
     (grad,) = torch.autograd.grad(soft_pool2d(x, 2).sum(), x)
     assert not grad.requires_grad and grad.grad_fn is None
     assert torch.isnan(grad[0, 0, :2, :2]).all() and torch.isfinite(grad[0, 0, 2:]).all()
+
+
+def test_a_stride_past_the_input_keeps_the_first_window():
+    """A stride of 10**29 reached the numba kernel as a Python int past int64 (a TypingError;
+    found by a hostile sweep, 2026-12-04); any stride past the input leaves the first window,
+    as one equal to the input does."""
+    x = torch.randn(2, 3, 5, 7, generator=torch.Generator().manual_seed(0))
+    for stride in (10**29, (10**29, 3), (6, 10**20)):
+        sh, sw = (stride, stride) if isinstance(stride, int) else stride
+        torch.testing.assert_close(soft_pool2d(x, 2, stride=stride), soft_pool2d(x, 2, stride=(min(sh, 5), min(sw, 7))))

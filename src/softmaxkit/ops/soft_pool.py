@@ -49,6 +49,9 @@ def soft_pool2d(x: torch.Tensor, kernel_size, stride=None) -> torch.Tensor:
     height, width = x.shape[-2:]
     if kh > height or kw > width:
         raise ValueError(f"kernel_size ({kh}, {kw}) is larger than the input's (H, W) = ({height}, {width})")
+    # a stride past the input leaves the first window only, as one equal to it does (10**29
+    # reached the kernel as a Python int past int64)
+    sh, sw = min(sh, height), min(sw, width)
     if _kernel_applies(x):
         return _SoftPool2d.apply(x, kh, kw, sh, sw)
     return reference(x, kh, kw, sh, sw)
