@@ -392,3 +392,31 @@ def test_threshold_rule_matches_dense_on_integer_scores_with_ties(name, params, 
         results.append([out] + list(torch.autograd.grad((out * weight).sum(), leaves)))
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want, atol=1e-5 if dtype == torch.float32 else 1e-10, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,param,value", [("ssmax", "s", 0.8), ("softmax", "temperature", 0.4)])
+@pytest.mark.parametrize("dtype,fill", [(torch.float32, torch.finfo(torch.bfloat16).min),
+                                        (torch.float64, torch.finfo(torch.float32).min)])
+def test_learnable_slope_gradient_on_a_query_row_a_fill_hides_whole(name, param, value, dtype, fill):
+    """A query row whose every key carries a huge additive fill (a padding query under a
+    Hugging Face mask made for bfloat16, computed in float32; or a float32 mask on float64
+    inputs) with a learnable slope (ssmax's ``s log n``, a temperature): the slope's gradient
+    was taken relative to ``c / a``, which is not the row's score where ``a x`` overflowed (held
+    at finfo.min) or rounds: ``s``'s gradient 5.6e28 (float32) or 3e6 (float64), dense 0."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 1, 2, 4, generator=gen, dtype=dtype).requires_grad_()
+    k = torch.randn(1, 1, 17, 4, generator=gen, dtype=dtype).requires_grad_()
+    v = torch.randn(1, 1, 17, 2, generator=gen, dtype=dtype).requires_grad_()
+    mask = torch.zeros(2, 17, dtype=dtype)
+    mask[1] = fill
+    mask[0, :5] = fill
+    grads = []
+    for method in ("dense", "streaming"):
+        p = torch.full((1, 1, 1, 1), value, dtype=dtype, requires_grad=True)
+        out = sk.attention(q, k, v, name, attn_mask=mask, method=method, block_size=(2, 8), **{param: p})
+        weight = torch.linspace(-1, 2, out.numel(), dtype=dtype).reshape(out.shape)
+        grads.append(torch.autograd.grad((out * weight).sum(), [q, k, v, p]))
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for got, want in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
