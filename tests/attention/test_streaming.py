@@ -420,3 +420,21 @@ def test_learnable_slope_gradient_on_a_query_row_a_fill_hides_whole(name, param,
     for got, want in zip(grads[1], grads[0]):
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)
 
+
+def test_multimax_terms_that_overflow_with_opposite_signs_on_a_fill():
+    """MultiMax in float32 on a finfo.min fill with a negative slope term and a positive
+    quadratic one: ``x + t1 relu(r1 - x)`` overflows to -inf and ``t3 relu(r3 - x)^2`` to +inf,
+    so ``g`` was NaN and the streaming output NaN; the dense path (which computes such rows in
+    float64) and the fused kernels give the fill's key its row's weight (``g`` is +3.9e76)."""
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 1, 2, 4, generator=gen)
+    k = torch.randn(1, 1, 3, 4, generator=gen)
+    v = torch.randn(1, 1, 3, 2, generator=gen)
+    mask = torch.zeros(2, 3)
+    mask[0, 1] = torch.finfo(torch.float32).min
+    mask[1] = torch.finfo(torch.float32).min
+    params = {"r": (-0.99, -0.5, 0.81, -0.76), "t": (-0.5, -0.44, 0.33, -0.06)}
+    want = sk.attention(q, k, v, "multimax", attn_mask=mask, method="dense", **params)
+    got = sk.attention(q, k, v, "multimax", attn_mask=mask, method="streaming", block_size=(1, 2), **params)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want)
