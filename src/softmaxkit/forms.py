@@ -351,6 +351,11 @@ class StreamRule:
     def z(self, p: int, x: torch.Tensor, st: dict) -> torch.Tensor:
         return x
 
+    def keeps_score_at_max(self, st: dict) -> bool:
+        """Whether a shifted pass keeps, per query row, the score ``x`` of the visible entry
+        with the largest ``z`` (``st[f"xm{p}"]``) for the backward."""
+        return False
+
     def shift(self, m: torch.Tensor) -> torch.Tensor:
         return m
 
@@ -383,10 +388,28 @@ class SoftmaxOfRule(StreamRule):
         params, n = st["params"], st.get("n")
         # the backward (c{p} known) of a softmax(a x) form: see shift_invariant_slope_grad
         g_params, wants = value_params(self.form, params) if f"c{p}" in st else (params, False)
-        z = held_overflow(x, call(self.form.g, x, g_params, n), lambda: call(self.form.dg, x, g_params, n))
+        gx = call(self.form.g, x, g_params, n)
+        if x.dtype != torch.float64 and not self.form.linear and x.numel() and x.device.type == "cpu":
+            # terms that overflow with opposite signs at a finite score (MultiMax's slope and its
+            # quadratic term on a finfo.min fill: -inf + inf) are NaN; those entries in float64,
+            # as the dense path computes such rows, then held by held_overflow (CPU: the check
+            # would synchronise an accelerator on every tile; amax passes a NaN on)
+            if not can_branch_on(gx) or bool(torch.isnan(gx.detach().amax())):
+                wide = call(self.form.g, x.double(), g_params, n).to(x.dtype)
+                gx = torch.where(torch.isnan(gx) & ~torch.isnan(x), wide, gx)
+        z = held_overflow(x, gx, lambda: call(self.form.dg, x, g_params, n))
         if wants:
-            z = slope_grad(self.form, z, x, params, n, lambda a: self._score_at_shift(st[f"c{p}"], a))
+            # the row's exact score at its largest z, kept by the forward; c / a is not it where
+            # every visible a x overflowed (a bfloat16 finfo.min fill under s log n > 1 in float32)
+            # or rounds (an ulp of a 3e38 fill in float64), and the gradient of a would sum
+            # rounding errors times that difference (1e28)
+            ref = st.get(f"xm{p}")
+            z = slope_grad(self.form, z, x, params, n,
+                           (lambda a: ref) if ref is not None else (lambda a: self._score_at_shift(st[f"c{p}"], a)))
         return z
+
+    def keeps_score_at_max(self, st):
+        return self.form.linear and any(isinstance(v, torch.Tensor) for v in st["params"].values())
 
     @staticmethod
     def _score_at_shift(c: torch.Tensor, slope: torch.Tensor) -> torch.Tensor:

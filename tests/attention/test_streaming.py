@@ -392,3 +392,49 @@ def test_threshold_rule_matches_dense_on_integer_scores_with_ties(name, params, 
         results.append([out] + list(torch.autograd.grad((out * weight).sum(), leaves)))
     for got, want in zip(results[1], results[0]):
         torch.testing.assert_close(got, want, atol=1e-5 if dtype == torch.float32 else 1e-10, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name,param,value", [("ssmax", "s", 0.8), ("softmax", "temperature", 0.4)])
+@pytest.mark.parametrize("dtype,fill", [(torch.float32, torch.finfo(torch.bfloat16).min),
+                                        (torch.float64, torch.finfo(torch.float32).min)])
+def test_learnable_slope_gradient_on_a_query_row_a_fill_hides_whole(name, param, value, dtype, fill):
+    """A query row whose every key carries a huge additive fill (a padding query under a
+    Hugging Face mask made for bfloat16, computed in float32; or a float32 mask on float64
+    inputs) with a learnable slope (ssmax's ``s log n``, a temperature): the slope's gradient
+    was taken relative to ``c / a``, which is not the row's score where ``a x`` overflowed (held
+    at finfo.min) or rounds: ``s``'s gradient 5.6e28 (float32) or 3e6 (float64), dense 0."""
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 1, 2, 4, generator=gen, dtype=dtype).requires_grad_()
+    k = torch.randn(1, 1, 17, 4, generator=gen, dtype=dtype).requires_grad_()
+    v = torch.randn(1, 1, 17, 2, generator=gen, dtype=dtype).requires_grad_()
+    mask = torch.zeros(2, 17, dtype=dtype)
+    mask[1] = fill
+    mask[0, :5] = fill
+    grads = []
+    for method in ("dense", "streaming"):
+        p = torch.full((1, 1, 1, 1), value, dtype=dtype, requires_grad=True)
+        out = sk.attention(q, k, v, name, attn_mask=mask, method=method, block_size=(2, 8), **{param: p})
+        weight = torch.linspace(-1, 2, out.numel(), dtype=dtype).reshape(out.shape)
+        grads.append(torch.autograd.grad((out * weight).sum(), [q, k, v, p]))
+    tol = 1e-5 if dtype == torch.float32 else 1e-12
+    for got, want in zip(grads[1], grads[0]):
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_multimax_terms_that_overflow_with_opposite_signs_on_a_fill():
+    """MultiMax in float32 on a finfo.min fill with a negative slope term and a positive
+    quadratic one: ``x + t1 relu(r1 - x)`` overflows to -inf and ``t3 relu(r3 - x)^2`` to +inf,
+    so ``g`` was NaN and the streaming output NaN; the dense path (which computes such rows in
+    float64) and the fused kernels give the fill's key its row's weight (``g`` is +3.9e76)."""
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 1, 2, 4, generator=gen)
+    k = torch.randn(1, 1, 3, 4, generator=gen)
+    v = torch.randn(1, 1, 3, 2, generator=gen)
+    mask = torch.zeros(2, 3)
+    mask[0, 1] = torch.finfo(torch.float32).min
+    mask[1] = torch.finfo(torch.float32).min
+    params = {"r": (-0.99, -0.5, 0.81, -0.76), "t": (-0.5, -0.44, 0.33, -0.06)}
+    want = sk.attention(q, k, v, "multimax", attn_mask=mask, method="dense", **params)
+    got = sk.attention(q, k, v, "multimax", attn_mask=mask, method="streaming", block_size=(1, 2), **params)
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want)

@@ -150,9 +150,15 @@ def _forward_rows(plan: Plan, q, k, v, r0: int, r1: int, params: dict):
         if p == last and rule.min_grad:
             bottom = _Extremes(column, largest=False)
         count_ties = p == last
+        score_at_max = column.new_zeros(column.shape) if top is not None and rule.keeps_score_at_max(st) else None
         for t in tiles:
             x = _scores(qs, k, t)
             z = rule.z(p, x, st)
+            if score_at_max is not None:
+                zd = z if t.visible is None else z.masked_fill(~t.visible, float("-inf"))
+                block = zd.amax(-1, keepdim=True)
+                at = x.gather(-1, zd.argmax(-1, keepdim=True))
+                score_at_max = torch.where(block > top.value, at, score_at_max)
             if top is not None:
                 seen = top.value > float("-inf")
                 c_old = _finite_or_zero(rule.shift(top.value))
@@ -169,6 +175,8 @@ def _forward_rows(plan: Plan, q, k, v, r0: int, r1: int, params: dict):
             if bottom is not None:
                 bottom.update(z, t.visible, count_ties)
             _accumulate(sums, rule.terms(p, z, t.visible, st), rule.value_terms[p], v[:, :, t.c0:t.c1])
+        if score_at_max is not None:
+            st[f"xm{p}"] = score_at_max
         if top is not None:
             st[f"m{p}"] = top.final()
             st[f"ties{p}"] = top.ties.clamp_min(1.0)
