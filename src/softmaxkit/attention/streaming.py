@@ -154,7 +154,7 @@ def _forward_rows(plan: Plan, q, k, v, r0: int, r1: int, params: dict):
         for t in tiles:
             x = _scores(qs, k, t)
             z = rule.z(p, x, st)
-            if score_at_max is not None:
+            if score_at_max is not None and top is not None:   # (score_at_max implies top)
                 zd = z if t.visible is None else z.masked_fill(~t.visible, float("-inf"))
                 block = zd.amax(-1, keepdim=True)
                 at = x.gather(-1, zd.argmax(-1, keepdim=True))
