@@ -238,3 +238,30 @@ def test_parameter_checks_hold_on_every_call():
     with pytest.raises(ValueError, match="k"):
         sk.attention(*short, "sparse_softmax", k=5)
     sk.attention(q.float(), k.float(), v.float(), "sparse_softmax", k=5)
+
+
+@pytest.mark.parametrize("normalizer, params", [("softmax", {}), ("softmax", {"temperature": 0.5}), ("ssmax", {})])
+def test_scores_that_round_the_logsumexp_leave_sdpa_when_gradients_are_wanted(normalizer, params):
+    """One key 1e3 times the others and ``scale=1e3`` (scores near 1e7): torch's CPU flash
+    backward rebuilds the weights from a logsumexp rounded at that magnitude, and ``auto`` on
+    SDPA gave ``dq`` 0.66 and ``dv`` 0.28 off in float32 where dense and fused are exact (found
+    by a differential fuzz of the methods, 2026-12-04). Such calls leave SDPA; ordinary scores
+    and calls without a gradient stay on it."""
+    from softmaxkit.attention.api import auto_method
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 160, 32, generator=g, dtype=torch.float64) for _ in range(3))
+    k[:, :, 7] *= 1e3
+    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    assert auto_method(*leaves, normalizer, scale=1e3, **params) != "sdpa"
+    assert auto_method(*(t.float() for t in (q, k, v)), normalizer, scale=1e3, **params) == "sdpa"
+    assert auto_method(*leaves, normalizer, **params) == "sdpa"   # scale 1 / sqrt(32): scores near 1e3
+
+    def grads(tensors, method):
+        out = sk.attention(*tensors, normalizer, scale=1e3, method=method, **params)
+        return torch.autograd.grad(out, tensors, torch.ones_like(out))
+
+    exact = grads([t.requires_grad_() for t in (q, k, v)], "dense")
+    # FlashAttention's rule: at most 3x the error of dense float32 against float64 (SDPA: 1e3x)
+    for got, dense, want in zip(grads(leaves, "auto"), grads(leaves, "dense"), exact):
+        assert (got.double() - want).abs().max() <= 3 * (dense.double() - want).abs().max() + 1e-5

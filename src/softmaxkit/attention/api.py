@@ -16,7 +16,16 @@ from ..registry import NormalizerSpec
 from .dense import dense_attention
 from .fused import auto_prefers, fused_attention, largest_magnitude, pays_off_when_small, row_kernels_apply
 from .inputs import AttentionInputs, hide_keys, per_head, prepare, zero_unseen
-from .sdpa import SdpaPlan, checks_skipped, run_sdpa, sdpa_backward_drifts, sdpa_mask_clamped, sdpa_plan, sdpa_safe
+from .sdpa import (
+    SdpaPlan,
+    checks_skipped,
+    run_sdpa,
+    sdpa_backward_drifts,
+    sdpa_mask_clamped,
+    sdpa_plan,
+    sdpa_safe,
+    sdpa_scores_drift,
+)
 from .streaming import DEFAULT_BLOCK_K, DEFAULT_BLOCK_Q, streaming_attention
 
 METHODS = ("auto", "sdpa", "fused", "streaming", "dense")
@@ -209,6 +218,9 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer: 
             if plan.sink is None and plan.row_scale is None:
                 return held(dense_attention(inp, normalizer, params))
             method = _auto(spec, params, merged, inp, None)
+        elif sdpa_scores_drift(inp, plan):
+            hidden_keys_zeroed()
+            method = _auto(spec, params, merged, inp, None)
         else:
             out = run_sdpa(plan, inp, q, k, v)
             if checks_skipped(inp) or all_finite(out):
@@ -369,6 +381,8 @@ def auto_method(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, normalizer
             method = _auto(spec, params, merged, inp, None)
         elif sdpa_backward_drifts(attn_mask, inp, plan):
             method = "dense" if plan.sink is None and plan.row_scale is None else _auto(spec, params, merged, inp, None)
+        elif sdpa_scores_drift(inp, plan):
+            method = _auto(spec, params, merged, inp, None)
     if method in ("fused", "streaming") and _holds_non_finite(inp):
         return "dense"
     return "dense" if _learnable_mask(attn_mask) and method not in ("sdpa", "dense") else method

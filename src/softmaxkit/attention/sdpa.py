@@ -278,6 +278,30 @@ def _drift_limit(inp: AttentionInputs, factor: float) -> float:
     return -0.01 / torch.finfo(compute_dtype(inp.out_dtype)).eps / factor
 
 
+def sdpa_scores_drift(inp: AttentionInputs, plan: SdpaPlan) -> bool:
+    """Whether SDPA's gradient may be off for the scores themselves, when gradients are wanted
+    on the CPU: torch's CPU flash-attention backward rebuilds the weights from a logsumexp
+    rounded at the scores' magnitude, as it does for a low mask fill (one key 1e3 times the
+    others and ``scale=1e3``, scores near 1e7: ``dq`` 0.66 and ``dv`` 0.28 off in float32, at
+    ``scale=1e5`` 1e26-1e29, where dense and fused are exact). A score is at most the largest
+    query norm times the largest key norm times ``|scale|`` (and the plan's factor and row
+    scale); calls whose bound reaches :func:`_drift_limit` leave SDPA. Two norms of
+    ``(Lq + Lk) D`` entries; not on the GPU, where reading the bound would cost a
+    synchronisation per call."""
+    q, k = inp.given_q, inp.given_k
+    if not q.is_cpu or plan.sink is not None or torch.compiler.is_compiling() or not q.numel() or not k.numel():
+        return False
+    if not torch.is_grad_enabled() or not any(t.requires_grad for t in (q, k, inp.given_v)):
+        return False
+    dtype = compute_dtype(inp.out_dtype)
+    with torch.no_grad():
+        bound = (float(torch.linalg.vector_norm(q.detach(), dim=-1, dtype=dtype).amax())
+                 * float(torch.linalg.vector_norm(k.detach(), dim=-1, dtype=dtype).amax()) * abs(inp.scale))
+        if plan.row_scale is not None:
+            bound *= float(plan.row_scale.detach().abs().amax())
+    return not bound < -_drift_limit(inp, plan.factor)   # (NaN or inf inputs: not SDPA either)
+
+
 def sdpa_backward_drifts(attn_mask, inp: AttentionInputs, plan: SdpaPlan) -> bool:
     """Whether SDPA's gradient would be off here: a float ``attn_mask`` with a row whose every
     entry is far below 0 (a padded query under a finfo.min or -1e9 fill), when gradients are
