@@ -240,7 +240,8 @@ def test_parameter_checks_hold_on_every_call():
     sk.attention(q.float(), k.float(), v.float(), "sparse_softmax", k=5)
 
 
-@pytest.mark.parametrize("normalizer, params", [("softmax", {}), ("softmax", {"temperature": 0.5}), ("ssmax", {})])
+@pytest.mark.parametrize("normalizer, params", [("softmax", {}), ("softmax", {"temperature": 0.5}), ("ssmax", {}),
+                                                ("softmax_sink", {})])
 def test_scores_that_round_the_logsumexp_leave_sdpa_when_gradients_are_wanted(normalizer, params):
     """One key 1e3 times the others and ``scale=1e3`` (scores near 1e7): torch's CPU flash
     backward rebuilds the weights from a logsumexp rounded at that magnitude, and ``auto`` on

@@ -289,7 +289,7 @@ def sdpa_scores_drift(inp: AttentionInputs, plan: SdpaPlan) -> bool:
     ``(Lq + Lk) D`` entries; not on the GPU, where reading the bound would cost a
     synchronisation per call."""
     q, k = inp.given_q, inp.given_k
-    if not q.is_cpu or plan.sink is not None or torch.compiler.is_compiling() or not q.numel() or not k.numel():
+    if not q.is_cpu or torch.compiler.is_compiling() or not q.numel() or not k.numel():
         return False
     if not torch.is_grad_enabled() or not any(t.requires_grad for t in (q, k, inp.given_v)):
         return False
