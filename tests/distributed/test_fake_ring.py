@@ -186,31 +186,38 @@ def test_half_precision_computes_in_float32(dtype):
     assert (unshard_sequence(results).float() - ref).abs().max() < 2e-2
 
 
-def test_vocab_parallel_cross_entropy_on_threads():
-    g = torch.Generator().manual_seed(0)
-    hidden = torch.randn(30, 6, generator=g, dtype=torch.float64)
-    weight = torch.randn(23, 6, generator=g, dtype=torch.float64)
-    target = torch.randint(0, 23, (30,), generator=g)
-    target[torch.rand(30, generator=g) < 0.2] = -100
+def _vocab_parallel_matches_one_process(hidden, weight, target, shards, **kwargs):
+    """``vocab_parallel_linear_cross_entropy`` on ``len(shards)`` thread ranks, the output layer's
+    rows split by ``shards``, against ``linear_cross_entropy`` in one process: the loss and the
+    hidden gradient on every rank, the weight gradient gathered. Returns the ranks' results."""
     h_ref, w_ref = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
     ref = sk.losses.linear_cross_entropy(h_ref, w_ref, target, label_smoothing=0.1, z_penalty=1e-2)
     ref.backward()
-    shards = [4, 12, 7]
 
     def rank_fn(comm):
         a = sum(shards[:comm.rank])
         h = hidden.clone().requires_grad_()
         w = weight[a:a + shards[comm.rank]].clone().requires_grad_()
         loss = vocab_parallel_linear_cross_entropy(h, w, target, group=comm, label_smoothing=0.1, z_penalty=1e-2,
-                                                   vocab_block=5, chunk_size=7)
+                                                   **kwargs)
         loss.backward()
         return loss.detach(), h.grad, w.grad
 
-    results, errors = run_ranks(3, rank_fn)
-    assert errors == [None] * 3
+    results, errors = run_ranks(len(shards), rank_fn, timeout=20.0)
+    assert errors == [None] * len(shards), errors
     for loss, gh, _ in results:
         assert abs(loss - ref).item() < 1e-12 and (gh - h_ref.grad).abs().max() < 1e-12
     assert (torch.cat([r[2] for r in results]) - w_ref.grad).abs().max() < 1e-12
+    return results
+
+
+def test_vocab_parallel_cross_entropy_on_threads():
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(30, 6, generator=g, dtype=torch.float64)
+    weight = torch.randn(23, 6, generator=g, dtype=torch.float64)
+    target = torch.randint(0, 23, (30,), generator=g)
+    target[torch.rand(30, generator=g) < 0.2] = -100
+    _vocab_parallel_matches_one_process(hidden, weight, target, [4, 12, 7], vocab_block=5, chunk_size=7)
 
 
 def test_vocab_parallel_cross_entropy_refuses_a_double_backward():
@@ -612,25 +619,8 @@ def test_vocab_parallel_cross_entropy_with_an_empty_shard():
     hidden = torch.randn(7, 4, generator=g, dtype=torch.float64)
     weight = torch.randn(9, 4, generator=g, dtype=torch.float64)
     target = torch.randint(0, 9, (7,), generator=g)
-    h_ref, w_ref = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-    ref = sk.losses.linear_cross_entropy(h_ref, w_ref, target, label_smoothing=0.1, z_penalty=1e-2)
-    ref.backward()
-    shards = [4, 0, 5]
-
-    def rank_fn(comm):
-        a = sum(shards[:comm.rank])
-        h = hidden.clone().requires_grad_()
-        w = weight[a:a + shards[comm.rank]].clone().requires_grad_()
-        loss = vocab_parallel_linear_cross_entropy(h, w, target, group=comm, label_smoothing=0.1, z_penalty=1e-2)
-        loss.backward()
-        return loss.detach(), h.grad, w.grad
-
-    results, errors = run_ranks(3, rank_fn, timeout=20.0)
-    assert errors == [None] * 3, errors
-    for loss, gh, _ in results:
-        assert abs(loss - ref).item() < 1e-12 and (gh - h_ref.grad).abs().max() < 1e-12
+    results = _vocab_parallel_matches_one_process(hidden, weight, target, [4, 0, 5])
     assert results[1][2].shape == (0, 4)
-    assert (torch.cat([r[2] for r in results]) - w_ref.grad).abs().max() < 1e-12
 
     def empty_everywhere(comm):
         return vocab_parallel_linear_cross_entropy(hidden, weight[:0], target, group=comm)
