@@ -240,3 +240,23 @@ def test_a_derivative_piece_that_is_not_the_derivative_is_refused(family, kwargs
     assert "derivative_probe" not in sk.registry.names()
     sk.register_normalizer("derivative_probe", family, **kwargs, **{piece: right})
     sk.unregister_normalizer("derivative_probe")
+
+
+@pytest.mark.parametrize("eps,error", [(-1.0, ValueError), (-1e-6, ValueError), (float("inf"), ValueError),
+                                       (float("-inf"), ValueError), (None, TypeError),
+                                       (torch.tensor(-0.5, dtype=torch.float64), ValueError)])
+def test_a_user_sum_normalized_eps_is_checked_at_the_call_as_at_registration(eps, error):
+    """Hostile sweep 2026-12-05: register_normalizer refused eps=-1, but the call took it: weights
+    of 8 from relu^3 scores (1, 2) with eps=-8, -0.0 on a row of zeros, attention outputs of -6."""
+    sk.register_normalizer("user_eps_cube", family="sum_normalized", h=cube, dh=dcube, eps=1e-6)
+    try:
+        x = torch.tensor([[1.0, 2.0, -1.0]], dtype=torch.float64)
+        with pytest.raises(error, match="eps"):
+            sk.normalize(x, "user_eps_cube", eps=eps)
+        q = torch.randn(1, 1, 2, 4, dtype=torch.float64)
+        with pytest.raises(error, match="eps"):
+            sk.attention(q, q, q, normalizer="user_eps_cube", eps=eps)
+        torch.testing.assert_close(sk.normalize(x, "user_eps_cube", eps=0.0),
+                                   torch.tensor([[1 / 9, 8 / 9, 0.0]], dtype=torch.float64))
+    finally:
+        sk.unregister_normalizer("user_eps_cube")
