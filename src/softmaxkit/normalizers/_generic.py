@@ -161,8 +161,13 @@ def from_form(form: forms.Form, x: torch.Tensor, dim: int, mask: torch.Tensor | 
 def reference_for(name: str, form: forms.Form, defaults: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
     """A reference function ``fn(x, dim=-1, mask=None, **params)`` for a user's normalizer."""
 
+    required = forms.required_parameters(form)
+
     def reference(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None, **params: Any) -> torch.Tensor:
         merged = {**defaults, **params}
+        for pname in required:   # (left out, it reached the piece as None: "NoneType and Tensor")
+            if merged.get(pname) is None:
+                raise TypeError(f"normalizer {name!r} needs {pname} (a parameter of its pieces without a default)")
         if isinstance(form, forms.SumNormalized) and form.eps is None:
             # (as register_normalizer checks it: a negative eps gave weights above 1, -0.0 rows)
             check_finite(merged.get("eps"), "eps")
