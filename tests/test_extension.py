@@ -240,3 +240,61 @@ def test_a_derivative_piece_that_is_not_the_derivative_is_refused(family, kwargs
     assert "derivative_probe" not in sk.registry.names()
     sk.register_normalizer("derivative_probe", family, **kwargs, **{piece: right})
     sk.unregister_normalizer("derivative_probe")
+
+
+@pytest.mark.parametrize("eps,error", [(-1.0, ValueError), (-1e-6, ValueError), (float("inf"), ValueError),
+                                       (float("-inf"), ValueError), (None, TypeError),
+                                       (torch.tensor(-0.5, dtype=torch.float64), ValueError)])
+def test_a_user_sum_normalized_eps_is_checked_at_the_call_as_at_registration(eps, error):
+    """Hostile sweep 2026-12-05: register_normalizer refused eps=-1, but the call took it: weights
+    of 8 from relu^3 scores (1, 2) with eps=-8, -0.0 on a row of zeros, attention outputs of -6."""
+    sk.register_normalizer("user_eps_cube", family="sum_normalized", h=cube, dh=dcube, eps=1e-6)
+    try:
+        x = torch.tensor([[1.0, 2.0, -1.0]], dtype=torch.float64)
+        with pytest.raises(error, match="eps"):
+            sk.normalize(x, "user_eps_cube", eps=eps)
+        q = torch.randn(1, 1, 2, 4, dtype=torch.float64)
+        with pytest.raises(error, match="eps"):
+            sk.attention(q, q, q, normalizer="user_eps_cube", eps=eps)
+        torch.testing.assert_close(sk.normalize(x, "user_eps_cube", eps=0.0),
+                                   torch.tensor([[1 / 9, 8 / 9, 0.0]], dtype=torch.float64))
+    finally:
+        sk.unregister_normalizer("user_eps_cube")
+
+
+def _scaled(x, s):
+    return s * x
+
+
+def _dscaled(x, s):
+    return s * torch.ones_like(x)
+
+
+def _shifted(x, b=None):
+    return torch.sigmoid(x + (0.0 if b is None else b))
+
+
+def _dshifted(x, b=None):
+    y = _shifted(x, b)
+    return y * (1 - y)
+
+
+def test_a_piece_parameter_without_a_default_is_required_by_name():
+    """Hostile sweep 2026-12-05: a piece parameter without a default, left out of the call, reached
+    the piece as None ("unsupported operand type(s) for *: 'NoneType' and 'Tensor'") from
+    sk.normalize, sk.nn.Normalizer and sk.attention; a default of None is the piece's to read."""
+    sk.register_normalizer("user_needs_s", family="softmax_of", g=_scaled, dg=_dscaled)
+    sk.register_normalizer("user_default_none", family="elementwise", h=_shifted, dh=_dshifted)
+    try:
+        x = torch.randn(2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+        q = x[None, None]
+        for call in (lambda: sk.normalize(x, "user_needs_s"), lambda: sk.nn.Normalizer("user_needs_s"),
+                     lambda: sk.attention(q, q, q, normalizer="user_needs_s")):
+            with pytest.raises(TypeError, match="normalizer 'user_needs_s' needs s"):
+                call()
+        torch.testing.assert_close(sk.normalize(x, "user_needs_s", s=2.0), torch.softmax(2 * x, -1))
+        torch.testing.assert_close(sk.nn.Normalizer("user_needs_s", s=2.0)(x), torch.softmax(2 * x, -1))
+        torch.testing.assert_close(sk.normalize(x, "user_default_none"), torch.sigmoid(x))
+    finally:
+        sk.unregister_normalizer("user_needs_s")
+        sk.unregister_normalizer("user_default_none")

@@ -23,7 +23,7 @@ __all__ = [
     "check_int_in_range", "check_number", "check_finite", "check_bool", "check_known_params",
     "check_choice", "check_count", "check_head_shape", "check_in_range", "is_functorch_wrapped", "can_branch_on",
     "transforms_active", "under_transform",
-    "has_no_data", "backward_in_torch_ops", "FLOATING_DTYPES",
+    "has_no_data", "check_has_data_like", "backward_in_torch_ops", "FLOATING_DTYPES",
 ]
 
 #: Whether a tensor is seen through a ``torch.func`` transform (``vmap``, ``grad``): it has no
@@ -86,6 +86,15 @@ def has_no_data(t: torch.Tensor) -> bool:
     except ImportError:   # (a torch without it)
         return False
     return is_fake(t)
+
+
+def check_has_data_like(t: torch.Tensor, like: torch.Tensor, name: str, like_name: str = "x") -> None:
+    """``ValueError`` naming ``name`` for a tensor argument without data (meta, fake) beside an
+    input that has some: it is moved to the input's device, which torch refuses with "Cannot copy
+    out of meta tensor; no data!" (a mask or parameter left on the meta device)."""
+    if t.device != like.device and has_no_data(t) and not has_no_data(like):
+        raise ValueError(f"{name} is a {t.device.type} tensor without data; give it on the device of "
+                         f"{like_name} ({like.device})")
 
 
 #: The floating dtypes softmaxkit computes in (float8 formats have almost no CPU ops in torch).

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ._checks import check_dim, check_floating
+from ._checks import check_dim, check_floating, check_has_data_like
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -53,6 +53,7 @@ def broadcast_mask(mask, x: torch.Tensor, name: str = "mask") -> torch.Tensor | 
             f"{name} of shape {tuple(mask.shape)} does not broadcast to the input shape {tuple(x.shape)}"
         )
     if mask.device != x.device:
+        check_has_data_like(mask, x, name)
         mask = mask.to(x.device)
     return mask.expand(x.shape)
 
@@ -92,6 +93,7 @@ class Rows:
         """
         if not isinstance(value, torch.Tensor):
             return value
+        check_has_data_like(value, self.x, name)
         value = value.to(device=self.x.device, dtype=self.x.dtype)
         shape = self.shape if len(self.shape) else torch.Size([1])
         try:

@@ -210,6 +210,19 @@ def form_parameters(form: Form) -> dict[str, Any]:
     return out
 
 
+def required_parameters(form: Form) -> tuple[str, ...]:
+    """The parameters of a form's pieces that no piece gives a default (``n`` excluded): a call
+    must pass them (a default of ``None`` is a default, the piece's to read)."""
+    named: dict[str, bool] = {}
+    for piece in form.pieces():
+        names, defaults, _ = _signature(piece)
+        given = dict(defaults)
+        for name in names:
+            if name != COUNT:
+                named[name] = named.get(name, False) or name in given
+    return tuple(name for name, has_default in named.items() if not has_default)
+
+
 def form_uses_count(form: Form) -> bool:
     return any(uses_count(p) for p in form.pieces())
 

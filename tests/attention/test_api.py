@@ -266,3 +266,16 @@ def test_scores_that_round_the_logsumexp_leave_sdpa_when_gradients_are_wanted(no
     # FlashAttention's rule: at most 3x the error of dense float32 against float64 (SDPA: 1e3x)
     for got, dense, want in zip(grads(leaves, "auto"), grads(leaves, "dense"), exact):
         assert (got.double() - want).abs().max() <= 3 * (dense.double() - want).abs().max() + 1e-5
+
+
+@pytest.mark.parametrize("method", ["auto", "sdpa", "dense", "streaming", "fused"])
+@pytest.mark.parametrize("dtype", [torch.bool, torch.float64])
+def test_a_mask_without_data_is_named(method, dtype):
+    """Hostile sweep 2026-12-05: an attn_mask left on the meta device beside CPU q, k, v raised
+    torch's NotImplementedError "Cannot copy out of meta tensor; no data!" on every method."""
+    q, k, v = _qkv(b=1, h=2, hk=2, lq=4, lk=6)
+    mask = torch.ones(4, 6, dtype=dtype, device="meta")
+    with pytest.raises(ValueError, match="attn_mask is a meta tensor without data"):
+        sk.attention(q, k, v, attn_mask=mask, method=method)
+    with pytest.raises(ValueError, match="temperature is a meta tensor without data"):
+        sk.attention(q, k, v, temperature=torch.ones(2, 1, 1, dtype=q.dtype, device="meta"), method=method)

@@ -241,3 +241,15 @@ class TestBadInput:
     def test_ssmax_n(self):
         with pytest.raises(ValueError, match="n must be >= 1"):
             sk.ssmax(torch.randn(3), n=0)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_mask_or_parameter_without_data_is_named(name):
+    """Hostile sweep 2026-12-05: a mask (or a tensor parameter) left on the meta device beside a
+    CPU input raised torch's NotImplementedError "Cannot copy out of meta tensor; no data!"."""
+    x = scores(2, 5)
+    with pytest.raises(ValueError, match="mask is a meta tensor without data"):
+        call(name, x, mask=torch.ones(2, 5, dtype=torch.bool, device="meta"))
+    for pname, value in learnable_tensors(name).items():
+        with pytest.raises(ValueError, match=rf"{pname}(\[\d\])? is a meta tensor without data"):
+            call(name, x, **{pname: value.to("meta")})

@@ -326,7 +326,7 @@ def fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, normalize
     form = spec.form
     if scale is None:
         scale = 1.0 / math.sqrt(d) if d else 1.0
-    bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk))
+    bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk), q=q)
     if additive is not None and additive.numel() and bool(additive.detach().amax() == float("inf")):
         raise ValueError("attn_mask holds +inf (its key takes the row's whole weight, the limit of the "
                          "definition), which the kernels cannot form; sk.attention computes such masks densely")

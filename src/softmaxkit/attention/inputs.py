@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .._checks import can_branch_on, check_bool, check_finite, check_floating
+from .._checks import can_branch_on, check_bool, check_finite, check_floating, check_has_data_like
 from .._rows import compute_dtype
 
 
@@ -157,9 +157,10 @@ class AttentionInputs:
 
 
 def check_mask(attn_mask, shape, layout: str = "(B, H, Lq, Lk)",
-               hint: str = "") -> tuple[torch.Tensor | None, torch.Tensor | None]:
+               hint: str = "", q: torch.Tensor | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """``(bool_mask, additive_mask)`` of ``attn_mask`` expanded to ``shape`` (one of them None):
-    bool (True = visible) or floating (added to the scores); errors name ``layout``."""
+    bool (True = visible) or floating (added to the scores); errors name ``layout``. With ``q``,
+    a mask without data (meta) beside a ``q`` with data is refused (it is moved to ``q``'s device)."""
     if attn_mask is None:
         return None, None
     if not isinstance(attn_mask, torch.Tensor):
@@ -173,6 +174,8 @@ def check_mask(attn_mask, shape, layout: str = "(B, H, Lq, Lk)",
     except RuntimeError:
         raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to "
                          f"{layout} = {tuple(shape)}{hint}") from None
+    if q is not None:
+        check_has_data_like(attn_mask, q, "attn_mask", "q")
     if attn_mask.dtype == torch.bool:
         return attn_mask.expand(shape), None
     return None, attn_mask.expand(shape)
@@ -258,7 +261,7 @@ def prepare(q, k, v, *, is_causal: bool, attn_mask, scale) -> AttentionInputs:
         check_finite(scale, "scale", allow_tensor=False)
     groups = h // hk if hk else 1   # (no heads on either side: nothing to repeat)
     dtype = compute_dtype(q.dtype)
-    bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk))
+    bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk), q=q)
     if additive is not None:  # (moved to q's device, as a bool mask is)
         additive = additive.to(dtype=dtype, device=q.device)
     if bool_mask is not None and bool_mask.device != q.device:

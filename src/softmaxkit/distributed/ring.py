@@ -785,10 +785,10 @@ def check_params(normalizer: str, params: dict, b: int, h: int, dtype, device, v
     return merged, tensors
 
 
-def check_mask(attn_mask, shape):
+def check_mask(attn_mask, shape, q=None):
     """``attn_mask`` (this rank's query rows against every key, in global key order)."""
     return check_attention_mask(attn_mask, shape, "(B, H, L_local, L_total)",
-                                ": rows are this rank's queries, columns every key in global order")
+                                ": rows are this rank's queries, columns every key in global order", q=q)
 
 
 def _check_blocks(block_size) -> tuple[int, int]:
@@ -934,7 +934,7 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     q_segs = ring_segments(layout, q_lengths, "q")
     k_segs = ring_segments(layout, k_lengths, "k and v")
     lq_total, lk_total = sum(q_lengths), sum(k_lengths)
-    bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk_total))
+    bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk_total), q=q)
     if additive is not None:
         additive = additive.to(cdt)
     fixed = {n: val for n, val in merged.items() if n not in tensor_names}

@@ -184,7 +184,7 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, /, norm
     q_segs = ring_segments(layout, q_lengths, "q")
     k_segs = ring_segments(layout, k_lengths, "k and v")
     lk_total = sum(k_lengths)
-    bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk_total))
+    bool_mask, additive = check_mask(attn_mask, (b, h, lq, lk_total), q=q)
     q_heads, kv_heads, repeat = head_split(h, hk, comm.size)
     if repeat > 1:
         k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)

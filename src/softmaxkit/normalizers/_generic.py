@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .. import forms
-from .._checks import can_branch_on, check_finite, check_number
+from .._checks import can_branch_on, check_finite, check_nonnegative, check_number
 from .._rows import Rows, prepare_rows
 from ._entmax import entmax_rows
 from .softmax import infinite_limit, limit_rows, softmax_rows
@@ -161,8 +161,17 @@ def from_form(form: forms.Form, x: torch.Tensor, dim: int, mask: torch.Tensor | 
 def reference_for(name: str, form: forms.Form, defaults: Mapping[str, Any]) -> Callable[..., torch.Tensor]:
     """A reference function ``fn(x, dim=-1, mask=None, **params)`` for a user's normalizer."""
 
+    required = forms.required_parameters(form)
+
     def reference(x: torch.Tensor, dim: int = -1, mask: torch.Tensor | None = None, **params: Any) -> torch.Tensor:
         merged = {**defaults, **params}
+        for pname in required:   # (left out, it reached the piece as None: "NoneType and Tensor")
+            if merged.get(pname) is None:
+                raise TypeError(f"normalizer {name!r} needs {pname} (a parameter of its pieces without a default)")
+        if isinstance(form, forms.SumNormalized) and form.eps is None:
+            # (as register_normalizer checks it: a negative eps gave weights above 1, -0.0 rows)
+            check_finite(merged.get("eps"), "eps")
+            check_nonnegative(merged["eps"], "eps")
         for pname, value in merged.items():
             if value is not None and not (pname == forms.COUNT and isinstance(value, int)):
                 check_number(value, pname)
