@@ -315,6 +315,22 @@ def test_float32_alpha_gradient_from_alpha_two_is_as_accurate_as_the_references(
     assert errors["numba"] <= 3 * errors["reference"] + 1e-7, errors
 
 
+@pytest.mark.parametrize("alpha", [1.3, 1.5])
+def test_a_float64_alpha_over_float32_scores_gets_its_gradient_in_float64(alpha):
+    """Sweep 2026-12-05: the kernel rounded the alpha gradient to the scores' float32 before
+    autograd took it back to the float64 alpha (5e-8 relative off the reference, which keeps
+    such an alpha in float64; at alpha = 2 on near-flat rows 4.9x the reference's error)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 500, generator=gen) * 2
+    upstream = torch.randn(16, 500, generator=gen)
+    got = {}
+    for backend in ("numba", "reference"):
+        a = torch.full((16, 1), alpha, dtype=torch.float64, requires_grad=True)
+        with sk.use_backend(backend):
+            got[backend], = torch.autograd.grad(sk.entmax(x, alpha=a), a, upstream)
+    torch.testing.assert_close(got["numba"], got["reference"], rtol=1e-10, atol=1e-13)
+
+
 @pytest.mark.parametrize("backend", ["reference", "numba"])
 def test_alpha_gradient_ignores_an_infinite_incoming_gradient_at_probability_zero(backend):
     """Audit 2026-12-03: the reference's alpha gradient was inf * 0 = NaN there (the kernel's 0):
