@@ -85,8 +85,9 @@ class Rows:
     scalar: bool
     shape: torch.Size
 
-    def align(self, value, name: str):
-        """A parameter given in the caller's layout, in the rows' layout and compute dtype.
+    def align(self, value, name: str, dtype: torch.dtype | None = None):
+        """A parameter given in the caller's layout, in the rows' layout and compute dtype
+        (or ``dtype``).
 
         Floats pass through; a tensor must broadcast to the input's shape (``ValueError``
         naming ``name`` otherwise) and is expanded and moved like ``x``.
@@ -94,7 +95,7 @@ class Rows:
         if not isinstance(value, torch.Tensor):
             return value
         check_has_data_like(value, self.x, name)
-        value = value.to(device=self.x.device, dtype=self.x.dtype)
+        value = value.to(device=self.x.device, dtype=self.x.dtype if dtype is None else dtype)
         shape = self.shape if len(self.shape) else torch.Size([1])
         try:
             if torch.broadcast_shapes(value.shape, shape) != shape:
@@ -105,10 +106,11 @@ class Rows:
             ) from None
         return value.expand(shape).movedim(self.dim, -1)
 
-    def per_row(self, value, name: str):
-        """A parameter with one value per row, as shape ``(..., 1)`` in the rows' layout (floats
-        pass through): a tensor must broadcast to the input and have size 1 along ``dim`` (e.g.
-        ``(..., 1)`` or per head ``(H, 1, 1)``); ``ValueError`` naming ``name`` otherwise."""
+    def per_row(self, value, name: str, dtype: torch.dtype | None = None):
+        """A parameter with one value per row, as shape ``(..., 1)`` in the rows' layout and
+        compute dtype or ``dtype`` (floats pass through): a tensor must broadcast to the input
+        and have size 1 along ``dim`` (e.g. ``(..., 1)`` or per head ``(H, 1, 1)``);
+        ``ValueError`` naming ``name`` otherwise."""
         if not isinstance(value, torch.Tensor):
             return value
         ndim = max(len(self.shape), 1)
@@ -117,7 +119,7 @@ class Rows:
             raise ValueError(
                 f"{name} must have one value per row (size 1 along dim={self.dim}), got shape {tuple(value.shape)}"
             )
-        return self.align(value, name)[..., :1]
+        return self.align(value, name, dtype)[..., :1]
 
     @property
     def safe_x(self) -> torch.Tensor:

@@ -294,6 +294,43 @@ def test_float32_alpha_gradient_is_as_accurate_as_the_references(alpha):
     assert errors["numba"] <= 3 * errors["reference"] + 1e-7, errors
 
 
+@pytest.mark.parametrize("alpha, offset, scale", [(2.0, 1.0, 1e-7), (2.0, 1.0, 1e-5), (5.0, 0.0, 10.0)])
+def test_float32_alpha_gradient_from_alpha_two_is_as_accurate_as_the_references(alpha, offset, scale):
+    """Sweep 2026-12-05: from alpha = 2 on, the kernel's alpha gradient took sum(p) as 1, which
+    the float32 output meets only to its rounding, and the terms then did not sum to 0: at
+    alpha = 2 on near-flat rows of 500 its error was 1.7e-3 relative (the reference's 5e-8), at
+    alpha = 5 on peaked rows 2.6e-7 (4.7e-9)."""
+    gen = torch.Generator().manual_seed(0)
+    x = (offset + torch.randn(16, 500, generator=gen, dtype=torch.float64) * scale).float()
+    upstream = torch.randn(16, 500, generator=gen)
+    exact_alpha = torch.full((16, 1), alpha, dtype=torch.float64, requires_grad=True)
+    with sk.use_backend("reference"):
+        exact, = torch.autograd.grad(sk.entmax(x.double(), alpha=exact_alpha), exact_alpha, upstream.double())
+    errors = {}
+    for backend in ("numba", "reference"):
+        a = torch.full((16, 1), alpha, requires_grad=True)
+        with sk.use_backend(backend):
+            got, = torch.autograd.grad(sk.entmax(x, alpha=a), a, upstream)
+        errors[backend] = ((got.double() - exact).abs() / exact.abs().clamp_min(1e-3 * exact.abs().max())).max().item()
+    assert errors["numba"] <= 3 * errors["reference"] + 1e-7, errors
+
+
+@pytest.mark.parametrize("alpha", [1.3, 1.5])
+def test_a_float64_alpha_over_float32_scores_gets_its_gradient_in_float64(alpha):
+    """Sweep 2026-12-05: the kernel rounded the alpha gradient to the scores' float32 before
+    autograd took it back to the float64 alpha (5e-8 relative off the reference, which keeps
+    such an alpha in float64; at alpha = 2 on near-flat rows 4.9x the reference's error)."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(16, 500, generator=gen) * 2
+    upstream = torch.randn(16, 500, generator=gen)
+    got = {}
+    for backend in ("numba", "reference"):
+        a = torch.full((16, 1), alpha, dtype=torch.float64, requires_grad=True)
+        with sk.use_backend(backend):
+            got[backend], = torch.autograd.grad(sk.entmax(x, alpha=a), a, upstream)
+    torch.testing.assert_close(got["numba"], got["reference"], rtol=1e-10, atol=1e-13)
+
+
 @pytest.mark.parametrize("backend", ["reference", "numba"])
 def test_alpha_gradient_ignores_an_infinite_incoming_gradient_at_probability_zero(backend):
     """Audit 2026-12-03: the reference's alpha gradient was inf * 0 = NaN there (the kernel's 0):

@@ -403,6 +403,22 @@ def test_ties_are_treated_equally():
         assert p[1, 0] == p[1, 1] and p[1, 2] == p[1, 3]
 
 
+@pytest.mark.parametrize("dtype", [F32, torch.bfloat16])
+def test_an_alpha_past_the_scores_float_range(dtype):
+    """A finite alpha beyond float32's range over float32 (or half) scores: a number raised
+    "value cannot be converted to type float without overflow" (the reference's ``u`` was made
+    in the scores' dtype), and a float64 tensor alpha rounded to inf gave rows of zeros where
+    the kernels take it; both are the float64 scores' argmax."""
+    x = torch.tensor([[0.5, 0.2, -0.3], [1.0, 3.0, 2.9]], dtype=dtype)
+    want = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=dtype)
+    for backend in ("reference", "numba"):
+        with sk.use_backend(backend):
+            torch.testing.assert_close(sk.entmax(x, alpha=1e39), want, atol=0, rtol=0)
+            torch.testing.assert_close(sk.as_entmax(x, alpha=1e300), want, atol=0, rtol=0)
+            alpha = torch.full((2, 1), 1e300, dtype=F64)
+            torch.testing.assert_close(sk.entmax(x, alpha=alpha), want, atol=0, rtol=0)
+
+
 # ----------------------------------------------------------------------------------------
 # argument checks
 # ----------------------------------------------------------------------------------------

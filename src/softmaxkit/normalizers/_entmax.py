@@ -328,7 +328,9 @@ def entmax_rows(z: torch.Tensor, visible: torch.Tensor, alpha) -> torch.Tensor:
         p = softmax_rows(safe, finite)
     else:
         method = {2.0: "sparsemax", 1.5: "entmax15"}.get(float(alpha), "bisect")
-        u = torch.full((1,) * z.dim(), float(alpha) - 1, dtype=z.dtype, device=z.device)
+        # (in float64 when z's dtype cannot hold it: a finite alpha of 1e39 raised in float32)
+        wide = abs(float(alpha) - 1) > torch.finfo(z.dtype).max
+        u = torch.full((1,) * z.dim(), float(alpha) - 1, dtype=torch.float64 if wide else z.dtype, device=z.device)
         p = _entmax_function().apply(safe, finite, u, method)
     if not can_branch_on(z) or bool((finite != visible).any()):  # (vmap, compile)
         inf_rows = (visible & (z == float("inf"))).any(-1, keepdim=True)
@@ -346,7 +348,10 @@ def check_alpha(alpha) -> None:
 
 def entmax_from_rows(rows: Rows, z: torch.Tensor, alpha) -> torch.Tensor:
     if isinstance(alpha, torch.Tensor):
-        alpha = rows.per_row(alpha, "alpha")
+        # a float64 alpha stays float64 over float32 scores (its solve runs in float64): rounded to
+        # float32 an alpha past 3.4e38 became inf and its rows all zeros, where the kernels take it
+        dtype = torch.promote_types(alpha.dtype, rows.x.dtype) if alpha.is_floating_point() else None
+        alpha = rows.per_row(alpha, "alpha", dtype)
     else:
         alpha = float(alpha)
     if z.shape[-1] == 0:

@@ -88,7 +88,7 @@ class _EntmaxFunction(torch.autograd.Function):
             dalpha[~keep] = 0
         grad_alpha = None
         if want_alpha:
-            grad_alpha = dalpha.to(grad.dtype).reshape(grad.shape[:-1])
+            grad_alpha = dalpha.to(alpha_tensor.dtype).reshape(grad.shape[:-1])   # (float64 for a float64 alpha)
         return (dx if dx.shape == grad.shape else dx.reshape(grad.shape)), grad_alpha, None
 
 
