@@ -51,3 +51,17 @@ def test_bad_module_arguments(kwargs):
     args = {"dim": 16, "heads": 4, **kwargs}
     with pytest.raises(ValueError):
         sk.nn.Attention(**args)
+
+
+def test_reset_parameters_after_meta_construction():
+    # to_empty of a layer built on the meta device left the normalizer's parameters uninitialised
+    # and the layer had no reset_parameters (found by a lifecycle sweep)
+    torch.manual_seed(0)
+    reference = sk.nn.Attention(16, heads=4, normalizer="ssmax", kv_heads=2)
+    with torch.device("meta"):
+        layer = sk.nn.Attention(16, heads=4, normalizer="ssmax", kv_heads=2)
+    layer.to_empty(device="cpu")
+    torch.manual_seed(0)
+    layer.reset_parameters()
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(layer.state_dict()[key], value)

@@ -76,3 +76,19 @@ def test_step_checks_its_inputs():
         layer.step(torch.randn(2, 1, 16), None)
     with pytest.raises(ValueError, match="'mala'"):
         layer.step(torch.randn(2, 1, 16), sk.linear.LinearAttentionState("mala"))
+
+
+@pytest.mark.parametrize("params", [{"seed": 3}, {"projection": torch.randn(8, 4)}, {}])
+def test_reset_parameters_after_meta_construction(params):
+    # to_empty of a layer built on the meta device left performer's projection uninitialised and
+    # the layer had no reset_parameters (found by a lifecycle sweep)
+    method = "performer" if params else "linear"
+    torch.manual_seed(0)
+    reference = sk.nn.LinearAttention(16, heads=4, method=method, **params)
+    with torch.device("meta"):
+        layer = sk.nn.LinearAttention(16, heads=4, method=method, **params)
+    layer.to_empty(device="cpu")
+    torch.manual_seed(0)
+    layer.reset_parameters()
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(layer.state_dict()[key], value)

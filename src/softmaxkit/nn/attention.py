@@ -55,6 +55,14 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(heads * head_dim, dim, bias=bias)
         self.normalizer = Normalizer(normalizer, param_shape=(heads, 1, 1), learnable=learnable, **params)
 
+    def reset_parameters(self) -> None:
+        """Initialise the projections (``nn.Linear``'s initialisation) and the normalizer's
+        parameters (their initial values) again, in place: after ``to_empty`` of a module built
+        on the meta device."""
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            proj.reset_parameters()
+        self.normalizer.reset_parameters()
+
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         b, length, _ = x.shape
         return x.view(b, length, heads, self.head_dim).transpose(1, 2)

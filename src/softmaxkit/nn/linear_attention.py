@@ -77,6 +77,7 @@ class LinearAttention(nn.Module):
                                  f"{tuple(given.shape) if isinstance(given, torch.Tensor) else type(given).__name__}")
             self.params["nb_features"] = given.shape[0]
             self.register_buffer("projection", given.detach().clone())
+            self._given_projection = self.projection.clone()   # (reset_parameters; .to() leaves it)
         else:   # (a seed is accepted and unused: one constructor call serves every method)
             self.projection = None
 
@@ -90,6 +91,25 @@ class LinearAttention(nn.Module):
         if self.projection is None:
             raise ValueError(f"method {self.method!r} has no random features to redraw")
         self.projection.copy_(self._draw(seed))
+
+    def reset_parameters(self) -> None:
+        """Initialise the projections (``nn.Linear``'s initialisation) again, in place, and
+        performer's random projection: the one given, else a draw from ``seed`` (the global
+        generator when none was given): after ``to_empty`` of a module built on the meta device."""
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            proj.reset_parameters()
+        if self.projection is None:
+            return
+        given = getattr(self, "_given_projection", None)
+        with torch.no_grad():
+            if given is None:
+                with torch.device("cpu"):
+                    drawn = self._draw(self._seed)
+                self.projection.copy_(drawn)
+            elif given.is_meta:
+                raise ValueError("projection was given on the meta device: it holds no value to reset to")
+            else:
+                self.projection.copy_(given)
 
     def _method_params(self) -> dict:
         params = {k: v for k, v in self.params.items() if k not in ("nb_features", "orthogonal")} \
