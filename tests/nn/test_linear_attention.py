@@ -92,3 +92,19 @@ def test_reset_parameters_after_meta_construction(params):
     layer.reset_parameters()
     for key, value in reference.state_dict().items():
         torch.testing.assert_close(layer.state_dict()[key], value)
+
+
+@pytest.mark.parametrize("method", ["linear", "mala"])
+def test_compiled_aot_backward_through_the_head_views(method):
+    # elu's backward gives the transposed head view another stride than its meta kernel says, and
+    # torch.compile(layer, backend="aot_eager") failed in the backward on a view of the gradient
+    # ("view size is not compatible with input tensor's size and stride"; found by a lifecycle sweep)
+    torch.manual_seed(0)
+    layer = sk.nn.LinearAttention(16, heads=4, method=method, kv_heads=2, is_causal=True)
+    x = torch.randn(2, 6, 16)
+    eager = torch.autograd.grad(layer(x).square().sum(), list(layer.parameters()))
+    torch._dynamo.reset()
+    compiled = torch.compile(layer, backend="aot_eager")
+    grads = torch.autograd.grad(compiled(x).square().sum(), list(layer.parameters()))
+    for got, expected in zip(grads, eager):
+        torch.testing.assert_close(got, expected)
