@@ -77,7 +77,7 @@ class LinearAttention(nn.Module):
                                  f"{tuple(given.shape) if isinstance(given, torch.Tensor) else type(given).__name__}")
             self.params["nb_features"] = given.shape[0]
             self.register_buffer("projection", given.detach().clone())
-            self._given_projection = self.projection.clone()   # (reset_parameters; .to() leaves it)
+            self._given_projection = given.detach().clone()   # (reset_parameters; .to() leaves it)
         else:   # (a seed is accepted and unused: one constructor call serves every method)
             self.projection = None
 
