@@ -108,3 +108,14 @@ def test_compiled_aot_backward_through_the_head_views(method):
     grads = torch.autograd.grad(compiled(x).square().sum(), list(layer.parameters()))
     for got, expected in zip(grads, eager):
         torch.testing.assert_close(got, expected)
+
+
+def test_repr_names_the_method_parameters():
+    # the repr left out the method's parameters: performer with nb_features=16 looked like the
+    # default 256, SOFT's rank and cosformer's max_len were not shown (found by a lifecycle sweep)
+    layer = sk.nn.LinearAttention(16, heads=4, method="performer", nb_features=16, seed=0)
+    assert "nb_features=16" in repr(layer)
+    assert "rank=3" in repr(sk.nn.LinearAttention(16, heads=4, method="soft", rank=3))
+    assert "max_len=32" in repr(sk.nn.LinearAttention(16, heads=4, method="cosformer", max_len=32))
+    given = sk.nn.LinearAttention(16, heads=4, method="performer", projection=torch.randn(8, 4))
+    assert "nb_features=8" in repr(given) and "projection" not in repr(given)

@@ -164,5 +164,9 @@ class LinearAttention(nn.Module):
         return self._merge(state.step(q, k, v))
 
     def extra_repr(self) -> str:
-        return (f"method={self.method!r}, dim={self.dim}, heads={self.heads}, kv_heads={self.kv_heads}, "
-                f"head_dim={self.head_dim}, is_causal={self.is_causal}")
+        parts = [f"method={self.method!r}, dim={self.dim}, heads={self.heads}, kv_heads={self.kv_heads}, "
+                 f"head_dim={self.head_dim}, is_causal={self.is_causal}"]
+        if self.projection is not None:   # (the method's parameters were left out: nb_features=16 read as 256)
+            parts.append(f"nb_features={self.projection.shape[0]}")
+        parts += [f"{k}={v!r}" for k, v in self.params.items() if k != "nb_features"]
+        return ", ".join(parts)
