@@ -1,5 +1,6 @@
 """sk.nn.Attention: shapes, grouped-query heads, per-head learnable normalizer parameters."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -65,3 +66,15 @@ def test_reset_parameters_after_meta_construction():
     layer.reset_parameters()
     for key, value in reference.state_dict().items():
         torch.testing.assert_close(layer.state_dict()[key], value)
+
+
+@pytest.mark.parametrize("bias", [-1.0, 0.0, torch.tensor(-1.0), 1])
+def test_projection_bias_must_be_a_bool(bias):
+    # Attention(..., "sigmoid", bias=-1.0) (the normalizer's bias, as sk.sigmoid takes it) built
+    # projections with biases and sigmoid's default -log n, silently; bias=0.0 dropped them
+    # (found by a lifecycle sweep)
+    with pytest.raises(TypeError, match="bias must be a bool"):
+        sk.nn.Attention(16, heads=4, normalizer="sigmoid", bias=bias)
+    with pytest.raises(TypeError, match="bias must be a bool"):
+        sk.nn.LinearAttention(16, heads=4, bias=bias)
+    assert sk.nn.Attention(16, heads=4, bias=np.bool_(False)).q_proj.bias is None

@@ -52,6 +52,7 @@ class LinearAttention(nn.Module):
             raise ValueError(f"method {method!r} has no causal form (is_causal=True)")
         self.method, self.dim, self.heads, self.kv_heads, self.head_dim = method, dim, heads, kv_heads, head_dim
         self.is_causal = check_bool(is_causal, "is_causal")
+        bias = check_bool(bias, "bias")   # (bias=0.0 or a tensor: truthiness decided silently)
         self.q_proj = nn.Linear(dim, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
