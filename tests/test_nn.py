@@ -1,5 +1,7 @@
 """sk.nn.Normalizer: learnable parameters, initialisations, per-head shapes, state_dict."""
 
+import copy
+
 import pytest
 import torch
 
@@ -202,3 +204,28 @@ def test_a_dim_past_any_input_builds_at_once_and_is_named_at_the_forward():
     module = sk.nn.Normalizer("softmax", dim=10**9)
     with pytest.raises(ValueError, match="dim"):
         module(torch.randn(3, 4))
+
+
+@pytest.mark.parametrize("name,params", [("ssmax", {}), ("ssmax", {"s": torch.tensor([0.1, 0.2]).reshape(2, 1, 1)}),
+                                         ("multimax", {}), ("entmax", {"alpha": 1.3}), ("as_entmax", {}),
+                                         ("sigmoid", {}), ("softmax_sink", {}), ("entmax", {"learnable": False}),
+                                         ("softmax", {"temperature": torch.tensor(0.5)})])
+def test_reset_parameters_after_meta_construction(name, params):
+    # a module built on the meta device and materialised with to_empty held uninitialised memory,
+    # with no reset_parameters to initialise it (nn.Linear's convention; found by a lifecycle sweep)
+    torch.manual_seed(0)
+    reference = Normalizer(name, param_shape=(2, 1, 1), **params)
+    with torch.device("meta"):
+        module = Normalizer(name, param_shape=(2, 1, 1), **params)
+    module.to_empty(device="cpu")
+    torch.manual_seed(0)
+    module.reset_parameters()
+    moved = copy.deepcopy(reference).to("meta").to_empty(device="cpu").double()
+    torch.manual_seed(0)
+    moved.reset_parameters()
+    assert module.state_dict().keys() == reference.state_dict().keys() == moved.state_dict().keys()
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(module.state_dict()[key], value)
+        torch.testing.assert_close(moved.state_dict()[key], value.double())
+    x = torch.randn(3, 2, 4, 5)
+    torch.testing.assert_close(module(x), reference(x))

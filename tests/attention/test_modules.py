@@ -1,5 +1,6 @@
 """sk.nn.Attention: shapes, grouped-query heads, per-head learnable normalizer parameters."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -51,3 +52,29 @@ def test_bad_module_arguments(kwargs):
     args = {"dim": 16, "heads": 4, **kwargs}
     with pytest.raises(ValueError):
         sk.nn.Attention(**args)
+
+
+def test_reset_parameters_after_meta_construction():
+    # to_empty of a layer built on the meta device left the normalizer's parameters uninitialised
+    # and the layer had no reset_parameters (found by a lifecycle sweep)
+    torch.manual_seed(0)
+    reference = sk.nn.Attention(16, heads=4, normalizer="ssmax", kv_heads=2)
+    with torch.device("meta"):
+        layer = sk.nn.Attention(16, heads=4, normalizer="ssmax", kv_heads=2)
+    layer.to_empty(device="cpu")
+    torch.manual_seed(0)
+    layer.reset_parameters()
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(layer.state_dict()[key], value)
+
+
+@pytest.mark.parametrize("bias", [-1.0, 0.0, torch.tensor(-1.0), 1])
+def test_projection_bias_must_be_a_bool(bias):
+    # Attention(..., "sigmoid", bias=-1.0) (the normalizer's bias, as sk.sigmoid takes it) built
+    # projections with biases and sigmoid's default -log n, silently; bias=0.0 dropped them
+    # (found by a lifecycle sweep)
+    with pytest.raises(TypeError, match="bias must be a bool"):
+        sk.nn.Attention(16, heads=4, normalizer="sigmoid", bias=bias)
+    with pytest.raises(TypeError, match="bias must be a bool"):
+        sk.nn.LinearAttention(16, heads=4, bias=bias)
+    assert sk.nn.Attention(16, heads=4, bias=np.bool_(False)).q_proj.bias is None

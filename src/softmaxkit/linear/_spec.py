@@ -27,6 +27,7 @@ from numbers import Real
 from typing import Any, Literal, overload
 
 import torch
+import torch.nn.functional as torch_f
 
 from .._checks import can_branch_on
 
@@ -84,6 +85,15 @@ class LinearMethod:
     positional: bool = False
     uses_vsum: bool = True
     compute: Callable | None = None
+
+
+def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
+    """``elu(x) + 1``, the feature map of ``linear`` and ``mala``, on a contiguous copy of a
+    strided ``x``: torch's ``elu_backward`` gives a transposed input (the heads of
+    ``nn.LinearAttention``, ``(B, L, H, D)`` seen as ``(B, H, L, D)``) a gradient of other strides
+    than its meta kernel says, and ``torch.compile``'s AOT backward then failed on a ``view``
+    ("view size is not compatible with input tensor's size and stride")."""
+    return torch_f.elu(x.contiguous()).add_(1.0)
 
 
 def ratio_combine(num, den, vsum, n, ctx):

@@ -12,9 +12,7 @@ as is); the denominator is clamped at ``eps`` (default 1e-6).
 
 from __future__ import annotations
 
-import torch.nn.functional as torch_f
-
-from ._spec import Features, LinearMethod, check_eps, ratio_combine
+from ._spec import Features, LinearMethod, check_eps, elu_plus_one, ratio_combine
 
 
 def _check(params, head_dim, dtype, device):
@@ -22,7 +20,7 @@ def _check(params, head_dim, dtype, device):
 
 
 def _features(x, positions, ctx, is_query, visible):
-    return Features(torch_f.elu(x).add_(1.0))
+    return Features(elu_plus_one(x))
 
 
 METHOD = LinearMethod(

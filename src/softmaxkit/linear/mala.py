@@ -27,9 +27,8 @@ counts the keys visible to query ``i`` (our causal extension). Fan, Huang, Ai, H
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as torch_f
 
-from ._spec import Features, LinearMethod, check_eps, zero_where_empty
+from ._spec import Features, LinearMethod, check_eps, elu_plus_one, zero_where_empty
 
 
 def _check(params, head_dim, dtype, device):
@@ -37,7 +36,7 @@ def _check(params, head_dim, dtype, device):
 
 
 def _features(x, positions, ctx, is_query, visible):
-    return Features(torch_f.elu(x).add_(1.0))
+    return Features(elu_plus_one(x))
 
 
 def _combine(num, den, vsum, n, ctx):

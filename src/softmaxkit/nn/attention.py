@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
+from .. import registry
 from .._checks import check_bool, check_head_shape, check_sequence_inputs
 from ..attention import attention
 from .normalizer import Normalizer
@@ -49,11 +51,24 @@ class Attention(nn.Module):
         heads, kv_heads, head_dim = check_head_shape(dim, heads, kv_heads, head_dim)
         self.dim, self.heads, self.kv_heads, self.head_dim = dim, heads, kv_heads, head_dim
         self.is_causal = check_bool(is_causal, "is_causal")
+        if not isinstance(bias, (bool, np.bool_)):   # (bias=-1.0, meant for sigmoid, became True silently)
+            raise TypeError(f"bias must be a bool (biases in the projections), got {type(bias).__name__}"
+                            + (f"; normalizer {normalizer!r}'s own bias parameter cannot be set through "
+                               "Attention" if "bias" in registry.get(normalizer).params else ""))
+        bias = bool(bias)
         self.q_proj = nn.Linear(dim, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
         self.out_proj = nn.Linear(heads * head_dim, dim, bias=bias)
         self.normalizer = Normalizer(normalizer, param_shape=(heads, 1, 1), learnable=learnable, **params)
+
+    def reset_parameters(self) -> None:
+        """Initialise the projections (``nn.Linear``'s initialisation) and the normalizer's
+        parameters (their initial values) again, in place: after ``to_empty`` of a module built
+        on the meta device."""
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            proj.reset_parameters()
+        self.normalizer.reset_parameters()
 
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         b, length, _ = x.shape

@@ -52,6 +52,7 @@ class LinearAttention(nn.Module):
             raise ValueError(f"method {method!r} has no causal form (is_causal=True)")
         self.method, self.dim, self.heads, self.kv_heads, self.head_dim = method, dim, heads, kv_heads, head_dim
         self.is_causal = check_bool(is_causal, "is_causal")
+        bias = check_bool(bias, "bias")   # (bias=0.0 or a tensor: truthiness decided silently)
         self.q_proj = nn.Linear(dim, heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(dim, kv_heads * head_dim, bias=bias)
@@ -77,6 +78,7 @@ class LinearAttention(nn.Module):
                                  f"{tuple(given.shape) if isinstance(given, torch.Tensor) else type(given).__name__}")
             self.params["nb_features"] = given.shape[0]
             self.register_buffer("projection", given.detach().clone())
+            self._given_projection = given.detach().clone()   # (reset_parameters; .to() leaves it)
         else:   # (a seed is accepted and unused: one constructor call serves every method)
             self.projection = None
 
@@ -90,6 +92,25 @@ class LinearAttention(nn.Module):
         if self.projection is None:
             raise ValueError(f"method {self.method!r} has no random features to redraw")
         self.projection.copy_(self._draw(seed))
+
+    def reset_parameters(self) -> None:
+        """Initialise the projections (``nn.Linear``'s initialisation) again, in place, and
+        performer's random projection: the one given, else a draw from ``seed`` (the global
+        generator when none was given): after ``to_empty`` of a module built on the meta device."""
+        for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+            proj.reset_parameters()
+        if self.projection is None:
+            return
+        given = getattr(self, "_given_projection", None)
+        with torch.no_grad():
+            if given is None:
+                with torch.device("cpu"):
+                    drawn = self._draw(self._seed)
+                self.projection.copy_(drawn)
+            elif given.is_meta:
+                raise ValueError("projection was given on the meta device: it holds no value to reset to")
+            else:
+                self.projection.copy_(given)
 
     def _method_params(self) -> dict:
         params = {k: v for k, v in self.params.items() if k not in ("nb_features", "orthogonal")} \
@@ -144,5 +165,9 @@ class LinearAttention(nn.Module):
         return self._merge(state.step(q, k, v))
 
     def extra_repr(self) -> str:
-        return (f"method={self.method!r}, dim={self.dim}, heads={self.heads}, kv_heads={self.kv_heads}, "
-                f"head_dim={self.head_dim}, is_causal={self.is_causal}")
+        parts = [f"method={self.method!r}, dim={self.dim}, heads={self.heads}, kv_heads={self.kv_heads}, "
+                 f"head_dim={self.head_dim}, is_causal={self.is_causal}"]
+        if self.projection is not None:   # (the method's parameters were left out: nb_features=16 read as 256)
+            parts.append(f"nb_features={self.projection.shape[0]}")
+        parts += [f"{k}={v!r}" for k, v in self.params.items() if k != "nb_features"]
+        return ", ".join(parts)

@@ -98,11 +98,13 @@ class Normalizer(nn.Module):
         self.param_shape = _param_shape(param_shape)
         learnable = check_bool(learnable, "learnable")
         self._learned: dict[str, str] = {}   # parameter name -> attribute holding it (raw when constrained)
+        self._init_values: dict[str, Any] = {}   # parameter name -> initial value given (for reset_parameters)
         for param in self.spec.param_specs:
             if param.learnable is None:
                 continue
             value = params.pop(param.name, param.learnable.init)
             initial = _initial(param, param.learnable, value, self.param_shape)
+            self._init_values[param.name] = value.detach().clone() if isinstance(value, torch.Tensor) else value
             check_finite(initial, param.name)
             if learnable:
                 tensor = param.learnable.to_raw(initial, param.name)
@@ -114,8 +116,10 @@ class Normalizer(nn.Module):
             self._learned[param.name] = attribute
         # fixed tensors are module state too (state_dict, .to(), .double()); the rest stay as given
         self._fixed_tensors = [name for name, value in params.items() if isinstance(value, torch.Tensor)]
+        self._fixed_initial: dict[str, torch.Tensor] = {}   # (plain attributes: .to() leaves them, to_empty too)
         for name in self._fixed_tensors:
             self.register_buffer(name, params.pop(name).detach().clone())
+            self._fixed_initial[name] = getattr(self, name).clone()
         self.fixed = params
         self._check_fixed_params()
 
@@ -142,6 +146,33 @@ class Normalizer(nn.Module):
             shape[self.dim] = 2
         with torch.no_grad():
             self.forward(torch.zeros(shape))
+
+    def reset_parameters(self) -> None:
+        """Set the learnable parameters back to their initial values (those given at
+        construction, else the spec's: a new draw for MultiMax's ``r``, ``t``) and the fixed
+        tensor parameters to the tensors given, in place, keeping each tensor's device and dtype.
+
+        As ``nn.Linear.reset_parameters``: a module built on the meta device (or moved there)
+        and materialised with ``to_empty(device=...)`` holds uninitialised memory until this runs.
+        """
+        with torch.no_grad():
+            for name, attribute in self._learned.items():
+                param = self.spec.param(name)
+                learn = param.learnable
+                assert learn is not None
+                value = self._init_values[name]
+                if isinstance(value, torch.Tensor) and has_no_data(value):
+                    raise ValueError(f"{name}'s initial value was given on the meta device: it holds no "
+                                     "value to reset to")
+                with torch.device("cpu"):   # (a default device of meta would give no values)
+                    initial = _initial(param, learn, value, self.param_shape)
+                    initial = learn.to_raw(initial, name) if attribute != name else initial
+                getattr(self, attribute).copy_(initial)
+            for name in self._fixed_tensors:
+                given = self._fixed_initial[name]
+                if has_no_data(given):
+                    raise ValueError(f"{name} was given on the meta device: it holds no value to reset to")
+                getattr(self, name).copy_(given)
 
     def __getstate__(self) -> dict:
         # the spec by name (it holds lambdas, which do not pickle): torch.save of a module, or of a
